@@ -1,0 +1,468 @@
+"""Benchmark the fused Triton NVFP4 paged attention against FlashInfer, side by side in one run.
+
+One GPU run (H200: ``python benchmarks/bench_attention.py --json bench_attention.json``) does, per shape
+(head_dim 128, 32 query / 8 KV heads, page 16, NHD, bf16 query/output):
+
+* decode B=8 L=32768, B=64 L=4096, B=1 L=1024; prefill B=4 q=kv=4096 causal; a vLLM-style mixed batch
+  (4 chunks of 512 queries + 60 decodes, all at 8K context);
+* the Triton kernels over a compact sweep of tile configs (BLOCK_N, num_warps, num_stages), of the
+  split count around the heuristic, and of the E2M1 decoder (inline PTX vs portable);
+* FlashInfer side by side: bf16 tensor-core decode, fp8 e4m3 tensor-core decode, NVFP4 FA2 decode
+  (``kv_cache_sf``); bf16 FA3 and FA2 prefill, NVFP4 FA2 prefill. The NVFP4 cache is written by
+  FlashInfer's own writer when it has one (0.6.15+), else by ours.
+
+It prints markdown tables: milliseconds (CUDA-graph replay, the way vLLM runs decode, and eager
+``do_bench``), the ratio to FlashInfer's bf16 baseline (TC decode / FA3 prefill), GB/s of NVFP4 bytes
+read against the 4.3 TB/s device copy ceiling, and the relative L2 error of each output against a
+float32 reference (on the dequantized cache for NVFP4, on the bf16/fp8 values otherwise). A last
+table names the fastest Triton config per shape and the lines of
+``nvfp4compat/kernels/triton/attention.py`` (``_DECODE_CONFIGS``, ``_PREFILL_CONFIGS``,
+``SPLIT_TARGET_PROGRAMS_PER_SM``, ``SPLIT_MIN_TILES``) that would pick it.
+
+``--quick`` is a CPU smoke run (tiny shapes, Triton interpreter, no FlashInfer) that CI can afford: it
+checks every error against 1e-2 and exits 1 otherwise (timings under the interpreter mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+COPY_CEILING_GBS = 4300.0
+TOL = 1e-2
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    kind: str  # "decode" | "prefill"
+    seq_lens: tuple[int, ...]
+    q_lens: tuple[int, ...]
+    num_qo_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    page_size: int = 16
+    target: str = ""
+
+
+def _full_shapes() -> list[Shape]:
+    return [
+        Shape("decode B=8 L=32768", "decode", (32768,) * 8, (1,) * 8, target="<= 0.40x FlashInfer bf16 TC decode"),
+        Shape("decode B=64 L=4096", "decode", (4096,) * 64, (1,) * 64, target="<= 0.40x FlashInfer bf16 TC decode"),
+        Shape("decode B=1 L=1024", "decode", (1024,), (1,), target="<= 1.0x FlashInfer bf16 TC decode"),
+        Shape("prefill B=4 q=kv=4096 causal", "prefill", (4096,) * 4, (4096,) * 4, target="<= 1.3x FlashInfer bf16 FA3 prefill"),
+        Shape("mixed 4x512 prefill + 60 decodes @8K", "prefill", (8192,) * 64, (512,) * 4 + (1,) * 60),
+    ]
+
+
+def _quick_shapes() -> list[Shape]:
+    return [
+        Shape("quick decode B=2 L=200", "decode", (200, 77), (1, 1), num_qo_heads=8, num_kv_heads=2),
+        Shape("quick prefill B=2 q=48", "prefill", (48, 100), (48, 30), num_qo_heads=8, num_kv_heads=2),
+        Shape("quick mixed", "prefill", (64, 90, 33), (40, 1, 1), num_qo_heads=8, num_kv_heads=2),
+    ]
+
+
+@dataclass
+class Row:
+    shape: str
+    impl: str
+    config: str
+    ms_graph: float | None
+    ms_eager: float | None
+    rel_l2: float | None
+    gbs: float | None = None
+    vs_bf16: float | None = None
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ms(self) -> float | None:
+        return self.ms_graph if self.ms_graph is not None else self.ms_eager
+
+
+# ------------------------------------------------------------------------------------------ setup
+
+
+class Case:
+    """Random K/V (bf16, 4 outlier K channels) in paged caches: bf16, fp8 e4m3 and NVFP4."""
+
+    def __init__(self, shape: Shape, device: Any, seed: int, fp8: bool) -> None:
+        import torch
+
+        from nvfp4compat.kernels.layout import nvfp4_full_dim
+
+        self.shape = shape
+        s = shape
+        g = torch.Generator(device=device).manual_seed(seed)
+        hkv, d, ps = s.num_kv_heads, s.head_dim, s.page_size
+        pages_per = [math.ceil(n / ps) for n in s.seq_lens]
+        self.num_pages = sum(pages_per) + 1
+        perm = torch.randperm(self.num_pages, device=device, generator=g)
+        self.block_table = torch.zeros(len(s.seq_lens), max(pages_per), dtype=torch.int32, device=device)
+        slots, c = [], 0
+        for b, n in enumerate(s.seq_lens):
+            pages = perm[c : c + pages_per[b]]
+            c += pages_per[b]
+            self.block_table[b, : pages_per[b]] = pages.int()
+            pos = torch.arange(n, device=device)
+            slots.append(pages[pos // ps].long() * ps + pos % ps)
+        self.slots = torch.cat(slots)
+        self.seq_lens = torch.tensor(s.seq_lens, dtype=torch.int32, device=device)
+        total = sum(s.seq_lens)
+        self.k = torch.randn(total, hkv, d, device=device, generator=g, dtype=torch.float32)
+        self.k[..., :4] *= 8.0
+        self.k = self.k.to(torch.bfloat16)
+        self.v = torch.randn(total, hkv, d, device=device, generator=g, dtype=torch.float32).to(torch.bfloat16)
+        qsl = [0]
+        for q in s.q_lens:
+            qsl.append(qsl[-1] + q)
+        self.qsl = torch.tensor(qsl, dtype=torch.int32, device=device)
+        self.q = torch.randn(qsl[-1], s.num_qo_heads, d, device=device, generator=g).to(torch.bfloat16)
+        self.sm_scale = d**-0.5
+        self.device = device
+        # bf16 paged cache
+        self.bf16 = tuple(torch.zeros(self.num_pages, ps, hkv, d, dtype=torch.bfloat16, device=device) for _ in range(2))
+        self.bf16[0].view(-1, hkv, d)[self.slots] = self.k
+        self.bf16[1].view(-1, hkv, d)[self.slots] = self.v
+        # fp8 e4m3 paged cache, per-tensor scales
+        self.fp8 = None
+        if fp8:
+            self.fp8_scales = (float(self.k.float().abs().max()) / 448.0, float(self.v.float().abs().max()) / 448.0)
+            self.fp8 = tuple(
+                (t.float() / sc).to(torch.float8_e4m3fn) for t, sc in zip(self.bf16, self.fp8_scales, strict=True)
+            )
+        # NVFP4 paged cache (data + linear E4M3 scales), global scales amax / (6 * 448)
+        self.nv_scales = (float(self.k.float().abs().max()) / (6 * 448), float(self.v.float().abs().max()) / (6 * 448))
+        self.nv_data = tuple(torch.zeros(self.num_pages, ps, hkv, d // 2, dtype=torch.uint8, device=device) for _ in range(2))
+        self.nv_sf = tuple(
+            torch.zeros(self.num_pages, ps, hkv, d // 16, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+            for _ in range(2)
+        )
+        self.writer = self._write()
+        self.nvfp4_bytes = sum(s.seq_lens) * hkv * 2 * nvfp4_full_dim(d)
+
+    def _write(self) -> str:
+        try:
+            import flashinfer
+
+            fn = flashinfer.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping
+            fn(self.k, self.v, self.slots, self.nv_data, self.nv_sf, self.nv_scales[0], self.nv_scales[1], "NHD")
+            return f"FlashInfer {flashinfer.__version__} nvfp4_quantize_append_paged_kv_cache_with_slot_mapping"
+        except Exception as exc:  # noqa: BLE001 - fall back to our writer and say why
+            why = f"{type(exc).__name__}"
+        from nvfp4compat.kernels import get_kernel
+
+        try:
+            get_kernel("write", "triton")(self.k, self.v, self.slots, self.nv_data, self.nv_sf,
+                                          self.nv_scales[0], self.nv_scales[1], "NHD")
+            return f"nvfp4compat Triton writer (FlashInfer writer unavailable: {why})"
+        except ImportError:
+            from nvfp4compat.kernels import reference
+
+            reference.append_slot_mapping(self.k, self.v, self.slots, self.nv_data, self.nv_sf,
+                                          self.nv_scales[0], self.nv_scales[1], "NHD")
+            return f"nvfp4compat torch reference writer (FlashInfer writer unavailable: {why})"
+
+    # references ------------------------------------------------------------------------------
+    def reference(self, which: str):
+        """float32 reference output for the ``which`` cache ('nvfp4', 'bf16', 'fp8')."""
+        import torch
+
+        from nvfp4compat.kernels import reference as codec
+        from nvfp4compat.kernels import reference_attention as ra
+
+        s = self.shape
+        keys, values = [], []
+        off = 0
+        for b, n in enumerate(s.seq_lens):
+            if which == "nvfp4":
+                k, v = codec.gather_dequantized(self.nv_data, self.nv_sf, self.block_table[b], n,
+                                                self.nv_scales[0], self.nv_scales[1], "NHD")
+            elif which == "fp8":
+                pos = torch.arange(n, device=self.device)
+                slot = self.block_table[b].long()[pos // s.page_size] * s.page_size + pos % s.page_size
+                k = self.fp8[0].view(-1, s.num_kv_heads, s.head_dim)[slot].float() * self.fp8_scales[0]
+                v = self.fp8[1].view(-1, s.num_kv_heads, s.head_dim)[slot].float() * self.fp8_scales[1]
+            else:
+                k, v = self.k[off : off + n].float(), self.v[off : off + n].float()
+            off += n
+            keys.append(k)
+            values.append(v)
+        out, _ = ra.attention_reference(self.q, keys, values, self.qsl, sm_scale=self.sm_scale)
+        return out
+
+    def fi_paged_meta(self):
+        import torch
+
+        s = self.shape
+        pages_per = [math.ceil(n / s.page_size) for n in s.seq_lens]
+        indptr = torch.tensor([0, *[sum(pages_per[: i + 1]) for i in range(len(pages_per))]], dtype=torch.int32, device=self.device)
+        indices = torch.cat([self.block_table[b, :p] for b, p in enumerate(pages_per)]).int()
+        last = torch.tensor([n - (p - 1) * s.page_size for n, p in zip(s.seq_lens, pages_per, strict=True)],
+                            dtype=torch.int32, device=self.device)
+        return indptr, indices, last
+
+
+# ------------------------------------------------------------------------------------------ timing
+
+
+def _time(fn: Callable[[], Any], quick: bool) -> tuple[float | None, float | None, str]:
+    """(ms under CUDA-graph replay, ms eager, note). Under --quick: one wall-clock call."""
+    if quick:
+        t0 = time.perf_counter()
+        fn()
+        return None, (time.perf_counter() - t0) * 1e3, "interpreter wall clock"
+    import torch
+    import triton.testing
+
+    eager = float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+    try:
+        graph = float(triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median"))
+        note = ""
+    except Exception as exc:  # noqa: BLE001 - some paths cannot be captured; report eager only
+        torch.cuda.synchronize()
+        graph, note = None, f"no CUDA graph ({type(exc).__name__})"
+    return graph, eager, note
+
+
+def _err(out, ref) -> float:
+    from nvfp4compat.kernels.reference_attention import relative_l2
+
+    return relative_l2(out, ref)
+
+
+# ------------------------------------------------------------------------------------------ runs
+
+
+def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv) -> list[Row]:
+    import torch
+
+    from nvfp4compat.kernels.triton import attention as att
+
+    s = case.shape
+    rows: list[Row] = []
+    args = (case.nv_data, case.nv_sf, case.block_table, case.seq_lens)
+    ks, vs = case.nv_scales
+
+    if s.kind == "decode":
+        def run():
+            return att.decode(case.q, *args, ks, vs, sm_scale=case.sm_scale)
+        base = att.decode_config(s.head_dim)
+        splits0 = att.choose_num_splits(len(s.seq_lens), s.num_kv_heads, case.block_table.shape[1] * s.page_size,
+                                        base.block_n, att._sm_count(case.q.device))
+        variants: list[tuple[str, dict[str, Any]]] = [(f"default {base} splits={splits0}", {})]
+        if sweep:
+            for cfg in (att.DecodeConfig(64, 4, 4), att.DecodeConfig(128, 4, 3), att.DecodeConfig(128, 8, 3),
+                        att.DecodeConfig(64, 2, 3), att.DecodeConfig(32, 2, 3), att.DecodeConfig(64, 8, 3)):
+                if cfg != base:
+                    variants.append((f"{cfg}", {"decode": cfg}))
+            seen = {splits0}
+            for f in (0.5, 0.75, 1.5, 2.0):
+                n = max(1, round(splits0 * f))
+                if n not in seen:
+                    seen.add(n)
+                    variants.append((f"default tiles, splits={n}", {"num_splits": n}))
+            variants.append(("portable E2M1 decoder", {"fast_decode": False}))
+    else:
+        def run():
+            return att.prefill(case.q, *args, case.qsl, ks, vs, sm_scale=case.sm_scale)
+        base_p = att.prefill_config(s.head_dim)
+        variants = [(f"default {base_p}", {})]
+        if sweep:
+            for cfg in (att.PrefillConfig(128, 64, 8, 2), att.PrefillConfig(128, 32, 8, 3),
+                        att.PrefillConfig(64, 64, 4, 3), att.PrefillConfig(64, 32, 4, 2)):
+                if cfg != base_p:
+                    variants.append((f"{cfg}", {"prefill": cfg}))
+            variants.append(("portable E2M1 decoder", {"fast_decode": False}))
+
+    if quick:  # CPU smoke: the default and one override, to exercise the sweep path
+        if s.kind == "decode":
+            variants = variants[:1] + [("default tiles, splits=3", {"num_splits": 3})]
+        else:
+            variants = variants[:1] + [(f"{att.PrefillConfig(64, 32, 4, 2)}", {"prefill": att.PrefillConfig(64, 32, 4, 2)})]
+    for label, over in variants:
+        try:
+            with att.override_configs(**over):
+                out = run()
+                torch.cuda.synchronize() if case.q.is_cuda else None
+                err = _err(out, ref_nv)
+                graph, eager, note = _time(run, quick)
+        except Exception as exc:  # noqa: BLE001 - a config that fails to build is reported, not fatal
+            rows.append(Row(s.name, "triton NVFP4", label, None, None, None, note=f"FAILED: {type(exc).__name__}: {str(exc)[:200]}"))
+            continue
+        rows.append(Row(s.name, "triton NVFP4", label, graph, eager, err, note=note, extra={"override": {k: str(v) for k, v in over.items()}}))
+    return rows
+
+
+def _flashinfer_rows(case: Case, refs: dict[str, Any]) -> list[Row]:
+    import torch
+
+    try:
+        import flashinfer
+    except Exception as exc:  # noqa: BLE001
+        return [Row(case.shape.name, "flashinfer", "-", None, None, None, note=f"not available: {type(exc).__name__}: {exc}")]
+    s = case.shape
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device=case.device)
+    indptr, indices, last = case.fi_paged_meta()
+    rows: list[Row] = []
+    ver = flashinfer.__version__
+
+    def add(name: str, build: Callable[[], Callable[[], Any]], ref_key: str) -> None:
+        try:
+            run = build()
+            out = run()
+            torch.cuda.synchronize()
+            err = _err(out, refs[ref_key])
+            graph, eager, note = _time(run, False)
+            rows.append(Row(s.name, f"FlashInfer {ver} {name}", "-", graph, eager, err, note=note))
+        except Exception as exc:  # noqa: BLE001 - record the failure, keep going
+            rows.append(Row(s.name, f"FlashInfer {ver} {name}", "-", None, None, None, note=f"FAILED: {type(exc).__name__}: {str(exc)[:200]}"))
+
+    if s.kind == "decode":
+        def decode_wrapper(kv_dtype, cache, scales=(None, None), sf=None):
+            def build():
+                w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
+                w.plan(indptr, indices, last, s.num_qo_heads, s.num_kv_heads, s.head_dim, s.page_size,
+                       q_data_type=torch.bfloat16, kv_data_type=kv_dtype, o_data_type=torch.bfloat16,
+                       sm_scale=case.sm_scale)
+                kw: dict[str, Any] = {"k_scale": scales[0], "v_scale": scales[1]}
+                if sf is not None:
+                    kw["kv_cache_sf"] = sf
+                return lambda: w.run(case.q, cache, **kw)
+            return build
+
+        add("bf16 TC decode", decode_wrapper(torch.bfloat16, case.bf16), "bf16")
+        if case.fp8 is not None:
+            add("fp8 e4m3 TC decode", decode_wrapper(torch.float8_e4m3fn, case.fp8, case.fp8_scales), "fp8")
+        add("NVFP4 FA2 decode", decode_wrapper(torch.uint8, case.nv_data, case.nv_scales, case.nv_sf), "nvfp4")
+    else:
+        def prefill_wrapper(backend, kv_dtype, cache, scales=(None, None), sf=None):
+            def build():
+                w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
+                w.plan(case.qsl, indptr, indices, last, s.num_qo_heads, s.num_kv_heads, s.head_dim, s.page_size,
+                       causal=True, sm_scale=case.sm_scale, q_data_type=torch.bfloat16, kv_data_type=kv_dtype,
+                       o_data_type=torch.bfloat16)
+                kw: dict[str, Any] = {"k_scale": scales[0], "v_scale": scales[1]}
+                if sf is not None:
+                    kw["kv_cache_sf"] = sf
+                return lambda: w.run(case.q, cache, **kw)
+            return build
+
+        add("bf16 FA3 prefill", prefill_wrapper("fa3", torch.bfloat16, case.bf16), "bf16")
+        add("bf16 FA2 prefill", prefill_wrapper("fa2", torch.bfloat16, case.bf16), "bf16")
+        add("NVFP4 FA2 prefill", prefill_wrapper("fa2", torch.uint8, case.nv_data, case.nv_scales, case.nv_sf), "nvfp4")
+    return rows
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _table(rows: list[Row], case: Case) -> str:
+    base = next((r for r in rows if r.impl.endswith("bf16 TC decode") or r.impl.endswith("bf16 FA3 prefill")), None)
+    lines = [
+        "| impl | config | ms (graph) | ms (eager) | x FlashInfer bf16 | NVFP4 GB/s | % of 4.3 TB/s | rel L2 | note |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.ms is not None and base is not None and base.ms is not None and r is not base:
+            r.vs_bf16 = r.ms / base.ms
+        elif r is base:
+            r.vs_bf16 = 1.0
+        if r.ms is not None and "NVFP4" in r.impl:
+            r.gbs = case.nvfp4_bytes / (r.ms * 1e-3) / 1e9
+        pct = None if r.gbs is None else 100 * r.gbs / COPY_CEILING_GBS
+        lines.append(
+            f"| {r.impl} | {r.config} | {_fmt(r.ms_graph, '.4f')} | {_fmt(r.ms_eager, '.4f')} | "
+            f"{_fmt(r.vs_bf16, '.2f')} | {_fmt(r.gbs, '.0f')} | {_fmt(pct, '.0f')} | {_fmt(r.rel_l2, '.2e')} | {r.note} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny shapes, Triton interpreter, no FlashInfer")
+    ap.add_argument("--no-sweep", action="store_true", help="only the default Triton config per shape")
+    ap.add_argument("--no-flashinfer", action="store_true", help="skip the FlashInfer baselines")
+    ap.add_argument("--shapes", default=None, help="comma-separated substrings selecting shapes (e.g. 'B=8,prefill')")
+    ap.add_argument("--json", default=None, help="also write every row to this JSON file")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    if args.quick:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+    import triton
+
+    device = torch.device("cpu" if args.quick else "cuda")
+    if not args.quick and not torch.cuda.is_available():
+        sys.stderr.write("bench_attention: no CUDA GPU; use --quick for the CPU smoke run\n")
+        return 2
+    shapes = _quick_shapes() if args.quick else _full_shapes()
+    if args.shapes:
+        keys = [k.strip() for k in args.shapes.split(",") if k.strip()]
+        shapes = [s for s in shapes if any(k in s.name for k in keys)]
+    env = f"torch {torch.__version__}, triton {triton.__version__}"
+    if device.type == "cuda":
+        env = f"{torch.cuda.get_device_name(device)} ({torch.cuda.get_device_properties(device).multi_processor_count} SMs), " + env
+    try:
+        import flashinfer
+
+        env += f", flashinfer {flashinfer.__version__}"
+    except Exception:  # noqa: BLE001
+        env += ", flashinfer not importable"
+    print(f"# bench_attention: {env}\n")
+    all_rows: list[Row] = []
+    ok = True
+    for shape in shapes:
+        t0 = time.perf_counter()
+        case = Case(shape, device, args.seed, fp8=not args.quick)
+        refs = {"nvfp4": case.reference("nvfp4")}
+        if not args.quick and not args.no_flashinfer:
+            refs["bf16"] = case.reference("bf16")
+            refs["fp8"] = case.reference("fp8")
+        rows = _triton_rows(case, args.quick, sweep=not args.no_sweep, ref_nv=refs["nvfp4"])
+        if not args.quick and not args.no_flashinfer:
+            rows += _flashinfer_rows(case, refs)
+        print(f"## {shape.name} ({shape.num_qo_heads} q / {shape.num_kv_heads} kv heads, head_dim {shape.head_dim}, "
+              f"page {shape.page_size}; NVFP4 bytes {case.nvfp4_bytes / 1e6:.1f} MB; target {shape.target or '-'})")
+        print(f"cache written by: {case.writer}\n")
+        print(_table(rows, case))
+        print(f"\n({time.perf_counter() - t0:.1f} s)\n")
+        for r in rows:
+            if r.impl.startswith("triton") and (r.rel_l2 is None or r.rel_l2 > TOL):
+                ok = False
+                print(f"ERROR: {r.impl} [{r.config}] relative L2 {r.rel_l2} exceeds {TOL} or failed: {r.note}")
+        all_rows += rows
+        del case
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # best Triton config per shape
+    print("## fastest Triton config per shape\n")
+    print("| shape | best config | ms | x FlashInfer bf16 | default config ms |")
+    print("|---|---|---|---|---|")
+    for shape in shapes:
+        tri = [r for r in all_rows if r.shape == shape.name and r.impl.startswith("triton") and r.ms is not None]
+        if not tri:
+            continue
+        best = min(tri, key=lambda r: r.ms)
+        print(f"| {shape.name} | {best.config} | {best.ms:.4f} | {_fmt(best.vs_bf16, '.2f')} | {tri[0].ms:.4f} |")
+    print("\nTo adopt a winner: edit _DECODE_CONFIGS / _PREFILL_CONFIGS (tile configs per head_dim) and "
+          "SPLIT_TARGET_PROGRAMS_PER_SM / SPLIT_MIN_TILES (split count) in nvfp4compat/kernels/triton/attention.py.")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"env": env, "rows": [asdict(r) for r in all_rows]}, f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

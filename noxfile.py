@@ -1,0 +1,138 @@
+"""nox sessions for nvfp4compat.
+
+Sessions are generated from the capability matrix, never hand-listed:
+
+* ``tests``: the CPU test suite (Triton kernels under ``TRITON_INTERPRET=1``), what CI runs first.
+* ``flashinfer(version=...)``: one per release in ``matrix/flashinfer.yaml``; installs that real release
+  with the dependency set the matrix records as importable on a CPU-only torch, runs
+  ``nvfp4compat verify`` against it and the tests that apply.
+* ``vllm(version=...)``: one per vLLM release that has a pinned ``--no-deps`` requirement list under
+  ``tests/vllm/requirements/``; installs the real release over CPU torch and runs the plugin tests.
+* ``lint``: ruff and mypy. ``wheel``: builds the wheel and runs the CLI from a fresh venv.
+
+``nox -t ci`` runs what CI runs (tests, lint, wheel, FlashInfer 0.6.14/0.6.15/0.7.4, vLLM
+0.26.0/0.31.0/0.33.0). CPU torch: ``torch==2.13.0`` is installed first in every session so that nothing
+pulls a multi-GB CUDA build; set ``NVFP4COMPAT_TORCH_SPEC`` (e.g. ``"torch==2.13.0 --index-url
+https://download.pytorch.org/whl/cpu"``) where the local CPU wheel is not on the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+import nox
+import yaml
+
+nox.needs_version = ">=2024.3.2"
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["tests"]
+nox.options.error_on_missing_interpreters = True
+
+ROOT = Path(__file__).parent
+TORCH_SPEC = shlex.split(os.environ.get("NVFP4COMPAT_TORCH_SPEC", "torch==2.13.0"))
+TRITON_SPEC = os.environ.get("NVFP4COMPAT_TRITON_SPEC", "triton==3.9.0")
+CI_FLASHINFER = ("0.6.14", "0.6.15", "0.7.4")
+CI_VLLM = ("0.26.0", "0.31.0", "0.33.0")
+VLLM_REQS = ROOT / "tests" / "vllm" / "requirements"
+
+
+def _flashinfer_releases() -> list[dict]:
+    with open(ROOT / "matrix" / "flashinfer.yaml") as f:
+        return yaml.safe_load(f)["flashinfer"]
+
+
+def _vllm_versions() -> list[str]:
+    with open(ROOT / "matrix" / "vllm.yaml") as f:
+        releases = yaml.safe_load(f)["vllm"]
+    return [r["version"] for r in releases if (VLLM_REQS / f"extras-{r['version']}.txt").exists()]
+
+
+FLASHINFER = {r["version"]: r for r in _flashinfer_releases()}
+
+
+def _base(session: nox.Session) -> None:
+    session.install(*TORCH_SPEC)
+
+
+@nox.session(tags=["ci"])
+def tests(session: nox.Session) -> None:
+    """CPU test suite: unit tests, Triton kernels in the interpreter, AOT builds for SM80-SM120."""
+    _base(session)
+    session.install(TRITON_SPEC, "-e", ".[test]")
+    session.run(
+        "pytest",
+        "-m",
+        "not gpu and not vllm and not flashinfer",
+        "--ignore=tests/vllm",
+        *session.posargs,
+        env={"TRITON_INTERPRET": "1"},
+    )
+
+
+@nox.session(tags=["ci"])
+def lint(session: nox.Session) -> None:
+    """ruff on the package and tests, mypy on the package."""
+    session.install("-e", ".[lint]")
+    session.run("ruff", "check", "nvfp4compat", "tests", "benchmarks", "scripts", "noxfile.py")
+    session.run("mypy")
+
+
+@nox.session(tags=["ci"])
+def wheel(session: nox.Session) -> None:
+    """Build the wheel, install it alone in this venv, and query the bundled matrix from it."""
+    session.install("build")
+    dist = Path(session.create_tmp()) / "dist"
+    session.run("python", "-m", "build", "--wheel", "--outdir", str(dist))
+    wheels = sorted(dist.glob("nvfp4compat-*.whl"))
+    session.install(str(wheels[-1]))
+    session.chdir(session.create_tmp())  # away from the source tree: the matrix must come from the wheel
+    session.run("nvfp4compat", "query", "--arch", "sm_90", "--flashinfer", "0.6.14", "--vllm", "0.26.0")
+    session.run("nvfp4compat", "matrix", "--format", "json", silent=True)
+
+
+@nox.session(tags=["flashinfer"])
+@nox.parametrize(
+    "version",
+    [nox.param(v, id=v, tags=["ci"] if v in CI_FLASHINFER else []) for v in FLASHINFER],
+)
+def flashinfer(session: nox.Session, version: str) -> None:
+    """Install one real FlashInfer release the CPU-importable way, then verify the matrix against it."""
+    release = FLASHINFER[version]
+    _base(session)
+    session.install("--no-deps", f"flashinfer-python=={version}")
+    session.install(*release["cpu_import"]["requirements"])
+    session.install(TRITON_SPEC, "-e", ".[test]")
+    session.run("nvfp4compat", "verify", "--expect-flashinfer", version)
+    session.run(
+        "pytest",
+        "-m",
+        "not gpu and not vllm",
+        "tests/test_verify.py",
+        "tests/test_matrix.py",
+        "tests/test_resolver.py",
+        "tests/test_cli.py",
+        "tests/kernels/test_flashinfer_cpu.py",
+        *session.posargs,
+        env={"TRITON_INTERPRET": "1"},
+    )
+
+
+@nox.session(tags=["vllm"])
+@nox.parametrize(
+    "version",
+    [nox.param(v, id=v, tags=["ci"] if v in CI_VLLM else []) for v in _vllm_versions()],
+)
+def vllm(session: nox.Session, version: str) -> None:
+    """Install one real vLLM release over CPU torch (``--no-deps`` + pinned extras) and test the plugin."""
+    _base(session)
+    session.install("--no-deps", f"vllm=={version}", "-r", str(VLLM_REQS / f"extras-{version}.txt"))
+    session.install(TRITON_SPEC, "pytest", "hypothesis", "hatchling", "editables")
+    session.install("--no-deps", "--no-build-isolation", "-e", ".")
+    session.run(
+        "pytest",
+        "tests/vllm",
+        *session.posargs,
+        env={"TRITON_INTERPRET": "1", "VLLM_TARGET_DEVICE": "cpu"},
+    )

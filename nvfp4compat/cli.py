@@ -1,0 +1,248 @@
+"""``nvfp4compat`` command line.
+
+Subcommands::
+
+    nvfp4compat query --arch sm_90 --flashinfer 0.6.14 --vllm 0.26.0 [--json]
+    nvfp4compat doctor [--json] [--explain "<error text>"]
+    nvfp4compat matrix [--format markdown|json]
+    nvfp4compat verify [--expect-flashinfer X] [--expect-vllm Y]
+    nvfp4compat constraints --vllm X --flashinfer Y [--json]
+    nvfp4compat demo ...        (nvfp4compat.demo:main, loaded lazily)
+
+Exit codes: 0 ok (``query``/``doctor``: a supported plan), 1 drift (``verify``) or an
+unsupported plan, 2 bad input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+__all__ = ["EXTERNAL_COMMANDS", "main"]
+
+# Subcommands implemented in other modules, imported only when invoked:
+# name -> (module, function, help). The function receives the remaining argv and returns an exit code.
+EXTERNAL_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "demo": ("nvfp4compat.demo", "main", "run the end-to-end NVFP4 KV-cache demo"),
+}
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line and exit 2 (instead of a usage dump)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{self.prog}: {message} (see {self.prog.split()[0]} --help)")
+
+
+def _arch(text: str) -> str:
+    from nvfp4compat.facts import normalize_arch
+
+    try:
+        return normalize_arch(text)
+    except ValueError as exc:
+        from nvfp4compat.loader import load_matrix
+
+        known = ", ".join(load_matrix().arches)
+        raise argparse.ArgumentTypeError(f"{exc}; known arches: {known}") from None
+
+
+def _version(text: str) -> str:
+    from nvfp4compat.versions import VersionError, parse_version
+
+    try:
+        parse_version(text)
+    except VersionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _build() -> _Parser:
+    p = _Parser(prog="nvfp4compat", description="NVFP4 KV-cache compatibility for vLLM and FlashInfer: plans, diagnosis, matrix.")
+    from nvfp4compat import __version__
+
+    p.add_argument("--version", action="version", version=f"nvfp4compat {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    q = sub.add_parser("query", help="resolve a plan for given facts (no detection)")
+    q.add_argument("--arch", type=_arch, required=True, help="GPU arch, e.g. sm_90")
+    q.add_argument("--flashinfer", type=_version, help="flashinfer-python release (default: vLLM's pin)")
+    q.add_argument("--vllm", type=_version, help="vLLM release")
+    q.add_argument("--no-triton", action="store_true", help="plan as if Triton were not installed")
+    q.add_argument("--flashinfer-cubin", type=_version, help="installed flashinfer-cubin (default: vLLM's pin, if any)")
+    q.add_argument("--flashinfer-jit-cache", type=_version, help="installed flashinfer-jit-cache")
+    tg = q.add_mutually_exclusive_group()
+    tg.add_argument("--trtllm-gen", dest="trtllm", action="store_const", const=True, default=None, help="trtllm-gen is usable")
+    tg.add_argument("--no-trtllm-gen", dest="trtllm", action="store_const", const=False, help="trtllm-gen is not usable")
+    q.add_argument("--impl", help="explicit implementation: triton, or write=triton,decode=flashinfer")
+    q.add_argument("--feature", action="append", default=[], help="required feature (nvfp4_4over6, head_size_64, sinks); repeatable")
+    q.add_argument("--json", action="store_true", help="print the plan as JSON")
+    q.add_argument("--no-trace", action="store_true", help="omit the trace from the text output")
+
+    d = sub.add_parser("doctor", help="detect this machine and print its plan, or explain an error message")
+    d.add_argument("--explain", metavar="TEXT", help="explain a known error message instead")
+    d.add_argument("--import", dest="import_modules", action="store_true", help="import flashinfer to probe helpers (default: read its installed sources)")
+    d.add_argument("--json", action="store_true")
+    d.add_argument("--no-trace", action="store_true")
+
+    mx = sub.add_parser("matrix", help="render the capability matrix")
+    mx.add_argument("--format", choices=("markdown", "json"), default="markdown")
+
+    v = sub.add_parser("verify", help="check the matrix against the installed FlashInfer / vLLM")
+    v.add_argument("--expect-flashinfer", type=_version, help="fail unless this flashinfer-python release is installed")
+    v.add_argument("--expect-vllm", type=_version, help="fail unless this vLLM release is installed")
+    v.add_argument("--quiet", action="store_true", help="print only drift and the summary")
+
+    c = sub.add_parser("constraints", help="install lines for a vLLM release with another FlashInfer release")
+    c.add_argument("--vllm", type=_version, required=True)
+    c.add_argument("--flashinfer", type=_version, required=True)
+    c.add_argument("--json", action="store_true")
+
+    for name, (_, _, help_text) in EXTERNAL_COMMANDS.items():
+        e = sub.add_parser(name, help=help_text, add_help=False)
+        e.add_argument("args", nargs=argparse.REMAINDER)
+    return p
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def _cmd_query(a: argparse.Namespace) -> int:
+    from nvfp4compat.resolver import query
+
+    plan = query(
+        a.arch, a.flashinfer, a.vllm, triton=not a.no_triton, flashinfer_cubin=a.flashinfer_cubin,
+        flashinfer_jit_cache=a.flashinfer_jit_cache, trtllm_gen_usable=a.trtllm, overrides=a.impl, features=a.feature,
+    )
+    _out(plan.to_json() if a.json else plan.render_text(trace=not a.no_trace))
+    return 0 if plan.supported else 1
+
+
+def _cmd_doctor(a: argparse.Namespace) -> int:
+    from nvfp4compat.loader import load_matrix
+
+    m = load_matrix()
+    if a.explain is not None:
+        from nvfp4compat.explain import explain, render_explanations
+
+        found = explain(m, a.explain)
+        _out(render_explanations(a.explain, found))
+        return 0 if found else 1
+    from nvfp4compat.facts import detect
+    from nvfp4compat.resolver import resolve
+
+    facts = detect(import_modules=a.import_modules)
+    plan = resolve(m, facts)
+    if a.json:
+        _out(plan.to_json())
+    else:
+        if facts.arch is None:
+            _out("No CUDA GPU detected: resolving what can be resolved without an arch (set NVFP4COMPAT_ARCH=sm_90 to plan for one).")
+        _out(plan.render_text(trace=not a.no_trace))
+    return 0 if plan.supported else 1
+
+
+def _cmd_matrix(a: argparse.Namespace) -> int:
+    from nvfp4compat.loader import load_matrix
+    from nvfp4compat.table import matrix_json, matrix_markdown
+
+    m = load_matrix()
+    _out(matrix_markdown(m) if a.format == "markdown" else matrix_json(m))
+    return 0
+
+
+def _cmd_verify(a: argparse.Namespace) -> int:
+    from nvfp4compat.loader import load_matrix
+    from nvfp4compat.verify import run
+
+    checks, msgs, code = run(load_matrix(), expect_flashinfer=a.expect_flashinfer, expect_vllm=a.expect_vllm)
+    for msg in msgs:
+        _out(msg)
+    for c in checks:
+        if not (a.quiet and c.ok):
+            _out(c.render())
+    drift = sum(not c.ok for c in checks)
+    _out(f"{len(checks)} claims checked, {drift} drifted" + (": the matrix does not match the installed packages" if drift else ""))
+    return code
+
+
+def _cmd_constraints(a: argparse.Namespace) -> int:
+    from nvfp4compat.constraints import constraints
+    from nvfp4compat.loader import load_matrix
+
+    try:
+        rep = constraints(load_matrix(), a.vllm, a.flashinfer)
+    except ValueError as exc:
+        raise _UsageError(f"nvfp4compat constraints: {exc}") from None
+    _out(rep.to_json() if a.json else rep.render_text())
+    return 0
+
+
+def _cmd_external(name: str, argv: Sequence[str]) -> int:
+    module_name, func_name, _ = EXTERNAL_COMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            raise _UsageError(f"nvfp4compat {name}: this install has no {module_name} module (the '{name}' command is not available)") from None
+        raise
+    func: Callable[[Sequence[str]], int | None] = getattr(module, func_name)
+    try:
+        rc = func(list(argv))
+    except SystemExit as exc:  # the subcommand's own argparse (--help, bad input)
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return int(rc or 0)
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "query": _cmd_query,
+    "doctor": _cmd_doctor,
+    "matrix": _cmd_matrix,
+    "verify": _cmd_verify,
+    "constraints": _cmd_constraints,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``nvfp4compat`` console script; returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    from nvfp4compat.loader import MatrixError
+    from nvfp4compat.resolver import ResolutionError
+    from nvfp4compat.versions import VersionError
+
+    try:
+        if args and args[0] in EXTERNAL_COMMANDS:
+            return _cmd_external(args[0], args[1:])
+        ns = _build().parse_args(args)
+        return _COMMANDS[ns.command](ns)
+    except _UsageError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 2
+    except (ResolutionError, VersionError) as exc:
+        sys.stderr.write(f"nvfp4compat: error: {exc}\n")
+        return 2
+    except MatrixError as exc:
+        sys.stderr.write(f"nvfp4compat: the capability matrix is invalid: {exc}\n")
+        return 2
+    except ValueError as exc:
+        sys.stderr.write(f"nvfp4compat: error: {str(exc).splitlines()[0]}\n")
+        return 2
+    except BrokenPipeError:  # e.g. `nvfp4compat matrix | head`: silence the flush at exit
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        return 0
+
+
+def _entry() -> None:  # pragma: no cover - console script shim
+    sys.exit(main())

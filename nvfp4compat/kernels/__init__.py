@@ -1,0 +1,63 @@
+"""NVFP4 KV-cache kernels: one signature per operation, several implementations.
+
+``get_kernel(op, impl)`` returns the callable for an operation (``write``, ``dequant``, ``decode``,
+``prefill``) implemented by ``triton`` (bundled kernels) or ``flashinfer`` (FlashInfer's helpers and
+FA2 wrappers). ``native`` (vLLM's own SM100-family TRT-LLM path) binds nothing here: the vLLM plugin
+leaves vLLM's code in place. Signatures are in ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["OPS", "IMPLS", "KERNELS", "get_kernel"]
+
+OPS = ("write", "dequant", "decode", "prefill")
+IMPLS = ("native", "flashinfer", "triton")
+
+# (op, impl) -> "module:function". Imported lazily: nothing here imports torch, triton or flashinfer.
+KERNELS: dict[tuple[str, str], str] = {
+    ("write", "triton"): "nvfp4compat.kernels.triton.append:append_slot_mapping",
+    ("dequant", "triton"): "nvfp4compat.kernels.triton.dequant:dequantize_paged",
+    ("decode", "triton"): "nvfp4compat.kernels.triton.attention:decode",
+    ("prefill", "triton"): "nvfp4compat.kernels.triton.attention:prefill",
+    ("write", "flashinfer"): "nvfp4compat.kernels.flashinfer.append:append_slot_mapping",
+    ("dequant", "flashinfer"): "nvfp4compat.kernels.flashinfer.dequant:dequantize_paged",
+    ("decode", "flashinfer"): "nvfp4compat.kernels.flashinfer.attention:decode",
+    ("prefill", "flashinfer"): "nvfp4compat.kernels.flashinfer.attention:prefill",
+}
+
+
+def get_kernel(op: str, impl: str) -> Callable[..., Any]:
+    """Return the implementation ``impl`` of operation ``op``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown op or impl (the message lists the known ones), or for ``native``, which
+        nvfp4compat does not implement (vLLM's own SM100 trtllm-gen path runs instead).
+    ImportError
+        When the implementation's module cannot be imported (e.g. triton or flashinfer missing); the
+        message names the package to install.
+    """
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; known ops: {list(OPS)}")
+    if impl not in IMPLS:
+        raise ValueError(f"unknown implementation {impl!r}; known: {list(IMPLS)}")
+    if impl == "native":
+        raise ValueError(
+            f"op {op!r} has no nvfp4compat kernel for impl 'native': the native path is vLLM's own "
+            "SM100-family trtllm-gen code, which the plugin leaves in place; use 'triton' or 'flashinfer'"
+        )
+    target = KERNELS[(op, impl)]
+    module_name, func = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        need = "triton (pip install 'nvfp4compat[triton]')" if impl == "triton" else "flashinfer-python"
+        raise ImportError(
+            f"cannot load the {impl} implementation of {op!r} ({target}): {exc}; it needs {need}"
+        ) from exc
+    return getattr(module, func)

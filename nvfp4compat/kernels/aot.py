@@ -1,0 +1,322 @@
+"""Ahead-of-time compilation of every bundled Triton kernel variant, for a list of CUDA targets.
+
+Triton compiles to PTX and cubin without a GPU (``triton.compile(ASTSource(fn, signature, constexprs),
+target=GPUTarget("cuda", cc, 32))``), so a CPU-only machine proves that each kernel builds for SM80, 86,
+89, 90, 100 and 120 (the trap this catches: ``tl.float8e4nv`` casts do not build for SM80/86).
+
+Kernels come from *providers*: modules that define ``aot_kernels() -> list[AotKernel]``
+(:data:`PROVIDERS`; a listed module that does not exist yet is reported, not an error), plus kernels
+added with :func:`register`. Each :class:`AotKernel` lists the variants to build: a signature (argument
+name -> Triton type, constexprs as ``"constexpr"``), constexpr values and ``num_warps``. List a covering
+set of variants (every tile config once, every dtype / head_dim / flag value at least once), not the
+full product: each variant is compiled once per target.
+
+Under ``TRITON_INTERPRET=1`` ``@triton.jit`` yields interpreter objects that cannot be compiled;
+:func:`compile_all` then runs itself in a subprocess without that variable and returns its report.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = [
+    "DEFAULT_CCS",
+    "PROVIDERS",
+    "AotVariant",
+    "AotKernel",
+    "AotResult",
+    "AotReport",
+    "aligned",
+    "register",
+    "collect_kernels",
+    "compile_all",
+]
+
+DEFAULT_CCS = (80, 86, 89, 90, 100, 120)
+PROVIDERS: list[str] = [
+    "nvfp4compat.kernels.triton.append",
+    "nvfp4compat.kernels.triton.dequant",
+    "nvfp4compat.kernels.triton.attention",
+]
+
+
+@dataclass(frozen=True)
+class AotVariant:
+    """One compile of a kernel: ``signature`` maps every argument name to a Triton type (``"*bf16"``,
+    ``"i32"``, ``"fp32"``, ``"constexpr"``); ``constexprs`` gives the constexpr values; ``attrs`` are
+    optional specialization hints (``{(arg_index,): [["tt.divisibility", 16]]}``)."""
+
+    label: str
+    signature: dict[str, str]
+    constexprs: dict[str, Any]
+    num_warps: int = 4
+    num_stages: int = 3
+    attrs: dict[Any, Any] | None = None
+
+
+@dataclass(frozen=True)
+class AotKernel:
+    """A ``@triton.jit`` kernel and the variants to compile."""
+
+    name: str
+    fn: Any
+    variants: list[AotVariant]
+
+
+@dataclass(frozen=True)
+class AotResult:
+    kernel: str
+    variant: str
+    cc: int
+    ok: bool
+    seconds: float
+    cubin_bytes: int = 0
+    error: str = ""
+
+
+@dataclass
+class AotReport:
+    """Outcome of :func:`compile_all`: one :class:`AotResult` per (kernel, variant, cc)."""
+
+    ccs: list[int]
+    results: list[AotResult] = field(default_factory=list)
+    missing_providers: list[str] = field(default_factory=list)
+    triton_version: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.results) and all(r.ok for r in self.results)
+
+    @property
+    def failures(self) -> list[AotResult]:
+        return [r for r in self.results if not r.ok]
+
+    def matrix(self) -> str:
+        """Markdown table: one row per kernel, one column per cc, ``ok/total`` compiled variants."""
+        kernels = sorted({r.kernel for r in self.results})
+        lines = [
+            "| kernel | " + " | ".join(f"sm_{cc}" for cc in self.ccs) + " |",
+            "|---|" + "---|" * len(self.ccs),
+        ]
+        for k in kernels:
+            cells = []
+            for cc in self.ccs:
+                rs = [r for r in self.results if r.kernel == k and r.cc == cc]
+                cells.append(f"{sum(r.ok for r in rs)}/{len(rs)}")
+            lines.append(f"| {k} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        secs = sum(r.seconds for r in self.results)
+        targets = ", ".join(f"sm_{c}" for c in self.ccs)
+        head = (
+            f"AOT compile, triton {self.triton_version}: {sum(r.ok for r in self.results)}/"
+            f"{len(self.results)} variants built for [{targets}] in {secs:.1f} s"
+        )
+        parts = [head, self.matrix()]
+        if self.missing_providers:
+            parts.append("providers not present (skipped): " + ", ".join(self.missing_providers))
+        for r in self.failures:
+            parts.append(f"FAILED {r.kernel} [{r.variant}] sm_{r.cc}: {r.error}")
+        return "\n".join(parts)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "ccs": self.ccs,
+                "results": [asdict(r) for r in self.results],
+                "missing_providers": self.missing_providers,
+                "triton_version": self.triton_version,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> AotReport:
+        d = json.loads(text)
+        return cls(
+            ccs=d["ccs"],
+            results=[AotResult(**r) for r in d["results"]],
+            missing_providers=d["missing_providers"],
+            triton_version=d["triton_version"],
+        )
+
+
+def aligned(signature: dict[str, str], names: list[str] | tuple[str, ...]) -> dict:
+    """``attrs`` marking ``names`` as multiples of 16, as a JIT launch does for aligned pointers and
+    strides: the AOT build then takes the vectorized paths a GPU launch takes."""
+    index = {name: i for i, name in enumerate(signature)}
+    unknown = sorted(set(names) - set(index))
+    if unknown:
+        raise ValueError(f"not in the signature: {unknown}")
+    return {(index[n],): [["tt.divisibility", 16]] for n in names}
+
+
+_registered: list[AotKernel] = []
+
+
+def register(kernel: AotKernel) -> None:
+    """Add a kernel to every later :func:`compile_all` (in addition to :data:`PROVIDERS`)."""
+    if any(k.name == kernel.name for k in _registered):
+        raise ValueError(f"an AOT kernel named {kernel.name!r} is already registered")
+    _registered.append(kernel)
+
+
+def collect_kernels(providers: list[str] | None = None) -> tuple[list[AotKernel], list[str]]:
+    """Import the providers and return ``(kernels, missing provider modules)``."""
+    kernels: list[AotKernel] = []
+    missing: list[str] = []
+    for mod_name in PROVIDERS if providers is None else providers:
+        try:
+            mod = importlib.import_module(mod_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == mod_name:
+                missing.append(mod_name)
+                continue
+            raise
+        if not hasattr(mod, "aot_kernels"):
+            raise TypeError(f"AOT provider {mod_name} defines no aot_kernels() function")
+        kernels.extend(mod.aot_kernels())
+    kernels.extend(_registered)
+    names = [k.name for k in kernels]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"duplicate AOT kernel names: {dupes}")
+    return kernels, missing
+
+
+def _interpreted(kernels: list[AotKernel]) -> bool:
+    from triton.runtime.jit import JITFunction
+
+    return any(not isinstance(k.fn, JITFunction) for k in kernels)
+
+
+def _compile_one(kernel: AotKernel, variant: AotVariant, cc: int) -> AotResult:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    t0 = time.perf_counter()
+    try:
+        src = ASTSource(kernel.fn, variant.signature, variant.constexprs, variant.attrs)
+        compiled = triton.compile(
+            src,
+            target=GPUTarget("cuda", cc, 32),
+            # fp fusion on, as a JIT launch has it by default (triton 3.6; 3.9 warns when unset)
+            options={
+                "num_warps": variant.num_warps,
+                "num_stages": variant.num_stages,
+                "enable_fp_fusion": True,
+            },
+        )
+        size = len(compiled.asm["cubin"])
+        return AotResult(kernel.name, variant.label, cc, True, time.perf_counter() - t0, size)
+    except Exception as exc:  # report every failure, keep compiling the rest
+        msg = f"{type(exc).__name__}: {exc}".strip().splitlines()
+        return AotResult(
+            kernel.name, variant.label, cc, False, time.perf_counter() - t0, 0, " ".join(msg)[:2000]
+        )
+
+
+def compile_all(
+    ccs: list[int] | tuple[int, ...] = DEFAULT_CCS,
+    *,
+    kernels: list[str] | None = None,
+    providers: list[str] | None = None,
+    jobs: int = 1,
+) -> AotReport:
+    """Compile every variant of every AOT kernel for each compute capability in ``ccs``.
+
+    Parameters
+    ----------
+    ccs : list of int
+        Targets as ``major*10 + minor`` (80, 86, 89, 90, 100, 120, ...).
+    kernels : list of str, optional
+        Only these kernel names (default: all).
+    providers : list of str, optional
+        Provider modules to import instead of :data:`PROVIDERS`.
+    jobs : int
+        Compile in this many child processes at once (the targets are split between them).
+
+    Returns
+    -------
+    AotReport
+        Per (kernel, variant, cc) success, time and cubin size; ``report.ok`` is True when everything
+        built. Never raises for a failed compile (the failure is in the report).
+    """
+    import triton
+
+    ccs = [int(c) for c in ccs]
+    if jobs > 1 and len(ccs) > 1:
+        groups = [ccs[i::jobs] for i in range(min(jobs, len(ccs)))]
+        procs = [_spawn(g, kernels, providers) for g in groups]
+        reports = [_collect(p) for p in procs]
+        merged = AotReport(
+            ccs=ccs,
+            missing_providers=reports[0].missing_providers,
+            triton_version=reports[0].triton_version,
+        )
+        for cc in ccs:  # keep the order of a serial run
+            for rep in reports:
+                merged.results.extend(r for r in rep.results if r.cc == cc)
+        return merged
+    found, missing = collect_kernels(providers)
+    if kernels is not None:
+        unknown = sorted(set(kernels) - {k.name for k in found})
+        if unknown:
+            raise ValueError(
+                f"unknown AOT kernels {unknown}; known: {sorted(k.name for k in found)}"
+            )
+        found = [k for k in found if k.name in kernels]
+    if _interpreted(found):
+        return _collect(_spawn(ccs, kernels, providers))
+    report = AotReport(ccs=ccs, missing_providers=missing, triton_version=triton.__version__)
+    for cc in ccs:
+        for kernel in found:
+            for variant in kernel.variants:
+                report.results.append(_compile_one(kernel, variant, cc))
+    return report
+
+
+def _spawn(
+    ccs: list[int], kernels: list[str] | None, providers: list[str] | None
+) -> subprocess.Popen:
+    """Start ``compile_all(ccs)`` in a child without TRITON_INTERPRET, seeing this process's sys.path."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    code = (
+        "import json, sys; from nvfp4compat.kernels.aot import compile_all; "
+        "a = json.loads(sys.argv[1]); "
+        "print('AOT-REPORT ' + compile_all(a['ccs'], kernels=a['kernels'], providers=a['providers']).to_json())"
+    )
+    arg = json.dumps({"ccs": ccs, "kernels": kernels, "providers": providers})
+    return subprocess.Popen(
+        [sys.executable, "-c", code, arg],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _collect(proc: subprocess.Popen) -> AotReport:
+    out, err = proc.communicate()
+    for line in out.splitlines():
+        if line.startswith("AOT-REPORT "):
+            return AotReport.from_json(line[len("AOT-REPORT ") :])
+    raise RuntimeError(
+        "the AOT compile subprocess (run without TRITON_INTERPRET) produced no report; exit code "
+        f"{proc.returncode}; stderr tail:\n{err[-4000:]}"
+    )
+
+
+if __name__ == "__main__":
+    rep = compile_all([int(a) for a in sys.argv[1:]] or DEFAULT_CCS, jobs=os.cpu_count() or 1)
+    print(rep)
+    sys.exit(0 if rep.ok else 1)

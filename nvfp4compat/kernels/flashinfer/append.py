@@ -1,0 +1,133 @@
+"""FlashInfer implementation of ``write``: ``nvfp4_quantize_append_paged_kv_cache_with_slot_mapping``.
+
+A thin wrapper with the signature of :func:`nvfp4compat.kernels.triton.append.append_slot_mapping`:
+the same host-side validation (so every implementation rejects the same inputs with the same message),
+then FlashInfer's helper (first released in flashinfer-python 0.6.15; ``nvfp4_4over6`` from 0.7.4).
+
+Importing this module raises :class:`ImportError` when FlashInfer cannot be imported or lacks the
+helper, naming the installed version and the way out (``impl 'triton'``).
+
+Device-scale behaviour is FlashInfer's own, not the Triton kernel's: 0.6.15-0.7.2.post1 copy a CUDA
+scale tensor to the host on every call (a sync; a bad value raises ``ValueError``, and during CUDA-graph
+capture the check is skipped); 0.7.4 reads it on the device and executes ``trap`` on a non-finite or
+non-positive value, which can leave the CUDA context unusable.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from nvfp4compat.kernels.layout import normalize_cache
+from nvfp4compat.kernels.validate import check_append_inputs, resolve_scale
+
+__all__ = [
+    "HELPER",
+    "FIRST_RELEASE",
+    "flashinfer_version",
+    "supports_4over6",
+    "append_slot_mapping",
+]
+
+HELPER = "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping"
+FIRST_RELEASE = "0.6.15"
+
+
+def import_flashinfer() -> ModuleType:
+    """Import FlashInfer, turning any import-time failure into an ImportError that says why."""
+    try:
+        import flashinfer
+    except (
+        Exception
+    ) as exc:  # FlashInfer <= 0.7.0 raises AssertionError/RuntimeError on some setups
+        raise ImportError(
+            f"cannot import flashinfer ({type(exc).__name__}: {exc}); install flashinfer-python "
+            f">= {FIRST_RELEASE} or use impl 'triton'"
+        ) from exc
+    return flashinfer
+
+
+def flashinfer_version() -> str:
+    return str(getattr(import_flashinfer(), "__version__", "unknown"))
+
+
+def require_helper(module: ModuleType, name: str, first_release: str, what: str) -> Any:
+    """Return ``module.<name>`` or raise ImportError naming the installed FlashInfer version."""
+    fn = getattr(module, name, None)
+    if fn is None:
+        raise ImportError(
+            f"flashinfer {getattr(module, '__version__', 'unknown')} lacks {name} (needed by impl "
+            f"'flashinfer' of {what!r}; first released in flashinfer-python {first_release}); upgrade "
+            f"flashinfer-python or use impl 'triton' (NVFP4COMPAT_IMPL={what}=triton)"
+        )
+    return fn
+
+
+_flashinfer = import_flashinfer()
+_helper = require_helper(_flashinfer, HELPER, FIRST_RELEASE, "write")
+
+
+@functools.cache
+def supports_4over6() -> bool:
+    """Whether the installed helper takes ``nvfp4_4over6`` (FlashInfer 0.7.4+)."""
+    try:
+        return "nvfp4_4over6" in inspect.signature(_helper).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _four_over_six_config() -> Any:
+    if not supports_4over6():
+        raise NotImplementedError(
+            f"nvfp4_4over6=True needs FlashInfer >= 0.7.4 (its {HELPER} takes nvfp4_4over6); "
+            f"flashinfer {flashinfer_version()} is installed. Use impl 'triton' for the write op "
+            "(NVFP4COMPAT_IMPL=write=triton), which implements the same 4over6 scale search"
+        )
+    from flashinfer.quantization import NVFP44Over6Config
+
+    # The only recipe the paged writer accepts: MSE without fast-math error evaluation.
+    return NVFP44Over6Config(err_mode="MSE")
+
+
+def append_slot_mapping(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    paged_kv_cache: torch.Tensor | Sequence[torch.Tensor],
+    kv_cache_sf: torch.Tensor | Sequence[torch.Tensor],
+    k_scale: float | torch.Tensor,
+    v_scale: float | torch.Tensor,
+    kv_layout: str = "NHD",
+    *,
+    nvfp4_4over6: bool = False,
+) -> None:
+    """Quantize K/V rows to NVFP4 and write them into a paged cache by slot mapping (in place).
+
+    Same contract as :func:`nvfp4compat.kernels.triton.append.append_slot_mapping` (shapes, dtypes,
+    layouts, skipped slots, in-place update), through FlashInfer's helper. ``nvfp4_4over6=True``
+    requires FlashInfer >= 0.7.4 and raises :class:`NotImplementedError` otherwise. Device-scale
+    handling is FlashInfer's (module docstring).
+    """
+    views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
+    check_append_inputs(key, value, slot_mapping, views)
+    ks = resolve_scale(k_scale, "k_scale", views.device)
+    vs = resolve_scale(v_scale, "v_scale", views.device)
+    kwargs = {"nvfp4_4over6": _four_over_six_config()} if nvfp4_4over6 else {}
+    if slot_mapping.shape[0] == 0:
+        return
+    _helper(
+        key,
+        value,
+        slot_mapping,
+        (views.k_data, views.v_data),
+        (views.k_sf, views.v_sf),
+        ks,
+        vs,
+        kv_layout,
+        **kwargs,
+    )

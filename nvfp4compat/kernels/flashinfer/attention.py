@@ -1,0 +1,313 @@
+"""Paged attention over an NVFP4 KV cache through FlashInfer's FA2 wrappers (``kv_cache_sf``).
+
+The same signatures as :mod:`nvfp4compat.kernels.triton.attention` (``docs/architecture.md``), served
+by FlashInfer 0.6.10-0.7.4:
+
+* ``decode`` with one query token per request: ``BatchDecodeWithPagedKVCacheWrapper(
+  use_tensor_cores=True)`` (the tensor-core FA2 path; the CUDA-core decode does not build for a uint8
+  KV cache), planned with ``kv_data_type=torch.uint8``;
+* ``decode`` with ``q_len_per_req > 1`` and ``prefill``: ``BatchPrefillWithPagedKVCacheWrapper(
+  backend="fa2")`` (``fa3`` refuses NVFP4), causal with the queries at the end of each sequence.
+
+FlashInfer reads the linear E4M3 block scales from ``kv_cache_sf=(k_sf, v_sf)``, folds ``k_scale``
+into the softmax scale and multiplies the output by ``v_scale`` after the kernel. Its LSE is base 2;
+it is returned here in natural-log units like every other implementation.
+
+Differences from the Triton implementation, by FlashInfer's design:
+
+* FlashInfer plans on the host: ``seq_lens`` and ``block_table`` are copied to the host on every call
+  whose metadata changed (a device sync; not CUDA-graph safe). Planned wrappers are cached per
+  (device, shapes, features) and re-planned only when the metadata differs from the previous call.
+* ``k_scale`` given as a device tensor is folded into the query (``q * k_scale`` rounded to the query
+  dtype), because FlashInfer's ``run`` takes the softmax scale as a host float.
+* Attention sinks are not applied by the FA2 path (its ``paged_run`` drops ``sinks``): ``sinks``
+  raises :class:`NotImplementedError`; use the Triton implementation.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import flashinfer  # noqa: F401  (ImportError here tells get_kernel the implementation is unavailable)
+import torch
+
+from nvfp4compat.kernels.layout import CacheViews, check_scale, normalize_cache
+
+__all__ = ["decode", "prefill", "clear_cache"]
+
+_LN2 = 0.6931471805599453
+_WORKSPACE_BYTES = 128 * 1024 * 1024
+
+
+@dataclass
+class _Planned:
+    """A FlashInfer wrapper and the page metadata it was last planned with."""
+
+    wrapper: Any
+    meta: tuple[Any, ...] | None = None
+
+
+_lock = threading.Lock()
+_workspaces: dict[torch.device, torch.Tensor] = {}
+_wrappers: dict[tuple[Any, ...], _Planned] = {}
+
+
+def clear_cache() -> None:
+    """Drop the cached FlashInfer wrappers and workspaces (frees their device memory)."""
+    with _lock:
+        _wrappers.clear()
+        _workspaces.clear()
+
+
+def _workspace(device: torch.device) -> torch.Tensor:
+    ws = _workspaces.get(device)
+    if ws is None:
+        ws = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        _workspaces[device] = ws
+    return ws
+
+
+def _unsupported(feature: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"{feature} is not supported by FlashInfer's FA2 NVFP4 path (the 'flashinfer' implementation); "
+        "use the bundled Triton kernels: get_kernel(op, 'triton'), or NVFP4COMPAT_IMPL=decode=triton,"
+        "prefill=triton for the vLLM plugin"
+    )
+
+
+def _check(
+    name: str,
+    query: torch.Tensor,
+    views: CacheViews,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    k_scale: float | torch.Tensor,
+    v_scale: float | torch.Tensor,
+    sm_scale: float,
+    sliding_window: int | None,
+    logits_soft_cap: float | None,
+    sinks: torch.Tensor | None,
+    out: torch.Tensor | None,
+) -> None:
+    if sinks is not None:
+        raise _unsupported("attention sinks")
+    device = views.device
+    if device.type != "cuda":
+        raise ValueError(f"{name}: the flashinfer implementation needs CUDA tensors, the cache is on {device}")
+    if not isinstance(query, torch.Tensor) or query.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"{name}: query must be float16 or bfloat16, got {getattr(query, 'dtype', type(query))}")
+    if query.dim() != 3 or query.shape[2] != views.head_dim or query.device != device:
+        raise ValueError(
+            f"{name}: query must be [num_tokens, num_qo_heads, head_dim={views.head_dim}] on {device}, "
+            f"got {tuple(query.shape)} on {query.device}"
+        )
+    if query.shape[1] % views.num_kv_heads:
+        raise ValueError(f"{name}: num_qo_heads {query.shape[1]} is not a multiple of num_kv_heads {views.num_kv_heads}")
+    for arg, t in (("block_table", block_table), ("seq_lens", seq_lens)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.device != device:
+            raise TypeError(f"{name}: {arg} must be an int32 tensor on {device}")
+    if block_table.dim() != 2 or seq_lens.shape != (block_table.shape[0],):
+        raise ValueError(
+            f"{name}: block_table must be [batch, max_pages] and seq_lens [batch], got "
+            f"{tuple(block_table.shape)} and {tuple(seq_lens.shape)}"
+        )
+    check_scale(k_scale, "k_scale", device)
+    check_scale(v_scale, "v_scale", device)
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
+        raise TypeError(f"{name}: sm_scale must be a finite Python number, got {sm_scale!r}")
+    if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1):
+        raise ValueError(f"{name}: sliding_window must be a positive int or None, got {sliding_window!r}")
+    if logits_soft_cap is not None and not (logits_soft_cap == 0 or (logits_soft_cap > 0 and math.isfinite(logits_soft_cap))):
+        raise ValueError(f"{name}: logits_soft_cap must be a positive finite number or None, got {logits_soft_cap!r}")
+    if out is not None and (out.shape != query.shape or out.dtype != query.dtype or out.device != device):
+        raise ValueError(
+            f"{name}: out must be {tuple(query.shape)} {query.dtype} on {device}, got "
+            f"{tuple(out.shape)} {out.dtype} on {out.device}"
+        )
+
+
+def _paged_metadata(
+    block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
+) -> tuple[tuple[Any, ...], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashInfer's CSR page metadata from a block table: ``(key, indptr, indices, last_page_len)``.
+
+    Syncs: the page counts live in ``seq_lens`` on the device.
+    """
+    lens = seq_lens.to("cpu", torch.int64)
+    pages = (lens + page_size - 1) // page_size
+    max_pages = int(pages.max()) if lens.numel() else 0
+    if max_pages > block_table.shape[1]:
+        raise ValueError(
+            f"seq_lens need up to {max_pages} pages but block_table has {block_table.shape[1]} columns"
+        )
+    table = block_table[:, :max_pages].to("cpu")
+    keep = torch.arange(max_pages)[None, :] < pages[:, None]
+    indices = table[keep].to(torch.int32)
+    indptr = torch.zeros(lens.numel() + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(pages, 0).to(torch.int32)
+    last = (lens - (pages - 1).clamp_min(0) * page_size).to(torch.int32)
+    key = (tuple(lens.tolist()), hash(indices.numpy().tobytes()))
+    device = block_table.device
+    return key, indptr.to(device), indices.to(device), last.to(device)
+
+
+def _fold_k_scale(query: torch.Tensor, k_scale: float | torch.Tensor) -> tuple[torch.Tensor, float | None]:
+    if isinstance(k_scale, torch.Tensor):
+        return (query.float() * k_scale.reshape(())).to(query.dtype), None
+    return query, float(k_scale)
+
+
+def _finish(
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    v_scale: float | torch.Tensor,
+    user_out: torch.Tensor | None,
+    return_lse: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(v_scale, torch.Tensor):
+        out.mul_(v_scale.reshape(()))  # a 0-dim float32 factor keeps out's dtype
+    if user_out is not None and user_out is not out:
+        user_out.copy_(out)
+        out = user_out
+    if return_lse:
+        assert lse is not None
+        return out, lse * _LN2
+    return out
+
+
+def decode(
+    query: torch.Tensor,
+    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    kv_cache_sf: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    k_scale: float | torch.Tensor,
+    v_scale: float | torch.Tensor,
+    *,
+    sm_scale: float,
+    kv_layout: str = "NHD",
+    q_len_per_req: int = 1,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Paged decode over an NVFP4 cache with FlashInfer's tensor-core FA2 decode.
+
+    Arguments and results as :func:`nvfp4compat.kernels.triton.attention.decode` (shapes, dtypes,
+    layouts, semantics); ``sinks`` raises :class:`NotImplementedError`. ``q_len_per_req > 1`` runs
+    FlashInfer's FA2 prefill wrapper with causal masking (queries at the end of each sequence).
+    """
+    views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
+    _check("decode", query, views, block_table, seq_lens, k_scale, v_scale, sm_scale, sliding_window,
+           logits_soft_cap, sinks, out)
+    batch = block_table.shape[0]
+    if not isinstance(q_len_per_req, int) or q_len_per_req < 1 or query.shape[0] != batch * q_len_per_req:
+        raise ValueError(
+            f"decode: query has {query.shape[0]} rows, expected batch * q_len_per_req = {batch} * {q_len_per_req}"
+        )
+    if q_len_per_req > 1:
+        qsl = torch.arange(batch + 1, dtype=torch.int32, device=query.device) * q_len_per_req
+        return prefill(
+            query, paged_kv_cache, kv_cache_sf, block_table, seq_lens, qsl, k_scale, v_scale,
+            sm_scale=sm_scale, kv_layout=kv_layout, causal=True, sliding_window=sliding_window,
+            logits_soft_cap=logits_soft_cap, out=out, return_lse=return_lse,
+        )
+    window_left = -1 if sliding_window is None else sliding_window - 1
+    cap = float(logits_soft_cap) if logits_soft_cap else None
+    meta_key, indptr, indices, last = _paged_metadata(block_table, seq_lens, views.page_size)
+    key = ("decode", query.device, kv_layout, query.dtype, query.shape[1], views.num_kv_heads,
+           views.head_dim, views.page_size, window_left, cap, float(sm_scale), batch)
+    with _lock:
+        planned = _wrappers.get(key)
+        if planned is None:
+            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                _workspace(query.device), kv_layout, use_tensor_cores=True
+            )
+            planned = _wrappers[key] = _Planned(wrapper)
+        if planned.meta != meta_key:
+            planned.wrapper.plan(
+                indptr, indices, last, query.shape[1], views.num_kv_heads, views.head_dim,
+                views.page_size, window_left=window_left, logits_soft_cap=cap,
+                q_data_type=query.dtype, kv_data_type=torch.uint8, o_data_type=query.dtype,
+                sm_scale=float(sm_scale),
+            )
+            planned.meta = meta_key
+    q, ks = _fold_k_scale(query, k_scale)
+    fi_out = out if out is not None and out.is_contiguous() else None
+    res = planned.wrapper.run(
+        q, (views.k_data, views.v_data), k_scale=ks,
+        v_scale=None if isinstance(v_scale, torch.Tensor) else float(v_scale),
+        out=fi_out, return_lse=return_lse, kv_cache_sf=(views.k_sf, views.v_sf),
+    )
+    o, lse = (res[0], res[1]) if return_lse else (res, None)
+    return _finish(o, lse, v_scale, out, return_lse)
+
+
+def prefill(
+    query: torch.Tensor,
+    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    kv_cache_sf: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    k_scale: float | torch.Tensor,
+    v_scale: float | torch.Tensor,
+    *,
+    sm_scale: float,
+    kv_layout: str = "NHD",
+    causal: bool = True,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Varlen paged prefill over an NVFP4 cache with FlashInfer's FA2 prefill wrapper.
+
+    Arguments and results as :func:`nvfp4compat.kernels.triton.attention.prefill`; ``sinks`` raises
+    :class:`NotImplementedError`. FlashInfer aligns each request's queries to the end of its keys
+    (bottom-right causal), as the contract requires; a sliding window with ``causal=False`` bounds
+    keys from below only (``window_left = W - 1``).
+    """
+    views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
+    _check("prefill", query, views, block_table, seq_lens, k_scale, v_scale, sm_scale, sliding_window,
+           logits_soft_cap, sinks, out)
+    batch = block_table.shape[0]
+    qsl = query_start_loc
+    if not isinstance(qsl, torch.Tensor) or qsl.dtype != torch.int32 or qsl.shape != (batch + 1,):
+        raise ValueError(f"prefill: query_start_loc must be an int32 tensor [batch + 1 = {batch + 1}]")
+    window_left = -1 if sliding_window is None else sliding_window - 1
+    cap = float(logits_soft_cap) if logits_soft_cap else None
+    meta_key, indptr, indices, last = _paged_metadata(block_table, seq_lens, views.page_size)
+    qsl_host = tuple(qsl.to("cpu").tolist())
+    key = ("prefill", query.device, kv_layout, query.dtype, query.shape[1], views.num_kv_heads,
+           views.head_dim, views.page_size, window_left, cap, float(sm_scale), bool(causal), batch)
+    with _lock:
+        planned = _wrappers.get(key)
+        if planned is None:
+            wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                _workspace(query.device), kv_layout, backend="fa2"
+            )
+            planned = _wrappers[key] = _Planned(wrapper)
+        if planned.meta != (meta_key, qsl_host):
+            planned.wrapper.plan(
+                qsl, indptr, indices, last, query.shape[1], views.num_kv_heads, views.head_dim,
+                views.page_size, causal=bool(causal), sm_scale=float(sm_scale),
+                window_left=window_left, logits_soft_cap=cap, q_data_type=query.dtype,
+                kv_data_type=torch.uint8, o_data_type=query.dtype,
+            )
+            planned.meta = (meta_key, qsl_host)
+    q, ks = _fold_k_scale(query, k_scale)
+    fi_out = out if out is not None and out.is_contiguous() else None
+    res = planned.wrapper.run(
+        q, (views.k_data, views.v_data), k_scale=ks,
+        v_scale=None if isinstance(v_scale, torch.Tensor) else float(v_scale),
+        out=fi_out, return_lse=return_lse, kv_cache_sf=(views.k_sf, views.v_sf),
+    )
+    o, lse = (res[0], res[1]) if return_lse else (res, None)
+    return _finish(o, lse, v_scale, out, return_lse)

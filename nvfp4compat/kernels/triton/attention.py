@@ -1,0 +1,1235 @@
+"""Fused Triton paged attention over an NVFP4 KV cache: split-KV decode and varlen causal prefill.
+
+The cache is never dequantized to memory: every tile of ``BLOCK_N`` tokens is gathered through the block
+table (a tile spans several pages), its E2M1 nibbles and E4M3 block scales are decoded in registers into
+fp16/bf16 MMA operands (``e2m1 * sf``, exact in both), and the global scales are folded in
+(``k_scale`` into the softmax scale, ``v_scale`` into the output). Signatures and semantics are those of
+``docs/architecture.md``; the design and the tuning heuristic are in ``docs/attention.md``.
+
+* :func:`decode`: flash-decoding. One program per ``(kv split, kv head, request)`` serves every query
+  head of its KV head (the GQA group ``G = Hq / Hkv``) and every one of the request's ``q_len_per_req``
+  query tokens: ``G * q_len`` rows padded to the MMA minimum of 16. The KV range is split into
+  ``num_splits`` pieces (:func:`choose_num_splits`) and a second kernel merges the partial results
+  (log-sum-exp weighted); with one split the first kernel writes the output directly.
+* :func:`prefill`: FlashAttention-2 over query tiles of all requests (``BLOCK_M`` rows = ``BLOCK_M // G``
+  tokens x ``G`` heads, one program per tile and KV head), with the causal diagonal, the sliding window
+  and the sequence end masked only on the tiles that need it. Requests with at most ``16 // G`` query
+  tokens (the decode rows of a mixed batch) go through the split-KV decode kernel instead, so a mixed
+  prefill/decode batch is one call and the decode rows still fill the GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from nvfp4compat.kernels.layout import CacheViews, normalize_cache
+from nvfp4compat.kernels.triton import attention_nvfp4 as fp4
+from nvfp4compat.kernels.validate import interpreting, resolve_scale
+
+__all__ = [
+    "decode",
+    "prefill",
+    "DecodeConfig",
+    "PrefillConfig",
+    "decode_config",
+    "prefill_config",
+    "choose_num_splits",
+    "override_configs",
+    "aot_kernels",
+]
+
+_LOG2E = 1.4426950408889634
+_MAX_GRID_YZ = 65535
+
+
+# --------------------------------------------------------------------------------------------------
+# Device code
+# --------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_scale_bytes(sf_base, sf_row_off, n_ok, D16: tl.constexpr, MASKED: tl.constexpr, SF_WORDS: tl.constexpr):
+    """The ``[BLOCK_N, D/16]`` E4M3 scale bytes of a tile (uint8 values in int32).
+
+    ``SF_WORDS`` (rows 4-byte aligned): load 32-bit words and split them in registers, so every
+    thread moves at least 4 bytes and Triton's pipeliner can stage the load with ``cp.async``.
+    """
+    if SF_WORDS:
+        W: tl.constexpr = D16 // 4
+        offs_w = tl.arange(0, W)
+        wptrs = (sf_base + sf_row_off[:, None]).to(tl.pointer_type(tl.int32)) + offs_w[None, :]
+        if MASKED:
+            words = tl.load(wptrs, mask=n_ok[:, None], other=0)
+        else:
+            words = tl.load(wptrs)
+        shifts = tl.arange(0, 4) * 8
+        sfb = (words[:, :, None] >> shifts[None, None, :]) & 0xFF
+        return tl.reshape(sfb, (words.shape[0], D16))
+    else:
+        offs_s = tl.arange(0, D16)
+        sf_ptrs = sf_base + sf_row_off[:, None] + offs_s[None, :]
+        if MASKED:
+            sfb = tl.load(sf_ptrs, mask=n_ok[:, None], other=0)
+        else:
+            sfb = tl.load(sf_ptrs)
+        return sfb.to(tl.int32)
+
+
+@triton.jit
+def _load_planes(
+    base, row_off, sf_base, sf_row_off, n_ok,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr,
+    DTYPE: tl.constexpr, SF_WORDS: tl.constexpr,
+):
+    """Gather and decode one K or V tile: ``(lo, hi)`` planes ``[BLOCK_N, D/2]`` in ``DTYPE``."""
+    D2: tl.constexpr = HEAD_DIM // 2
+    D16: tl.constexpr = HEAD_DIM // 16
+    offs_b = tl.arange(0, D2)
+    ptrs = base + row_off[:, None] + offs_b[None, :]
+    if MASKED:
+        byte = tl.load(ptrs, mask=n_ok[:, None], other=0)
+    else:
+        byte = tl.load(ptrs)
+    sfb = _load_scale_bytes(sf_base, sf_row_off, n_ok, D16, MASKED, SF_WORDS)
+    if FAST:
+        if DTYPE == tl.float16:  # noqa: SIM300 (DTYPE is a constexpr, not a constant)
+            sf = fp4.scales_f16_scaled(sfb)  # sf * 2^-8: the caller folds 2^8 into the scales
+        else:
+            sf = fp4.scales_f32(sfb).to(DTYPE)
+        lo, hi = fp4.planes_fast(byte, fp4.broadcast_scales(sf, D2, D16, BLOCK_N))
+    else:
+        sf = fp4.scales_f32(sfb)
+        lo, hi = fp4.planes_portable(byte, fp4.broadcast_scales(sf, D2, D16, BLOCK_N), DTYPE)
+    return lo, hi
+
+
+@triton.jit
+def _attend_tile(
+    acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos,
+    n0, kv_end, window, qk_scale2, softcap_pre, softcap_post,
+    bt_row, page_size, page_shift,
+    k_base, v_base, ks_base, vs_base,
+    stride_kp, stride_kt, stride_vp, stride_vt,
+    stride_ksp, stride_kst, stride_vsp, stride_vst,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL_ROWS: tl.constexpr, WINDOW_ROWS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr, PAGE_POW2: tl.constexpr,
+    SF_WORDS: tl.constexpr,
+):
+    """Online-softmax update of the running state with the keys ``[n0, n0 + BLOCK_N)``.
+
+    ``MASKED`` tiles mask keys ``>= kv_end`` and, per row, the causal diagonal (``CAUSAL_ROWS``:
+    key ``<= qpos``) and the window (``WINDOW_ROWS``: key ``> qpos - window``); unmasked tiles are
+    known to be fully visible to every row. Logits are kept in the log2 domain.
+    """
+    DTYPE: tl.constexpr = q_lo.dtype
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < kv_end
+    if PAGE_POW2:
+        pidx = offs_n >> page_shift
+        slot = (offs_n & (page_size - 1)).to(tl.int64)
+    else:
+        pidx = offs_n // page_size
+        slot = (offs_n % page_size).to(tl.int64)
+    if MASKED:
+        page = tl.load(bt_row + pidx, mask=n_ok, other=0).to(tl.int64)
+    else:
+        page = tl.load(bt_row + pidx).to(tl.int64)
+
+    k_lo, k_hi = _load_planes(
+        k_base, page * stride_kp + slot * stride_kt, ks_base, page * stride_ksp + slot * stride_kst,
+        n_ok, HEAD_DIM, BLOCK_N, MASKED, FAST, DTYPE, SF_WORDS,
+    )
+    if DOT_FP32:
+        s = tl.dot(q_lo.to(tl.float32), tl.trans(k_lo.to(tl.float32)))
+        s = tl.dot(q_hi.to(tl.float32), tl.trans(k_hi.to(tl.float32)), s)
+    else:
+        s = tl.dot(q_lo, tl.trans(k_lo))
+        s = tl.dot(q_hi, tl.trans(k_hi), s)
+    if HAS_SOFTCAP:
+        # cap * tanh(x / cap) in the log2 domain; tanh(y) = 1 - 2 / (exp(2y) + 1) saturates cleanly.
+        y = s * softcap_pre
+        t = 1.0 - 2.0 / (tl.exp2(y * 2.8853900817779268) + 1.0)
+        s = t * softcap_post
+    if MASKED:
+        s = tl.where(n_ok[None, :], s, float("-inf"))
+        if CAUSAL_ROWS:
+            s = tl.where(offs_n[None, :] <= qpos[:, None], s, float("-inf"))
+        if WINDOW_ROWS:
+            s = tl.where(offs_n[None, :] > (qpos - window)[:, None], s, float("-inf"))
+
+    if HAS_SOFTCAP:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+    else:
+        # s is unscaled here: max commutes with the positive scale, and s * scale - m is one FMA.
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale2)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s * qk_scale2 - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc_lo = acc_lo * alpha[:, None]
+    acc_hi = acc_hi * alpha[:, None]
+
+    v_lo, v_hi = _load_planes(
+        v_base, page * stride_vp + slot * stride_vt, vs_base, page * stride_vsp + slot * stride_vst,
+        n_ok, HEAD_DIM, BLOCK_N, MASKED, FAST, DTYPE, SF_WORDS,
+    )
+    p16 = p.to(DTYPE)
+    if DOT_FP32:
+        p32 = p16.to(tl.float32)
+        acc_lo = tl.dot(p32, v_lo.to(tl.float32), acc_lo)
+        acc_hi = tl.dot(p32, v_hi.to(tl.float32), acc_hi)
+    else:
+        acc_lo = tl.dot(p16, v_lo, acc_lo)
+        acc_hi = tl.dot(p16, v_hi, acc_hi)
+    return acc_lo, acc_hi, m_new, l_i
+
+
+@triton.jit
+def _attend_range(
+    acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos,
+    kv_lo, kv_hi, t_begin, t_end, n_mask_lo, n_full_end,
+    window, qk_scale2, softcap_pre, softcap_post,
+    bt_row, page_size, page_shift,
+    k_base, v_base, ks_base, vs_base,
+    stride_kp, stride_kt, stride_vp, stride_vt,
+    stride_ksp, stride_kst, stride_vsp, stride_vst,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL_ROWS: tl.constexpr, WINDOW_ROWS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr, PAGE_POW2: tl.constexpr,
+    SF_WORDS: tl.constexpr,
+):
+    """Attend tiles ``t_begin <= i < t_end`` (tile ``i`` = keys ``kv_lo + i * BLOCK_N + [0, BLOCK_N)``).
+
+    Tiles below ``n_mask_lo`` (window edge) and from ``n_full_end`` on (causal diagonal, sequence end)
+    are masked; the tiles in between run the unmasked fast path.
+    """
+    a_end = tl.minimum(t_end, n_mask_lo)
+    for i in range(t_begin, a_end):
+        acc_lo, acc_hi, m_i, l_i = _attend_tile(
+            acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos, kv_lo + i * BLOCK_N, kv_hi, window,
+            qk_scale2, softcap_pre, softcap_post, bt_row, page_size, page_shift, k_base, v_base, ks_base, vs_base,
+            stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
+            HEAD_DIM, BLOCK_N, True, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_WORDS,
+        )
+    b_begin = tl.maximum(t_begin, n_mask_lo)
+    b_end = tl.minimum(t_end, n_full_end)
+    for i in range(b_begin, b_end):
+        acc_lo, acc_hi, m_i, l_i = _attend_tile(
+            acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos, kv_lo + i * BLOCK_N, kv_hi, window,
+            qk_scale2, softcap_pre, softcap_post, bt_row, page_size, page_shift, k_base, v_base, ks_base, vs_base,
+            stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
+            HEAD_DIM, BLOCK_N, False, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_WORDS,
+        )
+    c_begin = tl.maximum(b_begin, tl.maximum(t_begin, n_full_end))
+    for i in range(c_begin, t_end):
+        acc_lo, acc_hi, m_i, l_i = _attend_tile(
+            acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos, kv_lo + i * BLOCK_N, kv_hi, window,
+            qk_scale2, softcap_pre, softcap_post, bt_row, page_size, page_shift, k_base, v_base, ks_base, vs_base,
+            stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
+            HEAD_DIM, BLOCK_N, True, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_WORDS,
+        )
+    return acc_lo, acc_hi, m_i, l_i
+
+
+@triton.jit
+def _scales(
+    k_scale, v_scale, sm_scale_log2, softcap, q_ptr,
+    K_SCALE_PTR: tl.constexpr, V_SCALE_PTR: tl.constexpr, FAST: tl.constexpr,
+):
+    """Global scales (device pointers or numbers) -> (qk_scale2, softcap_pre, softcap_post, v_scale).
+
+    The fp16 fast decoder produces ``e2m1 * sf * 2^-8``: its ``2^8`` is folded in here.
+    """
+    if K_SCALE_PTR:
+        ks = tl.load(k_scale)
+    else:
+        ks = k_scale
+    if V_SCALE_PTR:
+        vs = tl.load(v_scale)
+    else:
+        vs = v_scale
+    if FAST and q_ptr.dtype.element_ty == tl.float16:
+        ks = ks * 256.0
+        vs = vs * 256.0
+    qk_scale2 = sm_scale_log2 * ks  # (q . k_e2m1*sf) * sm_scale * k_scale * log2(e)
+    softcap_pre = qk_scale2 / (softcap * 1.4426950408889634)  # x / cap, natural units
+    softcap_post = softcap * 1.4426950408889634
+    return qk_scale2, softcap_pre, softcap_post, vs
+
+
+@triton.jit
+def _load_query(q_ptr, tok, head, row_ok, stride_qt, stride_qh, HEAD_DIM: tl.constexpr):
+    """Query planes ``(q[:, 0::2], q[:, 1::2])`` ``[BLOCK_M, D/2]`` of rows (token, head)."""
+    D2: tl.constexpr = HEAD_DIM // 2
+    offs = tl.arange(0, D2)
+    row = q_ptr + tok.to(tl.int64) * stride_qt + head.to(tl.int64) * stride_qh
+    q_lo = tl.load(row[:, None] + 2 * offs[None, :], mask=row_ok[:, None], other=0.0)
+    q_hi = tl.load(row[:, None] + 2 * offs[None, :] + 1, mask=row_ok[:, None], other=0.0)
+    return q_lo, q_hi
+
+
+@triton.jit
+def _finish(
+    acc_lo, acc_hi, m_i, l_i, vs, head, row_ok, tok, o_ptr, lse_ptr, sinks_ptr,
+    stride_ot, stride_oh, stride_lt,
+    HEAD_DIM: tl.constexpr, HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
+):
+    """Normalize (sinks included), apply ``v_scale``, interleave the planes and store out/LSE."""
+    BLOCK_M: tl.constexpr = acc_lo.shape[0]
+    if HAS_SINKS:
+        sink2 = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634
+        m_fin = tl.maximum(m_i, sink2)
+        w = tl.exp2(m_i - m_fin)
+        l_tot = l_i * w + tl.exp2(sink2 - m_fin)
+    else:
+        m_fin = m_i
+        w = tl.full(m_i.shape, 1.0, tl.float32)
+        l_tot = l_i
+    l_safe = tl.where(l_tot > 0.0, l_tot, 1.0)
+    scale = w * vs / l_safe
+    o = tl.reshape(
+        tl.join(acc_lo * scale[:, None], acc_hi * scale[:, None]), (BLOCK_M, HEAD_DIM)
+    )
+    offs_d = tl.arange(0, HEAD_DIM)
+    o_row = o_ptr + tok.to(tl.int64) * stride_ot + head.to(tl.int64) * stride_oh
+    tl.store(o_row[:, None] + offs_d[None, :], o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+    if RETURN_LSE:
+        lse = tl.where(l_tot > 0.0, (m_fin + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+        tl.store(lse_ptr + tok.to(tl.int64) * stride_lt + head, lse, mask=row_ok)
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+    k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,
+    k_scale, v_scale, sm_scale_log2, softcap, window,
+    num_splits, group, num_qo_heads, page_size, page_shift,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_lt,
+    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+    stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
+    stride_bt,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QMAX: tl.constexpr,
+    VARLEN: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr, SPLIT: tl.constexpr,
+    K_SCALE_PTR: tl.constexpr, V_SCALE_PTR: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
+    DATA_ALIGN: tl.constexpr, SF_ALIGN: tl.constexpr, PAGE_POW2: tl.constexpr,
+):
+    """Split-KV decode: program (split, kv head, request) over ``G * QMAX`` rows.
+
+    ``VARLEN``: the request's queries are ``qsl[b]..qsl[b+1]`` (requests with more than ``QMAX`` or no
+    query tokens are skipped: the prefill kernel owns them); otherwise ``QMAX`` rows per request.
+    ``SPLIT``: write normalized partial outputs ``part_o [B*QMAX, Hq, S, D]`` and base-2 LSEs
+    ``part_lse [B*QMAX, Hq, S]`` for :func:`_decode_reduce_kernel`; else write the output directly.
+    """
+    split = tl.program_id(0)
+    kvh = tl.program_id(1)
+    b = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    if VARLEN:
+        q_start = tl.load(qsl_ptr + b)
+        q_len = tl.load(qsl_ptr + b + 1) - q_start
+        if (q_len > QMAX) | (q_len <= 0):  # the prefill kernel owns longer requests
+            return
+    else:
+        q_start = b * QMAX
+        q_len = QMAX
+
+    offs_m = tl.arange(0, BLOCK_M)
+    t = offs_m // group
+    head = kvh * group + offs_m % group
+    row_ok = t < q_len
+    tok = q_start + t
+    qpos = seq_len - q_len + t
+    q_lo, q_hi = _load_query(q_ptr, tok, head, row_ok, stride_qt, stride_qh, HEAD_DIM)
+    qk_scale2, softcap_pre, softcap_post, vs = _scales(
+        k_scale, v_scale, sm_scale_log2, softcap, q_ptr, K_SCALE_PTR, V_SCALE_PTR, FAST
+    )
+
+    # Keys this request's rows can see: [kv_lo, seq_len).
+    if HAS_WINDOW:
+        kv_lo = tl.maximum(seq_len - q_len - window + 1, 0)
+        full_lo = seq_len - window  # visible to every row from here on
+    else:
+        kv_lo = 0
+        full_lo = 0
+    kv_hi = seq_len
+    if CAUSAL:
+        full_hi = seq_len - q_len + 1  # keys <= the first row's position
+    else:
+        full_hi = seq_len
+    n_tiles = tl.cdiv(kv_hi - kv_lo, BLOCK_N)
+    per_split = tl.cdiv(n_tiles, num_splits)
+    t_begin = tl.minimum(split * per_split, n_tiles)
+    t_end = tl.minimum(t_begin + per_split, n_tiles)
+    n_mask_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo - kv_lo, BLOCK_N), 0), n_tiles)
+    n_full_end = tl.maximum((full_hi - kv_lo) // BLOCK_N, 0)
+
+    acc_lo = tl.zeros((BLOCK_M, HEAD_DIM // 2), dtype=tl.float32)
+    acc_hi = tl.zeros((BLOCK_M, HEAD_DIM // 2), dtype=tl.float32)
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc_lo, acc_hi, m_i, l_i = _attend_range(
+        acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos,
+        kv_lo, kv_hi, t_begin, t_end, n_mask_lo, n_full_end,
+        window, qk_scale2, softcap_pre, softcap_post,
+        bt_ptr + b.to(tl.int64) * stride_bt, page_size, page_shift,
+        k_ptr + kvh * (stride_kh * DATA_ALIGN), v_ptr + kvh * (stride_vh * DATA_ALIGN),
+        ks_ptr + kvh * (stride_ksh * SF_ALIGN), vs_ptr + kvh * (stride_vsh * SF_ALIGN),
+        stride_kp * DATA_ALIGN, stride_kt * DATA_ALIGN, stride_vp * DATA_ALIGN, stride_vt * DATA_ALIGN,
+        stride_ksp * SF_ALIGN, stride_kst * SF_ALIGN, stride_vsp * SF_ALIGN, stride_vst * SF_ALIGN,
+        HEAD_DIM, BLOCK_N, CAUSAL, HAS_WINDOW and (QMAX > 1), HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_ALIGN >= 4,
+    )
+
+    if SPLIT:
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+        lse2 = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
+        o = tl.reshape(
+            tl.join(acc_lo / l_safe[:, None], acc_hi / l_safe[:, None]), (BLOCK_M, HEAD_DIM)
+        )
+        prow = ((b * QMAX + t).to(tl.int64) * num_qo_heads + head) * num_splits + split
+        offs_d = tl.arange(0, HEAD_DIM)
+        tl.store(part_o_ptr + prow[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
+        tl.store(part_lse_ptr + prow, lse2, mask=row_ok)
+    else:
+        _finish(
+            acc_lo, acc_hi, m_i, l_i, vs, head, row_ok, tok, o_ptr, lse_ptr, sinks_ptr,
+            stride_ot, stride_oh, stride_lt, HEAD_DIM, HAS_SINKS, RETURN_LSE,
+        )
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, qsl_ptr, sinks_ptr, v_scale,
+    num_splits, num_qo_heads, stride_ot, stride_oh, stride_lt,
+    HEAD_DIM: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_SINKS: tl.constexpr,
+    RETURN_LSE: tl.constexpr, V_SCALE_PTR: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """Merge the splits of rows ``(b * QMAX + t)`` for ``BLOCK_H`` query heads per program."""
+    row = tl.program_id(0)
+    hb = tl.program_id(1)
+    b = row // QMAX
+    t = row % QMAX
+    if VARLEN:
+        q_start = tl.load(qsl_ptr + b)
+        q_len = tl.load(qsl_ptr + b + 1) - q_start
+    else:
+        q_start = b * QMAX
+        q_len = QMAX
+    if (q_len > QMAX) | (t >= q_len):
+        return
+    tok = q_start + t
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = heads < num_qo_heads
+    offs_d = tl.arange(0, HEAD_DIM)
+    base = (row.to(tl.int64) * num_qo_heads + heads) * num_splits
+    m = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+    l_sum = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_H, HEAD_DIM), dtype=tl.float32)
+    for s in range(num_splits):
+        lse_s = tl.load(part_lse_ptr + base + s, mask=h_ok, other=float("-inf"))
+        o_s = tl.load(part_o_ptr + (base + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=h_ok[:, None], other=0.0)
+        m_new = tl.maximum(m, lse_s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        w = tl.exp2(lse_s - m_safe)
+        acc = acc * alpha[:, None] + o_s * w[:, None]
+        l_sum = l_sum * alpha + w
+        m = m_new
+    if HAS_SINKS:
+        sink2 = tl.load(sinks_ptr + heads, mask=h_ok, other=0.0) * 1.4426950408889634
+        m_fin = tl.maximum(m, sink2)
+        w_fin = tl.exp2(m - m_fin)
+        l_tot = l_sum * w_fin + tl.exp2(sink2 - m_fin)
+    else:
+        m_fin = m
+        w_fin = tl.full((BLOCK_H,), 1.0, tl.float32)
+        l_tot = l_sum
+    if V_SCALE_PTR:
+        vs = tl.load(v_scale)
+    else:
+        vs = v_scale
+    l_safe = tl.where(l_tot > 0.0, l_tot, 1.0)
+    o = acc * (w_fin * vs / l_safe)[:, None]
+    o_row = o_ptr + tok.to(tl.int64) * stride_ot + heads.to(tl.int64) * stride_oh
+    tl.store(o_row[:, None] + offs_d[None, :], o.to(o_ptr.dtype.element_ty), mask=h_ok[:, None])
+    if RETURN_LSE:
+        lse = tl.where(l_tot > 0.0, (m_fin + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+        tl.store(lse_ptr + tok.to(tl.int64) * stride_lt + heads, lse, mask=h_ok)
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, o_ptr, lse_ptr,
+    k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,
+    k_scale, v_scale, sm_scale_log2, softcap, window,
+    batch, group, block_q, min_q_len, page_size, page_shift,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_lt,
+    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+    stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
+    stride_bt,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
+    K_SCALE_PTR: tl.constexpr, V_SCALE_PTR: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
+    DATA_ALIGN: tl.constexpr, SF_ALIGN: tl.constexpr, PAGE_POW2: tl.constexpr,
+):
+    """Varlen prefill: program (query tile, kv head); tile = ``block_q`` tokens x ``group`` heads.
+
+    Request ``b``'s tiles are numbered from ``qsl[b] // block_q + b`` (no prefix sum needed); the
+    program finds its request by binary search. Requests with fewer than ``min_q_len`` query tokens
+    are left to the decode kernel.
+    """
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    lo = pid * 0
+    hi = batch - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        start_mid = tl.load(qsl_ptr + mid) // block_q + mid
+        go_up = start_mid <= pid
+        lo = tl.where(go_up, mid, lo)
+        hi = tl.where(go_up, hi, mid - 1)
+    b = lo
+    q_start = tl.load(qsl_ptr + b)
+    q_len = tl.load(qsl_ptr + b + 1) - q_start
+    tile = pid - (q_start // block_q + b)
+    q0 = tile * block_q
+    if (q0 >= q_len) | (q_len < min_q_len):
+        return
+    seq_len = tl.load(seq_lens_ptr + b)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    t = offs_m // group
+    head = kvh * group + offs_m % group
+    row_ok = (t < block_q) & (q0 + t < q_len)
+    tok = q_start + q0 + t
+    qpos = seq_len - q_len + q0 + t
+    q_lo, q_hi = _load_query(q_ptr, tok, head, row_ok, stride_qt, stride_qh, HEAD_DIM)
+    qk_scale2, softcap_pre, softcap_post, vs = _scales(
+        k_scale, v_scale, sm_scale_log2, softcap, q_ptr, K_SCALE_PTR, V_SCALE_PTR, FAST
+    )
+
+    p_min = seq_len - q_len + q0
+    p_max = seq_len - q_len + tl.minimum(q0 + block_q, q_len) - 1
+    if CAUSAL:
+        kv_hi = p_max + 1
+        full_hi = p_min + 1
+    else:
+        kv_hi = seq_len
+        full_hi = seq_len
+    if HAS_WINDOW:
+        kv_lo = tl.maximum(p_min - window + 1, 0)
+        full_lo = p_max - window + 1
+    else:
+        kv_lo = 0
+        full_lo = 0
+    n_tiles = tl.cdiv(kv_hi - kv_lo, BLOCK_N)
+    n_mask_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo - kv_lo, BLOCK_N), 0), n_tiles)
+    n_full_end = tl.maximum((full_hi - kv_lo) // BLOCK_N, 0)
+
+    acc_lo = tl.zeros((BLOCK_M, HEAD_DIM // 2), dtype=tl.float32)
+    acc_hi = tl.zeros((BLOCK_M, HEAD_DIM // 2), dtype=tl.float32)
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc_lo, acc_hi, m_i, l_i = _attend_range(
+        acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos,
+        kv_lo, kv_hi, 0, n_tiles, n_mask_lo, n_full_end,
+        window, qk_scale2, softcap_pre, softcap_post,
+        bt_ptr + b.to(tl.int64) * stride_bt, page_size, page_shift,
+        k_ptr + kvh * (stride_kh * DATA_ALIGN), v_ptr + kvh * (stride_vh * DATA_ALIGN),
+        ks_ptr + kvh * (stride_ksh * SF_ALIGN), vs_ptr + kvh * (stride_vsh * SF_ALIGN),
+        stride_kp * DATA_ALIGN, stride_kt * DATA_ALIGN, stride_vp * DATA_ALIGN, stride_vt * DATA_ALIGN,
+        stride_ksp * SF_ALIGN, stride_kst * SF_ALIGN, stride_vsp * SF_ALIGN, stride_vst * SF_ALIGN,
+        HEAD_DIM, BLOCK_N, CAUSAL, HAS_WINDOW, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_ALIGN >= 4,
+    )
+    _finish(
+        acc_lo, acc_hi, m_i, l_i, vs, head, row_ok, tok, o_ptr, lse_ptr, sinks_ptr,
+        stride_ot, stride_oh, stride_lt, HEAD_DIM, HAS_SINKS, RETURN_LSE,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration heuristics
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Tile config of the decode kernel: keys per tile, warps, pipeline stages."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Tile config of the prefill kernel: query rows (tokens x GQA group) per tile, keys per tile."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# Decode: one tile of BLOCK_N tokens decodes BLOCK_N * D bytes of K and V into registers; keep that
+# near 8-16 KiB per tile. Adjust from `benchmarks/bench_attention.py`'s sweep table.
+_DECODE_CONFIGS: dict[int, DecodeConfig] = {
+    64: DecodeConfig(block_n=128, num_warps=4, num_stages=3),
+    128: DecodeConfig(block_n=64, num_warps=4, num_stages=3),
+    256: DecodeConfig(block_n=32, num_warps=4, num_stages=3),
+    512: DecodeConfig(block_n=16, num_warps=8, num_stages=2),
+}
+_PREFILL_CONFIGS: dict[int, PrefillConfig] = {
+    64: PrefillConfig(block_m=128, block_n=64, num_warps=8, num_stages=3),
+    128: PrefillConfig(block_m=128, block_n=64, num_warps=8, num_stages=3),
+    256: PrefillConfig(block_m=64, block_n=32, num_warps=8, num_stages=2),
+    512: PrefillConfig(block_m=32, block_n=16, num_warps=8, num_stages=2),
+}
+# Split-KV heuristic knobs (see choose_num_splits).
+SPLIT_TARGET_PROGRAMS_PER_SM = 4
+SPLIT_MIN_TILES = 4
+SPLIT_MAX = 128
+
+_overrides: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def override_configs(
+    *,
+    decode: DecodeConfig | None = None,
+    prefill: PrefillConfig | None = None,
+    num_splits: int | None = None,
+    fast_decode: bool | None = None,
+) -> Iterator[None]:
+    """Force tile configs, the split count or the decoder choice inside the block (benchmark sweeps).
+
+    ``fast_decode=False`` runs the portable E2M1 decoder on the GPU instead of the inline-PTX one.
+    """
+    saved = dict(_overrides)
+    for key, val in (("decode", decode), ("prefill", prefill), ("num_splits", num_splits), ("fast", fast_decode)):
+        if val is not None:
+            _overrides[key] = val
+    try:
+        yield
+    finally:
+        _overrides.clear()
+        _overrides.update(saved)
+
+
+def decode_config(head_dim: int) -> DecodeConfig:
+    """The decode tile config for ``head_dim`` (override with :func:`override_configs`)."""
+    return _overrides.get("decode") or _DECODE_CONFIGS[head_dim]
+
+
+def prefill_config(head_dim: int) -> PrefillConfig:
+    """The prefill tile config for ``head_dim`` (override with :func:`override_configs`)."""
+    return _overrides.get("prefill") or _PREFILL_CONFIGS[head_dim]
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return 4
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, block_n: int, num_sms: int) -> int:
+    """How many KV splits a decode launch uses.
+
+    ``batch * num_kv_heads`` programs serve every (request, KV head); splitting the KV range multiplies
+    that by ``S``. ``SPLIT_TARGET_PROGRAMS_PER_SM * num_sms`` is one full wave of resident programs (4
+    per SM for the default decode config: ~110-130 registers x 128 threads, 32 KB shared memory), so
+    ``S = floor(wave / pairs)`` keeps every program of the launch resident at once: no second, mostly
+    idle wave. At least ``SPLIT_MIN_TILES`` tiles of ``block_n`` keys stay in each split of the longest
+    possible request (``max_kv_len`` is the block-table bound: the real lengths live on the device and
+    are never read on the host). ``S == 1`` skips the merge kernel.
+    """
+    if "num_splits" in _overrides:
+        return max(1, int(_overrides["num_splits"]))
+    pairs = max(1, batch * num_kv_heads)
+    want = (SPLIT_TARGET_PROGRAMS_PER_SM * num_sms) // pairs
+    max_by_len = max(1, math.ceil(max_kv_len / block_n) // SPLIT_MIN_TILES)
+    return int(max(1, min(want, max_by_len, SPLIT_MAX)))
+
+
+def _fast(device: torch.device) -> bool:
+    if device.type != "cuda" or interpreting():
+        return False
+    return bool(_overrides.get("fast", True))
+
+
+# --------------------------------------------------------------------------------------------------
+# Host side
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Args:
+    views: CacheViews
+    group: int
+    num_qo_heads: int
+    k_scale: float | torch.Tensor
+    v_scale: float | torch.Tensor
+    sm_scale_log2: float
+    softcap: float
+    window: int
+    sinks: torch.Tensor | None
+    out: torch.Tensor
+    lse: torch.Tensor | None
+
+
+def _check_common(
+    name: str,
+    query: torch.Tensor,
+    views: CacheViews,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    k_scale: float | torch.Tensor,
+    v_scale: float | torch.Tensor,
+    sm_scale: float,
+    sliding_window: int | None,
+    logits_soft_cap: float | None,
+    sinks: torch.Tensor | None,
+    out: torch.Tensor | None,
+    return_lse: bool,
+) -> _Args:
+    device = views.device
+    if not isinstance(query, torch.Tensor) or query.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(
+            f"{name}: query must be a torch.float16 or torch.bfloat16 tensor, got "
+            f"{getattr(query, 'dtype', type(query).__name__)}"
+        )
+    if query.dim() != 3 or query.shape[2] != views.head_dim:
+        raise ValueError(
+            f"{name}: query must be [num_tokens, num_qo_heads, head_dim={views.head_dim}], got shape "
+            f"{tuple(query.shape)}"
+        )
+    if query.stride(2) != 1:
+        raise ValueError(f"{name}: query's last dim must be contiguous, got strides {query.stride()}")
+    if query.device != device:
+        raise ValueError(f"{name}: query is on {query.device}, the cache is on {device}")
+    hq = query.shape[1]
+    if hq % views.num_kv_heads != 0:
+        raise ValueError(
+            f"{name}: num_qo_heads {hq} must be a multiple of num_kv_heads {views.num_kv_heads} (GQA)"
+        )
+    for arg, t in (("block_table", block_table), ("seq_lens", seq_lens)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+            raise TypeError(
+                f"{name}: {arg} must be an int32 tensor, got {getattr(t, 'dtype', type(t).__name__)}"
+            )
+        if t.device != device:
+            raise ValueError(f"{name}: {arg} is on {t.device}, the cache is on {device}")
+    if block_table.dim() != 2 or (block_table.shape[1] > 1 and block_table.stride(1) != 1):
+        raise ValueError(
+            f"{name}: block_table must be [batch, max_pages] with a contiguous last dim, got shape "
+            f"{tuple(block_table.shape)} strides {block_table.stride()}"
+        )
+    if seq_lens.dim() != 1 or seq_lens.shape[0] != block_table.shape[0] or not seq_lens.is_contiguous():
+        raise ValueError(
+            f"{name}: seq_lens must be a contiguous [batch={block_table.shape[0]}] tensor, got shape "
+            f"{tuple(seq_lens.shape)}"
+        )
+    if block_table.shape[0] > _MAX_GRID_YZ:
+        raise ValueError(f"{name}: batch {block_table.shape[0]} exceeds the {_MAX_GRID_YZ}-request launch limit")
+    k_scale = resolve_scale(k_scale, "k_scale", device)
+    v_scale = resolve_scale(v_scale, "v_scale", device)
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
+        raise TypeError(f"{name}: sm_scale must be a finite Python number, got {sm_scale!r}")
+    window = 0
+    if sliding_window is not None:
+        if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
+            raise ValueError(
+                f"{name}: sliding_window must be a positive int (keys j with i - W < j <= i) or None, "
+                f"got {sliding_window!r}"
+            )
+        window = min(int(sliding_window), 2**31 - 1)
+    softcap = 0.0
+    if logits_soft_cap is not None and logits_soft_cap != 0:
+        if not (isinstance(logits_soft_cap, (int, float)) and logits_soft_cap > 0 and math.isfinite(logits_soft_cap)):
+            raise ValueError(f"{name}: logits_soft_cap must be a positive finite number or None, got {logits_soft_cap!r}")
+        softcap = float(logits_soft_cap)
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor) or sinks.dtype != torch.float32 or tuple(sinks.shape) != (hq,):
+            raise ValueError(
+                f"{name}: sinks must be a float32 tensor [num_qo_heads={hq}], got "
+                f"{getattr(sinks, 'dtype', type(sinks).__name__)} {tuple(getattr(sinks, 'shape', ()))}"
+            )
+        if sinks.device != device:
+            raise ValueError(f"{name}: sinks is on {sinks.device}, the cache is on {device}")
+        sinks = sinks.contiguous()
+    if out is None:
+        out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    else:
+        if out.shape != query.shape or out.dtype != query.dtype or out.device != device:
+            raise ValueError(
+                f"{name}: out must be {tuple(query.shape)} {query.dtype} on {device}, got "
+                f"{tuple(out.shape)} {out.dtype} on {out.device}"
+            )
+        if out.stride(2) != 1:
+            raise ValueError(f"{name}: out's last dim must be contiguous, got strides {out.stride()}")
+    lse = torch.empty(query.shape[0], hq, dtype=torch.float32, device=device) if return_lse else None
+    return _Args(
+        views=views,
+        group=hq // views.num_kv_heads,
+        num_qo_heads=hq,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        sm_scale_log2=float(sm_scale) * _LOG2E,
+        softcap=softcap,
+        window=window,
+        sinks=sinks,
+        out=out,
+        lse=lse,
+    )
+
+
+def _pow2_align(values: list[int], cap: int = 16) -> int:
+    """Largest power of two <= ``cap`` dividing every value (0 divides nothing and is skipped)."""
+    a = cap
+    for v in values:
+        v = abs(int(v))
+        while v and v % a:
+            a //= 2
+    return a
+
+
+@dataclass(frozen=True)
+class _CacheLaunch:
+    """Cache pointers and strides as the kernels take them.
+
+    Strides are passed in units of ``data_align`` / ``sf_align`` bytes (the largest power of two <= 16
+    dividing all of them) and multiplied back by a constexpr in the kernel, so Triton knows every row
+    starts on that boundary and vectorizes the byte loads (16 B for data rows of NHD/HND caches, 8 B
+    for vLLM's combined page, whose rows are ``9 * head_dim / 16`` bytes apart).
+    """
+
+    tensors: list[torch.Tensor]
+    strides: list[int]
+    data_align: int
+    sf_align: int
+
+
+def _page_shift(page_size: int) -> int:
+    """``log2(page_size)`` for a power of two (the kernels then shift and mask), else -1 (divide)."""
+    return page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
+
+
+def _cache_launch(views: CacheViews) -> _CacheLaunch:
+    k_sf = views.k_sf.view(torch.uint8)
+    v_sf = views.v_sf.view(torch.uint8)
+    data = [*views.strides(views.k_data), *views.strides(views.v_data)]
+    sf = [*views.strides(k_sf), *views.strides(v_sf)]
+    # Base addresses count too: scale rows are read as 32-bit words only when 4-byte aligned.
+    da = _pow2_align([*data, views.k_data.data_ptr(), views.v_data.data_ptr()])
+    sa = _pow2_align([*sf, k_sf.data_ptr(), v_sf.data_ptr()])
+    return _CacheLaunch(
+        tensors=[views.k_data, views.v_data, k_sf, v_sf],
+        strides=[x // da for x in data] + [x // sa for x in sf],
+        data_align=da,
+        sf_align=sa,
+    )
+
+
+def _launch_decode_path(
+    a: _Args,
+    query: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    qsl: torch.Tensor | None,
+    qmax: int,
+    causal: bool,
+) -> None:
+    """Launch the split-KV decode kernel (+ merge) for ``batch`` requests of at most ``qmax`` rows."""
+    views = a.views
+    batch = block_table.shape[0]
+    device = views.device
+    cfg = decode_config(views.head_dim)
+    block_m = max(16, triton.next_power_of_2(a.group * qmax))
+    max_kv = block_table.shape[1] * views.page_size
+    splits = choose_num_splits(batch, views.num_kv_heads, max_kv, cfg.block_n, _sm_count(device))
+    split = splits > 1
+    fast = _fast(device)
+    dot_fp32 = interpreting() and query.dtype == torch.bfloat16
+    k_ptr = isinstance(a.k_scale, torch.Tensor)
+    v_ptr = isinstance(a.v_scale, torch.Tensor)
+    if split:
+        rows = batch * qmax
+        part_o = torch.empty(rows, a.num_qo_heads, splits, views.head_dim, dtype=torch.float32, device=device)
+        part_lse = torch.empty(rows, a.num_qo_heads, splits, dtype=torch.float32, device=device)
+    else:
+        part_o = part_lse = a.out  # unused
+    lse = a.lse if a.lse is not None else a.out
+    sinks = a.sinks if a.sinks is not None else a.out
+    qsl_arg = qsl if qsl is not None else seq_lens
+    cl = _cache_launch(views)
+    _decode_kernel[(splits, views.num_kv_heads, batch)](
+        query, a.out, lse, part_o, part_lse,
+        *cl.tensors, block_table, seq_lens, qsl_arg, sinks,
+        a.k_scale, a.v_scale, a.sm_scale_log2, a.softcap if a.softcap else 1.0, a.window,
+        splits, a.group, a.num_qo_heads, views.page_size, _page_shift(views.page_size),
+        query.stride(0), query.stride(1), a.out.stride(0), a.out.stride(1), a.num_qo_heads,
+        *cl.strides, block_table.stride(0),
+        HEAD_DIM=views.head_dim, BLOCK_M=block_m, BLOCK_N=cfg.block_n, QMAX=qmax,
+        VARLEN=qsl is not None, CAUSAL=causal and qmax > 1, HAS_WINDOW=a.window > 0,
+        HAS_SOFTCAP=a.softcap > 0, HAS_SINKS=a.sinks is not None, RETURN_LSE=a.lse is not None,
+        SPLIT=split, K_SCALE_PTR=k_ptr, V_SCALE_PTR=v_ptr, FAST=fast, DOT_FP32=dot_fp32,
+        DATA_ALIGN=cl.data_align, SF_ALIGN=cl.sf_align, PAGE_POW2=_page_shift(views.page_size) >= 0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if split:
+        block_h = min(triton.next_power_of_2(a.num_qo_heads), max(1, 4096 // views.head_dim))
+        _decode_reduce_kernel[(batch * qmax, triton.cdiv(a.num_qo_heads, block_h))](
+            part_o, part_lse, a.out, lse, qsl_arg, sinks, a.v_scale,
+            splits, a.num_qo_heads, a.out.stride(0), a.out.stride(1), a.num_qo_heads,
+            HEAD_DIM=views.head_dim, QMAX=qmax, VARLEN=qsl is not None, HAS_SINKS=a.sinks is not None,
+            RETURN_LSE=a.lse is not None, V_SCALE_PTR=v_ptr, BLOCK_H=block_h, num_warps=4,
+        )
+
+
+def _result(a: _Args) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    if a.lse is not None:
+        return a.out, a.lse
+    return a.out
+
+
+def decode(
+    query: torch.Tensor,
+    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    kv_cache_sf: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    k_scale: float | torch.Tensor,
+    v_scale: float | torch.Tensor,
+    *,
+    sm_scale: float,
+    kv_layout: str = "NHD",
+    q_len_per_req: int = 1,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Paged decode attention over an NVFP4 KV cache (split-KV flash-decoding, fused E2M1 decode).
+
+    ``out = softmax((q . k) * sm_scale) @ v`` with ``k = e2m1 * sf * k_scale``, ``v = e2m1 * sf * v_scale``
+    decoded on the fly; the i-th of a request's ``q_len_per_req`` query tokens sits at position
+    ``seq_len - q_len_per_req + i`` and attends causally. Runs on any CUDA GPU Triton supports
+    (SM80+; no FP8/FP4 hardware instruction is used) and under ``TRITON_INTERPRET=1`` on the CPU.
+
+    Parameters
+    ----------
+    query : torch.Tensor
+        fp16/bf16 ``[batch * q_len_per_req, num_qo_heads, head_dim]``, request-major, last dim contiguous.
+    paged_kv_cache : tuple of torch.Tensor or torch.Tensor
+        uint8 ``(k_data, v_data)`` (or stacked ``[num_pages, 2, ...]``), NHD
+        ``[num_pages, page_size, num_kv_heads, head_dim/2]`` or HND ``[num_pages, num_kv_heads,
+        page_size, head_dim/2]``; only the last dim must be contiguous (vLLM's combined page views
+        from :func:`nvfp4compat.kernels.layout.split_combined_page` work as they are).
+    kv_cache_sf : tuple of torch.Tensor or torch.Tensor
+        float8_e4m3fn (or uint8) block scales, same structure, last dim ``head_dim/16``.
+    block_table : torch.Tensor
+        int32 ``[batch, max_pages]``; entries past a request's last page are never read.
+    seq_lens : torch.Tensor
+        int32 ``[batch]``: KV length including the new tokens (``>= q_len_per_req``).
+    k_scale, v_scale : float or torch.Tensor
+        Global decode scales: positive floats or one-element float32 device tensors (read on device).
+    sm_scale : float
+        Softmax scale.
+    kv_layout : {"NHD", "HND"}
+    q_len_per_req : int
+        Query tokens per request, 1..8 (speculative decoding).
+    sliding_window : int, optional
+        Window ``W``: key ``j`` visible from position ``i`` iff ``i - W < j <= i``.
+    logits_soft_cap : float, optional
+        ``s = cap * tanh(s / cap)``.
+    sinks : torch.Tensor, optional
+        float32 ``[num_qo_heads]`` sink logits added to the softmax denominator (gpt-oss).
+    out : torch.Tensor, optional
+        Output buffer like ``query`` (last dim contiguous).
+    return_lse : bool
+        Also return the natural-log LSE, float32 ``[num_tokens, num_qo_heads]`` (sinks included).
+
+    Returns
+    -------
+    torch.Tensor or (torch.Tensor, torch.Tensor)
+        ``out`` (``query``'s shape and dtype), and ``lse`` when ``return_lse``.
+    """
+    views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
+    if isinstance(q_len_per_req, bool) or not isinstance(q_len_per_req, int) or not 1 <= q_len_per_req <= 64:
+        raise ValueError(f"decode: q_len_per_req must be an int in 1..64, got {q_len_per_req!r}")
+    a = _check_common(
+        "decode", query, views, block_table, seq_lens, k_scale, v_scale, sm_scale, sliding_window,
+        logits_soft_cap, sinks, out, return_lse,
+    )
+    batch = block_table.shape[0]
+    if query.shape[0] != batch * q_len_per_req:
+        raise ValueError(
+            f"decode: query has {query.shape[0]} rows, expected batch * q_len_per_req = "
+            f"{batch} * {q_len_per_req} = {batch * q_len_per_req}"
+        )
+    if batch == 0:
+        return _result(a)
+    _launch_decode_path(a, query, block_table, seq_lens, None, q_len_per_req, True)
+    return _result(a)
+
+
+def prefill(
+    query: torch.Tensor,
+    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    kv_cache_sf: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    k_scale: float | torch.Tensor,
+    v_scale: float | torch.Tensor,
+    *,
+    sm_scale: float,
+    kv_layout: str = "NHD",
+    causal: bool = True,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Varlen causal paged attention over an NVFP4 KV cache (chunked prefill, mixed batches).
+
+    Request ``b``'s queries are rows ``[qsl[b], qsl[b+1])`` of ``query``, placed at the last ``q_len_b``
+    positions of its ``seq_lens[b]`` keys; ``causal=False`` lets every query see all ``seq_lens[b]``
+    keys (a sliding window then bounds keys from below only, as FlashInfer's ``window_left``).
+    Requests with at most ``16 // (num_qo_heads // num_kv_heads)`` queries (decode rows) run through
+    the split-KV decode kernel in the same call.
+
+    Parameters
+    ----------
+    query : torch.Tensor
+        fp16/bf16 ``[num_tokens, num_qo_heads, head_dim]``, last dim contiguous;
+        ``num_tokens == query_start_loc[-1]``.
+    query_start_loc : torch.Tensor
+        int32 ``[batch + 1]``, non-decreasing, ``qsl[0] == 0``.
+    paged_kv_cache, kv_cache_sf, block_table, seq_lens, k_scale, v_scale, sm_scale, kv_layout,
+    sliding_window, logits_soft_cap, sinks, out, return_lse
+        As in :func:`decode`; ``seq_lens[b] >= q_len_b``.
+
+    Returns
+    -------
+    torch.Tensor or (torch.Tensor, torch.Tensor)
+        ``out`` (``query``'s shape and dtype), and the natural-log ``lse`` float32
+        ``[num_tokens, num_qo_heads]`` when ``return_lse``.
+    """
+    views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
+    a = _check_common(
+        "prefill", query, views, block_table, seq_lens, k_scale, v_scale, sm_scale, sliding_window,
+        logits_soft_cap, sinks, out, return_lse,
+    )
+    batch = block_table.shape[0]
+    qsl = query_start_loc
+    if not isinstance(qsl, torch.Tensor) or qsl.dtype != torch.int32 or qsl.dim() != 1 or qsl.shape[0] != batch + 1:
+        raise ValueError(
+            f"prefill: query_start_loc must be an int32 tensor [batch + 1 = {batch + 1}], got "
+            f"{getattr(qsl, 'dtype', type(qsl).__name__)} {tuple(getattr(qsl, 'shape', ()))}"
+        )
+    if qsl.device != views.device:
+        raise ValueError(f"prefill: query_start_loc is on {qsl.device}, the cache is on {views.device}")
+    qsl = qsl.contiguous()
+    num_tokens = query.shape[0]
+    if batch == 0 or num_tokens == 0:
+        return _result(a)
+    qmax = max(1, 16 // a.group)
+    # With one request the query length is known on the host: launch only the kernel it needs.
+    only_decode = batch == 1 and num_tokens <= qmax
+    only_prefill = batch == 1 and num_tokens > qmax
+    if not only_decode:
+        cfg = prefill_config(views.head_dim)
+        block_m = max(cfg.block_m, triton.next_power_of_2(a.group))
+        block_q = block_m // a.group
+        grid0 = num_tokens // block_q + batch
+        k_ptr = isinstance(a.k_scale, torch.Tensor)
+        v_ptr = isinstance(a.v_scale, torch.Tensor)
+        lse = a.lse if a.lse is not None else a.out
+        sinks_arg = a.sinks if a.sinks is not None else a.out
+        cl = _cache_launch(views)
+        _prefill_kernel[(grid0, views.num_kv_heads)](
+            query, a.out, lse,
+            *cl.tensors, block_table, seq_lens, qsl, sinks_arg,
+            a.k_scale, a.v_scale, a.sm_scale_log2, a.softcap if a.softcap else 1.0, a.window,
+            batch, a.group, block_q, 1 if only_prefill else qmax + 1, views.page_size,
+            _page_shift(views.page_size),
+            query.stride(0), query.stride(1), a.out.stride(0), a.out.stride(1), a.num_qo_heads,
+            *cl.strides, block_table.stride(0),
+            HEAD_DIM=views.head_dim, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
+            CAUSAL=bool(causal), HAS_WINDOW=a.window > 0, HAS_SOFTCAP=a.softcap > 0,
+            HAS_SINKS=a.sinks is not None, RETURN_LSE=a.lse is not None,
+            K_SCALE_PTR=k_ptr, V_SCALE_PTR=v_ptr, FAST=_fast(views.device),
+            DOT_FP32=interpreting() and query.dtype == torch.bfloat16,
+            DATA_ALIGN=cl.data_align, SF_ALIGN=cl.sf_align, PAGE_POW2=_page_shift(views.page_size) >= 0,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    if not only_prefill:
+        _launch_decode_path(a, query, block_table, seq_lens, qsl, qmax, bool(causal))
+    return _result(a)
+
+
+# --------------------------------------------------------------------------------------------------
+# Ahead-of-time variants (nvfp4compat.kernels.aot provider)
+# --------------------------------------------------------------------------------------------------
+
+
+def _cache_sig() -> dict[str, str]:
+    sig = {"k_ptr": "*u8", "v_ptr": "*u8", "ks_ptr": "*u8", "vs_ptr": "*u8", "bt_ptr": "*i32",
+           "seq_lens_ptr": "*i32", "qsl_ptr": "*i32", "sinks_ptr": "*fp32"}
+    return sig
+
+
+def _decode_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
+    sig: dict[str, str] = {"q_ptr": f"*{dtype}", "o_ptr": f"*{dtype}", "lse_ptr": "*fp32",
+                           "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32"}
+    sig.update(_cache_sig())
+    sig.update({"k_scale": "*fp32" if k_ptr else "fp32", "v_scale": "*fp32" if v_ptr else "fp32",
+                "sm_scale_log2": "fp32", "softcap": "fp32", "window": "i32",
+                "num_splits": "i32", "group": "i32", "num_qo_heads": "i32", "page_size": "i32",
+                "page_shift": "i32"})
+    for name in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_lt",
+                 "stride_kp", "stride_kt", "stride_kh", "stride_vp", "stride_vt", "stride_vh",
+                 "stride_ksp", "stride_kst", "stride_ksh", "stride_vsp", "stride_vst", "stride_vsh",
+                 "stride_bt"):
+        sig[name] = "i64" if name.endswith("p") else "i32"
+    for name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "QMAX", "VARLEN", "CAUSAL", "HAS_WINDOW",
+                 "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE", "SPLIT", "K_SCALE_PTR", "V_SCALE_PTR",
+                 "FAST", "DOT_FP32", "DATA_ALIGN", "SF_ALIGN", "PAGE_POW2"):
+        sig[name] = "constexpr"
+    return sig
+
+
+def _prefill_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
+    sig: dict[str, str] = {"q_ptr": f"*{dtype}", "o_ptr": f"*{dtype}", "lse_ptr": "*fp32"}
+    sig.update(_cache_sig())
+    sig.update({"k_scale": "*fp32" if k_ptr else "fp32", "v_scale": "*fp32" if v_ptr else "fp32",
+                "sm_scale_log2": "fp32", "softcap": "fp32", "window": "i32",
+                "batch": "i32", "group": "i32", "block_q": "i32", "min_q_len": "i32", "page_size": "i32",
+                "page_shift": "i32"})
+    for name in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_lt",
+                 "stride_kp", "stride_kt", "stride_kh", "stride_vp", "stride_vt", "stride_vh",
+                 "stride_ksp", "stride_kst", "stride_ksh", "stride_vsp", "stride_vst", "stride_vsh",
+                 "stride_bt"):
+        sig[name] = "i64" if name.endswith("p") else "i32"
+    for name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "HAS_WINDOW", "HAS_SOFTCAP", "HAS_SINKS",
+                 "RETURN_LSE", "K_SCALE_PTR", "V_SCALE_PTR", "FAST", "DOT_FP32", "DATA_ALIGN", "SF_ALIGN", "PAGE_POW2"):
+        sig[name] = "constexpr"
+    return sig
+
+
+def _pointer_attrs(sig: dict[str, str]) -> dict[Any, Any]:
+    """16-byte alignment of every pointer argument: what Triton's launcher specializes at run time."""
+    return {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
+
+
+_FEATURES_OFF = {"HAS_WINDOW": False, "HAS_SOFTCAP": False, "HAS_SINKS": False, "RETURN_LSE": False}
+_FEATURES_ON = {"HAS_WINDOW": True, "HAS_SOFTCAP": True, "HAS_SINKS": True, "RETURN_LSE": True}
+
+
+def aot_variants() -> dict[str, list[Any]]:
+    """The covering set of shipped variants per kernel, as ``AotVariant`` lists (see ``aot.py``).
+
+    Every head_dim x dtype with the default features; every feature flag on alone and all together;
+    q_len 1 and 8 (rows 16 and 64 with GQA 8); split and single-pass decode; tensor and float scales;
+    the inline-PTX decoder (what CUDA runs) and, once per kernel, the portable decoder (the fallback).
+    """
+    from nvfp4compat.kernels.aot import AotVariant
+
+    dec: list[AotVariant] = []
+    pre: list[AotVariant] = []
+    red: list[AotVariant] = []
+
+    def add_decode(label: str, dtype: str, hd: int, *, qmax: int = 1, group: int = 4, varlen: bool = False,
+                   split: bool = True, fast: bool = True, ptr: bool = True, combined: bool = False,
+                   pow2: bool = True, **features: bool) -> None:
+        cfg = _DECODE_CONFIGS[hd]
+        c: dict[str, Any] = {"HEAD_DIM": hd, "BLOCK_M": max(16, triton.next_power_of_2(group * qmax)),
+                             "BLOCK_N": cfg.block_n, "QMAX": qmax, "VARLEN": varlen, "CAUSAL": qmax > 1,
+                             "SPLIT": split, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr, "FAST": fast,
+                             "DOT_FP32": False, "DATA_ALIGN": 8 if combined else 16,
+                             "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2}
+        c.update(_FEATURES_OFF)
+        c.update(features)
+        sig = _decode_signature(dtype, ptr, ptr)
+        dec.append(AotVariant(label, sig, c, cfg.num_warps, cfg.num_stages, _pointer_attrs(sig)))
+
+    def add_prefill(label: str, dtype: str, hd: int, *, causal: bool = True, fast: bool = True,
+                    ptr: bool = True, combined: bool = False, pow2: bool = True, **features: bool) -> None:
+        cfg = _PREFILL_CONFIGS[hd]
+        c: dict[str, Any] = {"HEAD_DIM": hd, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+                             "CAUSAL": causal, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr, "FAST": fast,
+                             "DOT_FP32": False, "DATA_ALIGN": 8 if combined else 16,
+                             "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2}
+        c.update(_FEATURES_OFF)
+        c.update(features)
+        sig = _prefill_signature(dtype, ptr, ptr)
+        pre.append(AotVariant(label, sig, c, cfg.num_warps, cfg.num_stages, _pointer_attrs(sig)))
+
+    for dtype in ("bf16", "fp16"):
+        for hd in (64, 128, 256, 512):
+            add_decode(f"{dtype}-d{hd}", dtype, hd)
+            add_prefill(f"{dtype}-d{hd}", dtype, hd)
+    add_decode("bf16-d128-single", "bf16", 128, split=False)
+    add_decode("bf16-d128-floatscale", "bf16", 128, ptr=False)
+    add_decode("bf16-d128-q8-g8", "bf16", 128, qmax=8, group=8)
+    add_decode("fp16-d64-q4-all", "fp16", 64, qmax=4, **_FEATURES_ON)
+    add_decode("bf16-d128-varlen", "bf16", 128, qmax=4, varlen=True)
+    add_decode("bf16-d128-combined", "bf16", 128, combined=True)
+    add_decode("bf16-d128-page-any", "bf16", 128, pow2=False)
+    add_decode("bf16-d128-all-single", "bf16", 128, split=False, **_FEATURES_ON)
+    add_decode("bf16-d256-portable", "bf16", 256, fast=False, **_FEATURES_ON)
+    add_decode("fp16-d128-portable", "fp16", 128, fast=False)
+    for feat in ("HAS_WINDOW", "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE"):
+        add_prefill(f"bf16-d128-{feat.lower()}", "bf16", 128, **{feat: True})
+    add_prefill("fp16-d256-all", "fp16", 256, **_FEATURES_ON)
+    add_prefill("bf16-d128-noncausal-floatscale", "bf16", 128, causal=False, ptr=False)
+    add_prefill("fp16-d128-combined", "fp16", 128, combined=True)
+    add_prefill("bf16-d128-page-any", "bf16", 128, pow2=False)
+    add_prefill("bf16-d128-portable", "bf16", 128, fast=False, **_FEATURES_ON)
+    add_prefill("fp16-d512-portable", "fp16", 512, fast=False)
+
+    red_sig_base = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "o_ptr": "*bf16", "lse_ptr": "*fp32",
+                    "qsl_ptr": "*i32", "sinks_ptr": "*fp32", "v_scale": "*fp32", "num_splits": "i32",
+                    "num_qo_heads": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_lt": "i32"}
+    for name in ("HEAD_DIM", "QMAX", "VARLEN", "HAS_SINKS", "RETURN_LSE", "V_SCALE_PTR", "BLOCK_H"):
+        red_sig_base[name] = "constexpr"
+    for dtype in ("bf16", "fp16"):
+        for hd in (64, 128, 256, 512):
+            sig = dict(red_sig_base, o_ptr=f"*{dtype}")
+            c = {"HEAD_DIM": hd, "QMAX": 1, "VARLEN": False, "HAS_SINKS": hd == 64, "RETURN_LSE": hd == 64,
+                 "V_SCALE_PTR": True, "BLOCK_H": min(32, 4096 // hd)}
+            red.append(AotVariant(f"{dtype}-d{hd}", sig, c, 4, 1, _pointer_attrs(sig)))
+    sig = dict(red_sig_base, v_scale="fp32")
+    red.append(AotVariant("bf16-d128-varlen-floatscale", sig,
+                          {"HEAD_DIM": 128, "QMAX": 4, "VARLEN": True, "HAS_SINKS": True, "RETURN_LSE": True,
+                           "V_SCALE_PTR": False, "BLOCK_H": 32}, 4, 1, _pointer_attrs(sig)))
+    return {"attention_decode": dec, "attention_decode_reduce": red, "attention_prefill": pre}
+
+
+def aot_kernels() -> list[Any]:
+    """AOT provider hook for :mod:`nvfp4compat.kernels.aot`: the decode, merge and prefill kernels."""
+    from nvfp4compat.kernels.aot import AotKernel
+
+    v = aot_variants()
+    return [
+        AotKernel("attention_decode", _decode_kernel, v["attention_decode"]),
+        AotKernel("attention_decode_reduce", _decode_reduce_kernel, v["attention_decode_reduce"]),
+        AotKernel("attention_prefill", _prefill_kernel, v["attention_prefill"]),
+    ]

@@ -1,0 +1,239 @@
+"""Input checks shared by every implementation of the NVFP4 KV ops (host-side, no device sync).
+
+Every check reads tensor metadata only (dtype, shape, strides, device): nothing here reads a value from
+the device, so the checks are safe inside CUDA-graph capture. Errors name the argument, what was found,
+what is needed and the way out. The cache arguments themselves are validated by
+:func:`nvfp4compat.kernels.layout.normalize_cache`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from nvfp4compat.kernels.layout import CacheViews, check_scale
+
+__all__ = [
+    "INPUT_DTYPES",
+    "MAX_INDEX",
+    "interpreting",
+    "default_fast_math",
+    "resolve_scale",
+    "check_append_inputs",
+    "check_dequant_inputs",
+]
+
+INPUT_DTYPES = (torch.float16, torch.bfloat16)
+# The kernels index slots, rows and pages with 32-bit integers (byte offsets are 64-bit).
+MAX_INDEX = 2**31 - 1
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def default_fast_math(device: torch.device) -> bool:
+    """Whether the writer uses FlashInfer's approximate division/reciprocal by default.
+
+    On for CUDA launches (so the bytes match FlashInfer's ``-use_fast_math`` build), off on the CPU and
+    under the interpreter, which cannot run inline PTX and computes exact IEEE fp32 instead.
+    """
+    return device.type == "cuda" and not interpreting()
+
+
+def resolve_scale(
+    scale: float | torch.Tensor, name: str, device: torch.device
+) -> float | torch.Tensor:
+    """Validate a global scale and return it in the form the kernels take.
+
+    Parameters
+    ----------
+    scale : float or torch.Tensor
+        A positive finite Python number, or a one-element float32 tensor. A CPU tensor passed for a
+        CUDA cache is read on the host (it lives there: no device sync) and checked like a number.
+        A tensor on ``device`` is returned as is and read by the kernel on the device.
+    name : str
+        The argument name for error messages (``"k_scale"``).
+    device : torch.device
+        The cache's device.
+
+    Returns
+    -------
+    float or torch.Tensor
+        A validated Python float, or the float32 one-element device tensor.
+    """
+    if isinstance(scale, torch.Tensor) and scale.device.type == "cpu" and device.type != "cpu":
+        if scale.numel() != 1 or scale.dtype != torch.float32:
+            raise ValueError(
+                f"{name}: a tensor scale must be one float32 element, got {scale.dtype} with "
+                f"{scale.numel()} elements"
+            )
+        scale = float(scale.reshape(()).item())
+    check_scale(scale, name, device)
+    if isinstance(scale, torch.Tensor):
+        return scale
+    return float(scale)
+
+
+def _check_rows(name: str, t: torch.Tensor, views: CacheViews, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(
+            f"{name}: expected a tensor [rows, num_kv_heads, head_dim], got {type(t).__name__}"
+        )
+    if t.dtype not in INPUT_DTYPES:
+        raise TypeError(f"{name}: expected torch.float16 or torch.bfloat16, got {t.dtype}")
+    if t.dim() != 3:
+        raise ValueError(
+            f"{name}: expected a 3-D tensor [rows, num_kv_heads, head_dim], got shape {tuple(t.shape)}"
+        )
+    if t.shape[1] != views.num_kv_heads or t.shape[2] != views.head_dim:
+        raise ValueError(
+            f"{name}: shape {tuple(t.shape)} does not match the cache's (num_kv_heads, head_dim) = "
+            f"({views.num_kv_heads}, {views.head_dim})"
+        )
+    if t.shape[2] > 1 and t.stride(2) != 1:
+        raise ValueError(
+            f"{name}: the last dim must be contiguous (stride 1), got strides {t.stride()}; "
+            f"call .contiguous() or pass a view whose last dim is dense"
+        )
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, the cache is on {device}")
+
+
+def check_append_inputs(
+    key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, views: CacheViews
+) -> None:
+    """Validate the writer's row inputs against normalized cache views.
+
+    Checks that ``key``/``value`` are fp16/bf16 ``[rows, num_kv_heads, head_dim]`` of one dtype with a
+    contiguous last dim, ``rows >= len(slot_mapping)``, ``slot_mapping`` is a 1-D int32/int64 tensor,
+    everything is on the cache's device, and the cache's slot count fits the kernels' 32-bit slot
+    arithmetic. Slot *values* are not read (that would sync): negative or out-of-range slots are
+    skipped by the kernels, as FlashInfer does. Like FlashInfer, ``slot_mapping`` must be contiguous.
+    """
+    device = views.device
+    _check_rows("key", key, views, device)
+    _check_rows("value", value, views, device)
+    if key.dtype != value.dtype:
+        raise TypeError(
+            f"key and value must have the same dtype, got {key.dtype} and {value.dtype}"
+        )
+    if not isinstance(slot_mapping, torch.Tensor):
+        raise TypeError(
+            f"slot_mapping: expected an int32/int64 tensor, got {type(slot_mapping).__name__}"
+        )
+    if slot_mapping.dtype not in (torch.int32, torch.int64):
+        raise TypeError(
+            f"slot_mapping: expected torch.int32 or torch.int64, got {slot_mapping.dtype}"
+        )
+    if slot_mapping.dim() != 1 or (slot_mapping.shape[0] > 1 and slot_mapping.stride(0) != 1):
+        raise ValueError(
+            f"slot_mapping: expected a contiguous 1-D tensor [nnz], got shape {tuple(slot_mapping.shape)} "
+            f"strides {slot_mapping.stride()}; call .contiguous()"
+        )
+    if slot_mapping.device != device:
+        raise ValueError(f"slot_mapping is on {slot_mapping.device}, the cache is on {device}")
+    nnz = slot_mapping.shape[0]
+    if key.shape[0] < nnz or value.shape[0] < nnz:
+        raise ValueError(
+            f"key and value need at least len(slot_mapping) = {nnz} rows, got {key.shape[0]} and "
+            f"{value.shape[0]}; rows past len(slot_mapping) are ignored, missing rows are an error"
+        )
+    if views.num_pages * views.page_size > MAX_INDEX:
+        raise ValueError(
+            f"the cache has {views.num_pages} pages x {views.page_size} = "
+            f"{views.num_pages * views.page_size} slots; at most {MAX_INDEX} are supported"
+        )
+    if nnz * views.num_kv_heads > MAX_INDEX:
+        raise ValueError(
+            f"{nnz} rows x {views.num_kv_heads} heads exceeds {MAX_INDEX} (row, head) pairs"
+        )
+
+
+def check_dequant_inputs(
+    views: CacheViews,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    output_k: torch.Tensor,
+    output_v: torch.Tensor,
+) -> None:
+    """Validate the paged dequantizer's arguments (FlashInfer ``nvfp4_kv_dequantize_paged`` rules).
+
+    ``block_tables`` ``[batch, max_pages]`` int32/int64 with a contiguous last dim; ``seq_lens``
+    ``[batch]`` int32 contiguous; ``output_k``/``output_v`` contiguous fp16/bf16 (one dtype)
+    ``[batch, max_seq_len, num_kv_heads, head_dim]``; ``max_pages * page_size >= max_seq_len`` so that
+    every written position has a block-table entry.
+    """
+    device = views.device
+    if not isinstance(block_tables, torch.Tensor) or block_tables.dtype not in (
+        torch.int32,
+        torch.int64,
+    ):
+        raise TypeError(
+            f"block_tables: expected an int32 or int64 tensor, got "
+            f"{getattr(block_tables, 'dtype', type(block_tables).__name__)}"
+        )
+    if block_tables.dim() != 2:
+        raise ValueError(
+            f"block_tables: expected [batch, max_pages], got shape {tuple(block_tables.shape)}"
+        )
+    if block_tables.shape[1] > 1 and block_tables.stride(1) != 1:
+        raise ValueError(
+            f"block_tables: the last dim must be contiguous, got strides {block_tables.stride()}"
+        )
+    if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype != torch.int32:
+        raise TypeError(
+            f"seq_lens: expected an int32 tensor, got {getattr(seq_lens, 'dtype', type(seq_lens).__name__)}"
+        )
+    if seq_lens.dim() != 1 or (seq_lens.shape[0] > 1 and seq_lens.stride(0) != 1):
+        raise ValueError(
+            f"seq_lens: expected a contiguous 1-D tensor [batch], got shape {tuple(seq_lens.shape)} "
+            f"strides {seq_lens.stride()}"
+        )
+    for name, out in (("output_k", output_k), ("output_v", output_v)):
+        if not isinstance(out, torch.Tensor) or out.dtype not in INPUT_DTYPES:
+            raise TypeError(
+                f"{name}: expected a torch.float16 or torch.bfloat16 tensor, got "
+                f"{getattr(out, 'dtype', type(out).__name__)}"
+            )
+        if out.dim() != 4:
+            raise ValueError(
+                f"{name}: expected [batch, max_seq_len, num_kv_heads, head_dim], got shape {tuple(out.shape)}"
+            )
+        if not out.is_contiguous():
+            raise ValueError(
+                f"{name}: must be contiguous, got strides {out.stride()} for shape {tuple(out.shape)}"
+            )
+        if out.device != device:
+            raise ValueError(f"{name} is on {out.device}, the cache is on {device}")
+    if output_k.dtype != output_v.dtype:
+        raise TypeError(
+            f"output_k and output_v must have the same dtype, got {output_k.dtype} and {output_v.dtype}"
+        )
+    if output_k.shape != output_v.shape:
+        raise ValueError(
+            f"output_k {tuple(output_k.shape)} and output_v {tuple(output_v.shape)} differ in shape"
+        )
+    batch, max_seq_len, heads, head_dim = output_k.shape
+    if heads != views.num_kv_heads or head_dim != views.head_dim:
+        raise ValueError(
+            f"outputs have (num_kv_heads, head_dim) = ({heads}, {head_dim}), the cache has "
+            f"({views.num_kv_heads}, {views.head_dim})"
+        )
+    if block_tables.shape[0] != batch or seq_lens.shape[0] != batch:
+        raise ValueError(
+            f"batch mismatch: outputs have {batch} requests, block_tables {block_tables.shape[0]}, "
+            f"seq_lens {seq_lens.shape[0]}"
+        )
+    if block_tables.shape[1] * views.page_size < max_seq_len:
+        raise ValueError(
+            f"block_tables has {block_tables.shape[1]} pages per request x page_size {views.page_size} = "
+            f"{block_tables.shape[1] * views.page_size} positions, fewer than max_seq_len {max_seq_len}"
+        )
+    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}, the cache is on {device}")
+    if max_seq_len * heads > MAX_INDEX:
+        raise ValueError(f"max_seq_len x heads = {max_seq_len * heads} exceeds {MAX_INDEX}")

@@ -1,0 +1,172 @@
+"""Load and validate the capability matrix (``matrix/*.yaml``).
+
+The wheel ships the repo-root ``matrix/`` as package data at ``nvfp4compat/matrix`` (hatch
+``force-include``); a source checkout or editable install falls back to the repo-root copy.
+Loading is cached per directory. Any problem (a YAML syntax error, a duplicate key, an
+unknown or missing field, a cross-file contradiction) raises :class:`MatrixError` naming the
+file, the entry, the field, what was found and what is allowed.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from nvfp4compat.spec import Matrix
+
+__all__ = ["FILES", "MatrixError", "load_matrix", "matrix_dir"]
+
+FILES: dict[str, str] = {
+    "arches": "arches.yaml",
+    "flashinfer": "flashinfer.yaml",
+    "vllm": "vllm.yaml",
+    "implementations": "implementations.yaml",
+    "errors": "errors.yaml",
+}
+
+
+class MatrixError(ValueError):
+    """The matrix YAML is malformed or contradictory."""
+
+
+_BaseLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _UniqueKeyLoader(_BaseLoader):
+    """A safe loader (libyaml when available) that refuses duplicate mapping keys.
+
+    Plain YAML silently keeps the last of two equal keys; here that is an error.
+    """
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                f"found duplicate key {key!r} (first at line {seen[key] + 1}); each key may appear once",
+                key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def matrix_dir() -> Path:
+    """The directory holding the matrix YAML files.
+
+    The installed package's ``nvfp4compat/matrix`` when present (a wheel install), else the
+    repo-root ``matrix/`` next to the package (a source checkout or editable install).
+    """
+    try:
+        pkg = importlib.resources.files("nvfp4compat") / "matrix"
+        if pkg.is_dir() and (pkg / FILES["flashinfer"]).is_file():
+            return Path(str(pkg))
+    except (ModuleNotFoundError, FileNotFoundError):  # pragma: no cover - defensive
+        pass
+    repo = Path(__file__).resolve().parent.parent / "matrix"
+    if (repo / FILES["flashinfer"]).is_file():
+        return repo
+    raise MatrixError(
+        f"matrix YAML not found: neither the package data directory nvfp4compat/matrix nor {repo} "
+        "holds flashinfer.yaml; reinstall nvfp4compat (the wheel force-includes matrix/)"
+    )
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise MatrixError(f"{path.name}: cannot read {path}: {exc}") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown position"
+        raise MatrixError(f"{path.name}: invalid YAML at {where}: {exc.problem}") from None
+    except yaml.YAMLError as exc:
+        raise MatrixError(f"{path.name}: invalid YAML: {exc}") from None
+
+
+def _entry_label(data: Any, loc: tuple[Any, ...]) -> str:
+    """Turn a pydantic error location into ``file: entry: field`` words."""
+    parts: list[str] = []
+    node = data
+    for item in loc:
+        if isinstance(item, int) and isinstance(node, list) and 0 <= item < len(node):
+            node = node[item]
+            label = node.get("version") or node.get("id") or node.get("family") if isinstance(node, dict) else None
+            parts.append(f"[{item}]" + (f" ({label})" if label else ""))
+        else:
+            parts.append(str(item))
+            node = node.get(item) if isinstance(node, dict) else None
+    return ".".join(parts).replace(".[", "[")
+
+
+def _format_validation_error(exc: ValidationError, raw: dict[str, Any]) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = err.get("loc", ())
+        if loc and loc[0] in FILES:
+            fname = FILES[str(loc[0])]
+            inner = _entry_label(raw.get(str(loc[0])), tuple(loc[1:]))
+        else:
+            fname = "matrix"
+            inner = _entry_label(raw, tuple(loc))
+        found = err.get("input")
+        found_txt = repr(found) if not isinstance(found, (dict, list)) else type(found).__name__
+        if len(found_txt) > 120:
+            found_txt = found_txt[:117] + "..."
+        msg = err.get("msg", "invalid")
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        lines.append(f"[{fname}] {inner or '(top level)'}: {msg}; got {found_txt}")
+    return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=8)
+def _load(directory: str) -> Matrix:
+    root = Path(directory)
+    raw: dict[str, Any] = {}
+    for key, fname in FILES.items():
+        data = _read_yaml(root / fname)
+        if not isinstance(data, dict) or key not in data:
+            raise MatrixError(f"{fname}: the top level must be a mapping with the key {key!r}; got {type(data).__name__} with keys {sorted(data) if isinstance(data, dict) else '-'}")
+        extra = sorted(set(data) - {key, "schema_version"})
+        if extra:
+            raise MatrixError(f"{fname}: unknown top-level key(s) {extra}; allowed are [{key!r}, 'schema_version']")
+        if data.get("schema_version", 1) != 1:
+            raise MatrixError(f"{fname}: schema_version {data.get('schema_version')!r} is not supported; this nvfp4compat reads schema_version 1")
+        raw[key] = data[key]
+    try:
+        return Matrix.model_validate(raw)
+    except ValidationError as exc:
+        raise MatrixError("capability matrix is invalid:\n" + _format_validation_error(exc, raw)) from None
+
+
+def load_matrix(directory: str | Path | None = None) -> Matrix:
+    """Load, validate and cache the capability matrix.
+
+    Parameters
+    ----------
+    directory : str or Path, optional
+        A directory holding the five YAML files; defaults to :func:`matrix_dir`.
+
+    Raises
+    ------
+    MatrixError
+        On malformed or contradictory YAML, naming the file, entry and field.
+    """
+    root = Path(directory) if directory is not None else matrix_dir()
+    return _load(str(root.resolve()))

@@ -1,0 +1,175 @@
+"""The resolved plan: which implementation each operation is bound to, and why.
+
+A :class:`Plan` is produced by :func:`nvfp4compat.resolver.resolve` and consumed by
+``nvfp4compat.kernels.get_kernel(op, impl)`` (``Plan.bindings``) and the vLLM plugin
+(``Plan.vllm``). It renders as text (:meth:`Plan.render_text`) and JSON (:meth:`Plan.to_json`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from nvfp4compat.facts import SystemFacts
+
+__all__ = ["Binding", "Plan", "TraceEntry", "VllmPlan"]
+
+ImplName = Literal["native", "flashinfer", "triton"]
+Source = Literal["argument", "environment", "matrix", "probe", "fallback"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Binding(_Frozen):
+    """The implementation bound to one op.
+
+    Attributes
+    ----------
+    op : str
+        ``write``, ``dequant``, ``decode`` or ``prefill``.
+    impl : {"native", "flashinfer", "triton"} or None
+        None when nothing can run this op (``reason`` says why).
+    source : {"argument", "environment", "matrix", "probe", "fallback"}
+        What decided it: an explicit argument, ``NVFP4COMPAT_IMPL``, the matrix preference,
+        a probe of an installed release the matrix does not know, or a fallback after the
+        preferred implementation was rejected.
+    reason : str
+        Why this implementation (or why none).
+    options : dict
+        Per-implementation options, e.g. ``{"nvfp4_4over6": true}`` for ``write``.
+    """
+
+    op: str
+    impl: ImplName | None
+    source: Source
+    reason: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class VllmPlan(_Frozen):
+    """How the vLLM plugin applies the plan to the installed vLLM release."""
+
+    version: str
+    strategy: Literal["none", "native", "backport", "extend"]
+    patches: list[str]
+    kv_cache_dtypes: list[str]
+    reason: str
+
+
+class TraceEntry(_Frozen):
+    """One rule the resolver accepted or rejected."""
+
+    op: str | None
+    impl: str | None
+    rule: str
+    accepted: bool
+    reason: str
+
+
+class Plan(_Frozen):
+    """The result of :func:`nvfp4compat.resolve`.
+
+    Attributes
+    ----------
+    facts : SystemFacts
+        What the plan was resolved from.
+    supported : bool
+        Whether an NVFP4 KV cache can be served (every required op bound; with vLLM, a patch
+        strategy other than ``none``).
+    reason : str or None
+        Why not, when not supported.
+    bindings : dict[str, Binding]
+        One binding per op (``write``, ``dequant``, ``decode``, ``prefill``).
+    vllm : VllmPlan or None
+        Present when the facts name a vLLM release.
+    features : dict[str, bool]
+        Optional capabilities the bound implementations provide (``nvfp4_4over6``,
+        ``head_size_64``, ``sinks``), in the vLLM context when vLLM is present.
+    env : dict[str, str]
+        Environment changes to apply before importing FlashInfer (e.g.
+        ``FLASHINFER_DISABLE_VERSION_CHECK``).
+    warnings, unverified : list[str]
+        Remarks, and the releases/arches resolved from probes or nearest knowledge only.
+    trace : list[TraceEntry]
+        Every rule accepted or rejected, in order.
+    """
+
+    facts: SystemFacts
+    supported: bool
+    reason: str | None
+    bindings: dict[str, Binding]
+    vllm: VllmPlan | None
+    features: dict[str, bool]
+    env: dict[str, str]
+    warnings: list[str]
+    unverified: list[str]
+    trace: list[TraceEntry]
+    nvfp4compat_version: str
+
+    def impl(self, op: str) -> str | None:
+        """The implementation bound to ``op`` (None when unbound)."""
+        return self.bindings[op].impl
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The plan as JSON (``model_dump(mode="json")``)."""
+        return json.dumps(self.model_dump(mode="json"), indent=indent, sort_keys=False)
+
+    def render_text(self, *, trace: bool = True) -> str:
+        """A human-readable report: verdict, bindings, vLLM patches, env, warnings and trace."""
+        f = self.facts
+        lines: list[str] = []
+        head = "SUPPORTED" if self.supported else "NOT SUPPORTED"
+        lines.append(f"nvfp4compat {self.nvfp4compat_version} plan: {head}")
+        if self.reason:
+            lines.append(f"  reason: {self.reason}")
+        arch = f.arch or "unknown (no GPU)"
+        if f.gpu_name:
+            arch += f" ({f.gpu_name})"
+        lines.append("facts:")
+        lines.append(f"  arch: {arch}" + (f" [from {f.arch_source}]" if f.arch_source else ""))
+        for label, value in (
+            ("cuda", f.cuda),
+            ("torch", f.torch),
+            ("triton", (f.triton or "not installed") + (" (disabled by NVFP4COMPAT_DISABLE_TRITON)" if f.triton_disabled else "")),
+            ("flashinfer", f.flashinfer or "not installed"),
+            ("flashinfer-cubin", f.flashinfer_cubin),
+            ("flashinfer-jit-cache", f.flashinfer_jit_cache),
+            ("vllm", f.vllm or "not installed"),
+            ("trtllm-gen usable", {True: "yes", False: "no", None: "unknown"}[f.trtllm_gen_usable]),
+            ("NVFP4COMPAT_IMPL", f.impl_env),
+        ):
+            if value is not None:
+                lines.append(f"  {label}: {value}")
+        if f.flashinfer_probe:
+            lines.append(f"  flashinfer probe: {f.flashinfer_probe}")
+        if f.flashinfer_import_error:
+            lines.append(f"  flashinfer import error: {f.flashinfer_import_error}")
+        for note in f.notes:
+            lines.append(f"  note: {note}")
+        lines.append("bindings:")
+        for op, b in self.bindings.items():
+            opts = f" {b.options}" if b.options else ""
+            lines.append(f"  {op:8s} -> {b.impl or '(none)':10s} [{b.source}] {b.reason}{opts}")
+        if self.features:
+            lines.append("features: " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in self.features.items()))
+        if self.vllm is not None:
+            v = self.vllm
+            lines.append(f"vllm {v.version}: strategy {v.strategy}; patches: {', '.join(v.patches) or '(none)'}; kv_cache_dtypes: {', '.join(v.kv_cache_dtypes) or '(none)'}")
+            lines.append(f"  {v.reason}")
+        if self.env:
+            lines.append("env: " + " ".join(f"{k}={val}" for k, val in self.env.items()))
+        for w in self.warnings:
+            lines.append(f"warning: {w}")
+        for u in self.unverified:
+            lines.append(f"unverified: {u}")
+        if trace:
+            lines.append("trace:")
+            for t in self.trace:
+                mark = "+" if t.accepted else "-"
+                where = "/".join(x for x in (t.op, t.impl) if x)
+                lines.append(f"  {mark} {where + ': ' if where else ''}{t.rule}: {t.reason}")
+        return "\n".join(lines)

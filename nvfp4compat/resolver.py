@@ -1,0 +1,833 @@
+"""The pure resolver: ``(matrix, facts, overrides) -> Plan``.
+
+:func:`resolve` imports nothing heavy (no torch, triton, flashinfer or vllm) and reads no
+environment: ``NVFP4COMPAT_IMPL`` arrives inside :class:`~nvfp4compat.facts.SystemFacts`
+(``facts.impl_env``, captured by :func:`~nvfp4compat.facts.detect` or :func:`query`).
+
+Precedence, in this one place (:func:`_candidates`):
+
+1. an explicit argument (``overrides``: ``"triton"`` or ``{"write": "triton"}`` or
+   ``"write=triton,decode=flashinfer"``);
+2. the environment (``NVFP4COMPAT_IMPL``, same syntax);
+3. the matrix preference order for the arch family (``implementations.yaml``);
+4. the probe: an installed release the matrix does not know is judged by what the probe found.
+
+An explicitly requested implementation that cannot run raises :class:`ResolutionError`
+(what was found, what is needed, the way out). An automatic choice falls back to the next
+preference and says so in the trace and the warnings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from nvfp4compat.facts import ENV_DISABLE_TRITON, ENV_IMPL, SystemFacts
+from nvfp4compat.plan import Binding, Plan, TraceEntry, VllmPlan
+from nvfp4compat.spec import (
+    FEATURES,
+    HELPERS,
+    IMPLS,
+    OPS,
+    PATCH_IDS,
+    ArchSpec,
+    FlashInferRelease,
+    Matrix,
+    Requirement,
+    VllmRelease,
+)
+from nvfp4compat.versions import parse_version
+
+__all__ = ["ResolutionError", "parse_impl_spec", "query", "resolve"]
+
+SLOT_HELPER = "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping"
+WRITER_REQUIRED = "FlashInfer NVFP4 slot-mapping KV cache update is required"
+_FROM_ENV = object()
+
+
+class ResolutionError(ValueError):
+    """An explicit request (argument or ``NVFP4COMPAT_IMPL``) that cannot be honoured."""
+
+
+def parse_impl_spec(spec: str | Mapping[str, str] | None, *, source: str = "argument") -> dict[str, str]:
+    """Parse an implementation override into ``{op: impl}``.
+
+    Parameters
+    ----------
+    spec : str, mapping or None
+        ``"triton"`` (every op), ``"write=triton,decode=flashinfer"`` (per op), or a mapping.
+    source : str
+        Named in error messages (``"argument"`` or ``"NVFP4COMPAT_IMPL"``).
+
+    Raises
+    ------
+    ResolutionError
+        On an unknown op or implementation, naming the valid ones.
+    """
+    if spec is None:
+        return {}
+    items: list[tuple[str, str]]
+    if isinstance(spec, Mapping):
+        items = [(str(k).strip(), str(v).strip()) for k, v in spec.items()]
+    else:
+        text = spec.strip()
+        if not text:
+            return {}
+        if "=" not in text and "," not in text:
+            impl = text.lower()
+            if impl not in IMPLS:
+                raise ResolutionError(f"{source}: unknown implementation {text!r}; valid values are {list(IMPLS)} or 'op=impl,...' with ops {list(OPS)}")
+            return dict.fromkeys(OPS, impl)
+        items = []
+        for part in text.split(","):
+            if not part.strip():
+                continue
+            if "=" not in part:
+                raise ResolutionError(f"{source}: {part.strip()!r} is not 'op=impl'; write e.g. 'write=triton,decode=flashinfer' (ops {list(OPS)}, impls {list(IMPLS)})")
+            op, _, impl = part.partition("=")
+            items.append((op.strip().lower(), impl.strip().lower()))
+    out: dict[str, str] = {}
+    for op, impl in items:
+        if op not in OPS:
+            raise ResolutionError(f"{source}: unknown op {op!r}; valid ops are {list(OPS)}")
+        if impl not in IMPLS:
+            raise ResolutionError(f"{source}: unknown implementation {impl!r} for {op}; valid values are {list(IMPLS)}")
+        out[op] = impl
+    return out
+
+
+@dataclass
+class _Ctx:
+    matrix: Matrix
+    facts: SystemFacts
+    features: tuple[str, ...]
+    trace: list[TraceEntry] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    unverified: list[str] = field(default_factory=list)
+    arch: ArchSpec | None = None
+    fi: FlashInferRelease | None = None
+    fi_exact: bool = False
+    helpers: dict[str, bool] | None = None
+    helper_params: dict[str, list[str]] = field(default_factory=dict)
+    helper_source: str | None = None
+    probe_disagrees: set[str] = field(default_factory=set)
+    vllm: VllmRelease | None = None
+    vllm_exact: bool = False
+    features_supported: dict[str, bool] = field(default_factory=dict)
+
+    def note(self, op: str | None, impl: str | None, rule: str, accepted: bool, reason: str) -> None:
+        self.trace.append(TraceEntry(op=op, impl=impl, rule=rule, accepted=accepted, reason=reason))
+
+
+# ------------------------------------------------------------------------------ context
+
+
+def _setup(ctx: _Ctx) -> None:
+    m, f = ctx.matrix, ctx.facts
+    if f.arch is None:
+        ctx.note(None, None, "arch", False, "no GPU arch known (no CUDA device and NVFP4COMPAT_ARCH unset): arch-dependent requirements cannot be met")
+    elif f.arch in m.arches:
+        ctx.arch = m.arches[f.arch]
+        ctx.note(None, None, "arch", True, f"{f.arch} is in the matrix (family {ctx.arch.family})")
+    else:
+        ctx.unverified.append(f"arch {f.arch}: not in the matrix (known: {', '.join(m.arches)}); only arch-neutral Triton kernels are considered")
+        ctx.note(None, None, "arch", False, f"{f.arch} is not in the matrix: conservative choice (Triton if plausible)")
+
+    if f.flashinfer is not None:
+        exact = m.flashinfer_release(f.flashinfer)
+        local = parse_version(f.flashinfer).local is not None
+        if exact is not None and not local:
+            ctx.fi, ctx.fi_exact = exact, True
+        else:
+            ctx.fi = exact or m.nearest_flashinfer(f.flashinfer)
+            basis = f"nearest known release {ctx.fi.version}" if ctx.fi else "no known release (older than all)"
+            why = "a local build" if local else "not in the matrix"
+            ctx.unverified.append(f"flashinfer {f.flashinfer}: {why}; release facts taken from {basis}" + (" and the probe" if f.flashinfer_helpers is not None else ""))
+        if f.flashinfer_helpers is not None:
+            ctx.helpers = {h: bool(f.flashinfer_helpers.get(h, False)) for h in HELPERS}
+            ctx.helper_params = {h: list(p) for h, p in (f.flashinfer_helper_params or {}).items()}
+            ctx.helper_source = "probe"
+            if ctx.fi is not None and ctx.fi_exact:
+                for h in HELPERS:
+                    said = ctx.fi.helpers[h].present
+                    if said != ctx.helpers[h]:
+                        ctx.probe_disagrees.add(h)
+                        spec = ctx.fi.helpers[h]
+                        ctx.warnings.append(
+                            f"matrix and probe disagree on FlashInfer {f.flashinfer}: flashinfer.yaml says {h} is "
+                            f"{'present (' + (spec.defined_at or '') + ')' if said else 'absent'}, the installed package "
+                            f"{'has' if ctx.helpers[h] else 'lacks'} it ({f.flashinfer_probe or 'probe'}); the probe wins"
+                        )
+        elif ctx.fi is not None:
+            ctx.helpers = {h: ctx.fi.helpers[h].present for h in HELPERS}
+            ctx.helper_params = {
+                h: [p.split("=", 1)[0] for p in (ctx.fi.helpers[h].params or [])] for h in HELPERS if ctx.fi.helpers[h].present
+            }
+            ctx.helper_source = "matrix" if ctx.fi_exact else "nearest"
+        if f.flashinfer_import_error:
+            ctx.warnings.append(f"FlashInfer probe saw an error: {f.flashinfer_import_error} (helpers were read from the installed sources)")
+
+    if f.vllm is not None:
+        exact_v = m.vllm_release(f.vllm)
+        if exact_v is not None and parse_version(f.vllm).local is None:
+            ctx.vllm, ctx.vllm_exact = exact_v, True
+        else:
+            ctx.vllm = exact_v or m.nearest_vllm(f.vllm)
+            if ctx.vllm is not None:
+                ctx.unverified.append(f"vllm {f.vllm}: not in the matrix; treated like {ctx.vllm.version}")
+
+
+def _cc_set_for(ctx: _Ctx, helper: str) -> tuple[list[int] | None, str | None, str]:
+    """The helper's SM gate from the matrix: the release itself, else the newest release that has it."""
+    rel = ctx.fi
+    if rel is not None and rel.helpers[helper].present:
+        s = rel.helpers[helper]
+        return s.compute_capability, s.capability_source, f"[{rel.version}]"
+    for r in reversed(ctx.matrix.flashinfer):
+        if r.helpers[helper].present:
+            s = r.helpers[helper]
+            return s.compute_capability, s.capability_source, f"[{r.version}, nearest release that has it]"
+    return None, None, ""
+
+
+def _arch_plausible_for_triton(f: SystemFacts) -> bool:
+    major = f.arch_major
+    return major is not None and major >= 8 and major != 11
+
+
+def _check(ctx: _Ctx, req: Requirement) -> tuple[bool, str]:
+    """Evaluate one requirement against the facts: ``(ok, reason)``."""
+    f, m = ctx.facts, ctx.matrix
+    cc = f.arch_cc
+    fi_label = f"FlashInfer {f.flashinfer}" if f.flashinfer else "FlashInfer"
+    if req.kind == "flashinfer_helper":
+        h = req.helper or ""
+        if f.flashinfer is None:
+            return False, f"FlashInfer is not installed (needs {h}, first in {_first_with(m, h)})"
+        if ctx.helpers is None:
+            return False, f"{fi_label}: helper presence unknown (release older than the matrix and not probed)"
+        if not ctx.helpers[h]:
+            src = {"probe": "probe of the installed package", "matrix": "flashinfer.yaml", "nearest": "nearest matrix release"}.get(ctx.helper_source or "", "")
+            return False, f"{fi_label} lacks {h} ({src}); releases that have it: {release_span(m, m.releases_with_helper(h))}"
+        if cc is None:
+            return False, f"{h} is present but the arch is unknown"
+        ccs, how, where = _cc_set_for(ctx, h)
+        if ccs is None:
+            return True, f"{fi_label} has {h} (no SM gate recorded)"
+        if how == "jit_min_arch":
+            if cc >= ccs[0]:
+                return True, f"{fi_label} has {h}; its JIT module builds for SM >= {ccs[0]} {where}"
+            return False, f"{fi_label} has {h} but its JIT module needs SM >= {ccs[0]}, found {f.arch} {where}"
+        if cc in ccs:
+            return True, f"{fi_label} has {h}; SM{cc} is in its @supported_compute_capability {ccs} {where}"
+        return False, f"{fi_label} has {h} but SM{cc} is not in its @supported_compute_capability {ccs} {where}"
+    if req.kind == "flashinfer_helper_param":
+        h, p = req.helper or "", req.param or ""
+        if f.flashinfer is None or ctx.helpers is None or not ctx.helpers.get(h):
+            return False, f"needs {h}({p}=...), {fi_label} does not have {h}"
+        params = ctx.helper_params.get(h)
+        if params is None:
+            return False, f"{fi_label}: parameters of {h} unknown"
+        if p in params:
+            return True, f"{fi_label}: {h} takes {p}"
+        have = [r.version for r in m.flashinfer if r.helpers[h].present and any(x.split('=', 1)[0] == p for x in (r.helpers[h].params or []))]
+        return False, f"{fi_label}: {h} has no {p} parameter (releases with it: {release_span(m, have)})"
+    if req.kind == "flashinfer_consumer":
+        c = req.consumer or ""
+        if f.flashinfer is None:
+            return False, f"FlashInfer is not installed (needs its {c} NVFP4 path)"
+        if ctx.fi is None:
+            return False, f"{fi_label} is older than every release in the matrix: its {c} path is unknown"
+        if cc is None:
+            return False, f"arch unknown: cannot check {c}"
+        sms = ctx.fi.consumers[c].sms
+        if cc in sms:
+            return True, f"{fi_label} {c} reads NVFP4 on SM{cc} (SMs {sms}, [{ctx.fi.version}])"
+        return False, f"{fi_label} {c} reads NVFP4 only on SMs {sms}, found {f.arch} ([{ctx.fi.version}])"
+    if req.kind == "arch_flag":
+        flag = req.flag or ""
+        if f.arch is None:
+            return False, f"arch unknown: cannot check {flag}"
+        if ctx.arch is None:
+            if flag == "triton_kernels" and _arch_plausible_for_triton(f):
+                return True, f"{f.arch} is not in the matrix; Triton is plausible (SM >= 80, not the SM110 family): unverified"
+            return False, f"{f.arch} is not in the matrix: {flag} unknown"
+        claim = getattr(ctx.arch, flag)
+        word = "yes" if claim.value else "no"
+        return claim.value, f"arches.yaml {f.arch}.{flag} = {word} ({claim.status})" + (f": {claim.note}" if claim.note else "")
+    if req.kind == "triton":
+        if f.triton is None:
+            return False, "Triton is not installed (pip install triton, or nvfp4compat[triton])"
+        if f.triton_disabled:
+            return False, f"Triton {f.triton} is disabled by {ENV_DISABLE_TRITON}=1"
+        return True, f"Triton {f.triton} is available"
+    if req.kind == "trtllm_gen_usable":
+        if f.trtllm_gen_usable is True:
+            return True, "trtllm-gen is usable"
+        if f.trtllm_gen_usable is False:
+            return False, "trtllm-gen is not usable here (flashinfer-cubin missing or mismatched, or not an SM100-family GPU)"
+        return True, "trtllm-gen usability unknown: assumed usable (vLLM probes flashinfer-cubin / NVIDIA's artifactory itself)"
+    if req.kind == "vllm_native_path":
+        if ctx.vllm is None or f.vllm is None:
+            return False, "native means vLLM's own trtllm-gen path, and no vLLM is in the facts"
+        if f.arch is None:
+            return False, "arch unknown"
+        stock = ctx.vllm.stock_for(f.arch)
+        if stock is not None and stock.path == "native":
+            return True, f"vLLM {f.vllm} serves nvfp4 natively on {f.arch} ({stock.evidence})"
+        return False, f"vLLM {f.vllm}'s stock NVFP4 path on {f.arch} is {'the FA2 path' if stock else 'absent'}, not native"
+    if req.kind == "vllm_dtype":
+        if f.vllm is None or ctx.vllm is None:
+            return True, "no vLLM: dtype listing not required"
+        if req.dtype in ctx.vllm.nvfp4_dtypes:
+            return True, f"vLLM {f.vllm} lists {req.dtype}"
+        return False, f"vLLM {f.vllm} does not list {req.dtype} (its nvfp4 dtypes: {ctx.vllm.nvfp4_dtypes})"
+    if req.kind == "not_in_vllm":
+        if f.vllm is None:
+            return True, "no vLLM in the facts"
+        return False, req.reason or "not inside vLLM"
+    raise AssertionError(f"unhandled requirement kind {req.kind}")  # pragma: no cover - the spec restricts kinds
+
+
+def release_span(m: Matrix, versions: list[str]) -> str:
+    """Collapse releases that are consecutive in flashinfer.yaml into ``A..B`` runs."""
+    order = [r.version for r in m.flashinfer]
+    idx = sorted(order.index(v) for v in versions if v in order)
+    runs: list[list[int]] = []
+    for i in idx:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    parts = [order[r[0]] if len(r) == 1 else f"{order[r[0]]}..{order[r[-1]]}" for r in runs]
+    return ", ".join(parts) if parts else "none"
+
+
+def _first_with(m: Matrix, helper: str) -> str:
+    rels = m.releases_with_helper(helper)
+    return f"flashinfer-python {rels[0]}" if rels else "no known release"
+
+
+def _evaluate(ctx: _Ctx, op: str, impl: str) -> tuple[bool, list[str]]:
+    """All requirements of ``impl`` for ``op``, the plugin's limits, and requested features."""
+    m, f = ctx.matrix, ctx.facts
+    spec = m.implementations.ops[op].impls.get(impl)
+    if spec is None:
+        return False, [f"{op} has no {impl} implementation (implementations: {sorted(m.implementations.ops[op].impls)})"]
+    reasons: list[str] = []
+    ok = True
+    for req in spec.requires:
+        good, why = _check(ctx, req)
+        reasons.append(why)
+        if not good:
+            ok = False
+            break
+    if ok and ctx.vllm is not None and f.vllm is not None and impl != "native" and op in ("write", "decode", "prefill"):
+        allowed = getattr(ctx.vllm.plugin, op)
+        if impl not in allowed:
+            ok = False
+            reasons.append(f"inside vLLM {f.vllm} the plugin binds only {allowed} for {op}: {ctx.vllm.plugin.reason}")
+    if ok:
+        for feat in ctx.features:
+            fs = m.implementations.features[feat]
+            per_op = fs.ops.get(op)
+            if per_op is None:
+                continue
+            if impl not in per_op:
+                ok = False
+                reasons.append(f"{impl} {op} does not support the requested feature {feat} ({fs.summary})")
+                break
+            for req in per_op[impl]:
+                good, why = _check(ctx, req)
+                if not good:
+                    ok = False
+                    reasons.append(f"feature {feat}: {why}")
+                    break
+            if not ok:
+                break
+    return ok, reasons
+
+
+def _feature_supported(ctx: _Ctx, feat: str, bindings: Mapping[str, Binding]) -> bool:
+    fs = ctx.matrix.implementations.features[feat]
+    for op, per_impl in fs.ops.items():
+        impl = bindings[op].impl
+        if impl is None or impl not in per_impl:
+            return False
+        if not all(_check(ctx, r)[0] for r in per_impl[impl]):
+            return False
+    return True
+
+
+# ------------------------------------------------------------------------------ binding
+
+
+def _bind(ctx: _Ctx, overrides: Mapping[str, str], env_over: Mapping[str, str]) -> dict[str, Binding]:
+    m = ctx.matrix
+    group = m.implementations.groups.get("native")
+    group_ops = list(group.ops) if group else []
+    explicit: dict[str, tuple[str, str]] = {}
+    for op in OPS:
+        if op in overrides:
+            explicit[op] = (overrides[op], "argument")
+        elif op in env_over:
+            explicit[op] = (env_over[op], "environment")
+    pref = m.preference_for(ctx.facts.arch or "")
+    if ctx.facts.arch is not None and ctx.arch is None:
+        pref = m.implementations.unknown_arch_preference
+
+    # native is all-or-none across its group (write/decode/prefill)
+    native_ok, native_why = True, ""
+    for op in group_ops:
+        good, why = _evaluate(ctx, op, "native")
+        if not good:
+            native_ok, native_why = False, why[-1]
+            break
+        native_why = why[-1] if why else ""
+    explicit_native = [op for op in group_ops if explicit.get(op, ("", ""))[0] == "native"]
+    explicit_other = [op for op in group_ops if op in explicit and explicit[op][0] != "native"]
+    if explicit_native:
+        srcs = {explicit[o][1] for o in explicit_native}
+        where = "NVFP4COMPAT_IMPL" if srcs == {"environment"} else "the explicit argument"
+        if not native_ok:
+            raise ResolutionError(
+                f"{where} asks for native on {explicit_native}, but native cannot run here: {native_why}. "
+                f"Native is vLLM's own SM100-family trtllm-gen path (SM100/103, SM107 with FlashInfer >= 0.6.16, vLLM installed, trtllm-gen usable). "
+                f"Way out: request flashinfer or triton instead (e.g. {ENV_IMPL}=triton)."
+            )
+        if explicit_other:
+            raise ResolutionError(
+                f"native is all-or-none for {group_ops} ({group.reason if group else ''}); got native for {explicit_native} "
+                f"and {[(o, explicit[o][0]) for o in explicit_other]}. Way out: request native for all of them or for none."
+            )
+    exclude_native = (not native_ok) or bool(explicit_other)
+    if native_ok and explicit_other:
+        ctx.note(None, "native", "group", False, f"native is all-or-none for {group_ops}; excluded because {[(o, explicit[o][0]) for o in explicit_other]} was requested")
+
+    bindings: dict[str, Binding] = {}
+    for op in OPS:
+        if op in explicit:
+            impl, src = explicit[op]
+            who = "the explicit argument" if src == "argument" else f"{ENV_IMPL}={ctx.facts.impl_env}"
+            if impl == "native" and op not in group_ops:
+                raise ResolutionError(f"{who} asks for native {op}, but {op} has no native implementation (vLLM's native path does not dequantize). Way out: request flashinfer or triton for {op}.")
+            good, why = _evaluate(ctx, op, impl)
+            ctx.note(op, impl, src, good, "; ".join(why))
+            if not good:
+                raise ResolutionError(
+                    f"{who} asks for {impl} {op}, but it cannot run here: {why[-1]}. Found: {_found(ctx)}. "
+                    f"Way out: {_way_out(ctx, op, impl)}"
+                )
+            bindings[op] = Binding(op=op, impl=impl, source=src, reason=f"requested by {who}: {why[-1] if why else 'ok'}")  # type: ignore[arg-type]
+            continue
+        order = pref.order(op)
+        chosen: Binding | None = None
+        rejected: list[str] = []
+        for rank, impl in enumerate(order.order):
+            if impl not in m.implementations.ops[op].impls:
+                continue
+            if impl == "native" and exclude_native:
+                reason = native_why if not native_ok else "native excluded: another implementation was requested for its group"
+                ctx.note(op, impl, "matrix", False, reason)
+                rejected.append(f"native: {reason}")
+                continue
+            good, why = _evaluate(ctx, op, impl)
+            ctx.note(op, impl, "matrix", good, "; ".join(why))
+            if not good:
+                rejected.append(f"{impl}: {why[-1]}")
+                continue
+            probe_based = impl == "flashinfer" and ctx.helper_source == "probe" and (not ctx.fi_exact or bool(ctx.probe_disagrees))
+            if probe_based:
+                src = "probe"
+            elif rank == 0:
+                src = "matrix"
+            else:
+                src = "fallback"
+            reason = f"{impl} is the matrix preference for {op} on {pref.family} ({order.status}): {order.reason}" if rank == 0 else (
+                f"fell back to {impl} ({'; '.join(rejected)})"
+            )
+            if src == "fallback":
+                ctx.warnings.append(f"{op}: {order.order[0]} preferred but rejected ({rejected[0]}); using {impl}")
+            chosen = Binding(op=op, impl=impl, source=src, reason=reason)  # type: ignore[arg-type]
+            break
+        if chosen is None:
+            chosen = Binding(op=op, impl=None, source="matrix", reason=_unbound_reason(ctx, op, rejected))
+            ctx.note(op, None, "bind", False, chosen.reason)
+        bindings[op] = chosen
+
+    # features and options
+    feats = {feat: _feature_supported(ctx, feat, bindings) for feat in m.implementations.features}
+    w = bindings["write"]
+    if w.impl is not None:
+        bindings["write"] = w.model_copy(update={"options": {"nvfp4_4over6": _op_feature(ctx, "nvfp4_4over6", "write", w.impl)}})
+    ctx.features_supported = feats
+    return bindings
+
+
+def _op_feature(ctx: _Ctx, feat: str, op: str, impl: str) -> bool:
+    fs = ctx.matrix.implementations.features.get(feat)
+    if fs is None or op not in fs.ops or impl not in fs.ops[op]:
+        return False
+    return all(_check(ctx, r)[0] for r in fs.ops[op][impl])
+
+
+def _found(ctx: _Ctx) -> str:
+    f = ctx.facts
+    parts = [f"arch {f.arch or 'unknown'}", f"flashinfer {f.flashinfer or 'not installed'}", f"triton {f.triton or 'not installed'}{' (disabled)' if f.triton_disabled else ''}"]
+    if f.vllm:
+        parts.append(f"vllm {f.vllm}")
+    return ", ".join(parts)
+
+
+def _way_out(ctx: _Ctx, op: str, impl: str) -> str:
+    if impl == "flashinfer":
+        helper = SLOT_HELPER if op == "write" else "nvfp4_kv_dequantize_paged" if op == "dequant" else None
+        if helper:
+            rels = ctx.matrix.releases_with_helper(helper)
+            return f"install a FlashInfer release with {helper} ({release_span(ctx.matrix, rels)}), or request {op}=triton"
+        return f"use a GPU whose FlashInfer FA2 path reads NVFP4, or request {op}=triton"
+    if impl == "triton":
+        return f"pip install triton and unset {ENV_DISABLE_TRITON}, or request {op}=flashinfer"
+    return f"request {op}=flashinfer or {op}=triton"
+
+
+def _unbound_reason(ctx: _Ctx, op: str, rejected: list[str]) -> str:
+    if op == "write":
+        rels = ctx.matrix.releases_with_helper(SLOT_HELPER)
+        f = ctx.facts
+        found = f"FlashInfer {f.flashinfer} without {SLOT_HELPER}" if f.flashinfer else "no FlashInfer installed"
+        if f.flashinfer and ctx.helpers and ctx.helpers.get(SLOT_HELPER):
+            found = f"FlashInfer {f.flashinfer} has {SLOT_HELPER} but it cannot run here"
+        tri = next((r for r in rejected if r.startswith("triton:")), "triton: not considered")
+        return (
+            f"{WRITER_REQUIRED}: found {found}; FlashInfer releases that provide it: {release_span(ctx.matrix, rels)} "
+            f"(e.g. pip install --no-deps flashinfer-python=={rels[0]}); or enable the Triton fallback "
+            f"(pip install triton, unset {ENV_DISABLE_TRITON}) [{tri}]"
+        )
+    detail = "; ".join(rejected) or "no implementation is listed for this arch"
+    return f"no implementation of {op} can run here: {detail}"
+
+
+# ------------------------------------------------------------------------------- vLLM
+
+
+def _vllm_plan(ctx: _Ctx, bindings: Mapping[str, Binding], required_ok: bool) -> VllmPlan | None:
+    f, m = ctx.facts, ctx.matrix
+    if f.vllm is None:
+        return None
+
+    def none(reason: str) -> VllmPlan:
+        ctx.note(None, None, "vllm", False, reason)
+        return VllmPlan(version=f.vllm or "", strategy="none", patches=[], kv_cache_dtypes=[], reason=reason)
+
+    rel = ctx.vllm
+    if rel is None:
+        return none(f"vLLM {f.vllm} is older than every release the matrix knows ({m.vllm.releases[0].version}..{m.vllm.releases[-1].version})")
+    if f.arch is None:
+        return none("no GPU arch known: cannot plan vLLM patches")
+    cc = f.arch_cc or 0
+    lo, hi = rel.compute_capability_window
+    if not lo <= cc <= hi:
+        return none(f"vLLM {f.vllm} refuses compute capability {cc // 10}.{cc % 10} (its FLASHINFER backend window is {lo // 10}.{lo % 10}-{hi // 10}.{hi % 10}); no patch set changes that")
+    if f.flashinfer is None:
+        return none(f"vLLM {f.vllm}'s FLASHINFER backend (the only non-MLA backend listing nvfp4) imports flashinfer at module load; install flashinfer-python (vLLM pins {rel.pins.flashinfer_python})")
+    for h in rel.requires_flashinfer_helpers:
+        if ctx.helpers is not None and not ctx.helpers.get(h, False):
+            rels = m.releases_with_helper(h)
+            return none(
+                f"vLLM {f.vllm} imports {h} from flashinfer at module load (vllm/v1/attention/backends/flashinfer.py), "
+                f"FlashInfer {f.flashinfer} lacks it: install one of {release_span(m, rels)} (vLLM pins {rel.pins.flashinfer_python})"
+            )
+    if not required_ok:
+        return none("the plan binds no implementation for a required op (see reason)")
+    declared = rel.strategy.for_arch(f.arch)
+    if declared is None:
+        declared = "backport"
+        ctx.unverified.append(f"vLLM patch strategy for {f.arch}: not in vllm.yaml; using backport")
+    if declared == "none":
+        return none(f"vLLM {f.vllm} has no NVFP4 path on {f.arch} and the matrix lists no reader nvfp4compat can route there ({rel.strategy.evidence})")
+    native = all(bindings[op].impl == "native" for op in ("write", "decode", "prefill"))
+    stock = rel.stock_for(f.arch)
+    if native:
+        dtypes = list(stock.kv_cache_dtypes) if stock else ["nvfp4"]
+        reason = f"vLLM {f.vllm}'s own trtllm-gen path serves nvfp4 on {f.arch}: nothing to patch"
+        ctx.note(None, "native", "vllm", True, reason)
+        return VllmPlan(version=f.vllm, strategy="native", patches=[], kv_cache_dtypes=dtypes, reason=reason)
+    strategy = declared if declared != "native" else rel.strategy.native_fallback
+    w, d, p = bindings["write"].impl, bindings["decode"].impl, bindings["prefill"].impl
+    triton_readers = d == "triton" and p == "triton"
+    can_4over6 = w == "triton" and "nvfp4_4over6" in rel.nvfp4_dtypes
+    patches: set[str] = set()
+    if strategy == "extend" and stock is not None and stock.path == "fa2":
+        if w != stock.writer:
+            patches.add("kv_cache_update")
+        if d != stock.reader or p != stock.reader:
+            patches.add("forward_reader")
+        if can_4over6 and "nvfp4_4over6" not in stock.kv_cache_dtypes:
+            patches.add("gate_nvfp4_4over6")
+        if triton_readers and stock.refuses:
+            patches.add("gate_combination")
+        why = f"stock vLLM {f.vllm} already serves nvfp4 on {f.arch} (writer {stock.writer}, reader {stock.reader}); patch only what the plan changes"
+    else:
+        strategy = "backport"
+        patches.update(m.vllm.backport_patches)
+        if can_4over6:
+            patches.add("gate_nvfp4_4over6")
+        if triton_readers:
+            patches.add("gate_combination")
+        if declared == "native":
+            why = f"vLLM {f.vllm}'s native path is not used (trtllm-gen unusable or another implementation requested): port the FA2 path with the bound writer/readers"
+        else:
+            why = f"stock vLLM {f.vllm} accepts nvfp4 only on the SM100 family with trtllm-gen ({rel.gate.kind}); the plugin ports the 0.32 FA2 path with the bound writer/readers"
+    ordered = [pid for pid in PATCH_IDS if pid in patches]
+    dtypes = ["nvfp4"] + (["nvfp4_4over6"] if "gate_nvfp4_4over6" in patches else [])
+    if not ordered:
+        why += "; the stock path already matches the plan: no patch"
+    ctx.note(None, None, "vllm", True, f"{strategy}: {why}; patches {ordered or '[]'}")
+    return VllmPlan(version=f.vllm, strategy=strategy, patches=ordered, kv_cache_dtypes=dtypes, reason=why)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------- version check
+
+
+def _version_env(ctx: _Ctx, bindings: Mapping[str, Binding], vplan: VllmPlan | None) -> dict[str, str]:
+    f = ctx.facts
+    env: dict[str, str] = {}
+    if f.flashinfer is None or ctx.fi is None:
+        return env
+    vc = ctx.fi.version_check
+    fv = f.flashinfer
+    cubin_bad = f.flashinfer_cubin is not None and f.flashinfer_cubin != fv
+    jit = f.flashinfer_jit_cache
+    if jit is None:
+        jit_bad = False
+    elif vc.jit_cache_match == "prefix":
+        jit_bad = not jit.startswith(fv)
+    else:
+        jit_bad = jit != fv and not jit.startswith(fv + "+")
+    if not (cubin_bad or jit_bad):
+        if f.flashinfer_cubin or jit:
+            ctx.note(None, None, "version_check", True, "flashinfer-cubin / flashinfer-jit-cache match flashinfer-python")
+        return env
+    uses_native = any(b.impl == "native" for b in bindings.values())
+    uses_xqa = (
+        bindings["decode"].impl == "flashinfer"
+        and f.arch_cc in ctx.fi.consumers["xqa_decode"].sms
+        and vplan is not None
+        and vplan.strategy in ("extend",)
+    )
+    cubin_kernels = uses_native or uses_xqa
+    uses_fi_modules = any(b.impl == "flashinfer" for b in bindings.values())
+    what = []
+    if cubin_bad:
+        what.append(f"flashinfer-cubin {f.flashinfer_cubin}")
+    if jit_bad:
+        what.append(f"flashinfer-jit-cache {jit}")
+    mism = " and ".join(what) + f" vs flashinfer-python {fv}"
+    fix = f"pip install --no-deps flashinfer-cubin=={fv}" + (" (and the matching flashinfer-jit-cache, or uninstall it)" if jit_bad else "")
+    if vc.on_mismatch == "raise":
+        blockers = []
+        if cubin_bad and cubin_kernels:
+            blockers.append("the plan uses cubin-backed kernels (" + ("vLLM's native trtllm-gen path" if uses_native else "XQA decode") + ")")
+        if jit_bad and uses_fi_modules:
+            blockers.append("the plan uses FlashInfer JIT modules, which would be loaded from the mismatched flashinfer-jit-cache")
+        if blockers:
+            msg = f"{mism}: FlashInfer {fv} raises at import ({vc.evidence.split(' [')[0]}); not bypassing because {' and '.join(blockers)}. Fix: {fix}"
+            ctx.warnings.append(msg)
+            ctx.note(None, None, "version_check", False, msg)
+        else:
+            env["FLASHINFER_DISABLE_VERSION_CHECK"] = "1"
+            ctx.note(None, None, "version_check", True, f"{mism}: FlashInfer {fv} raises at import; the plan uses no cubin-backed kernel (native/trtllm-gen/XQA), so FLASHINFER_DISABLE_VERSION_CHECK=1 is set")
+            ctx.warnings.append(f"{mism}: setting FLASHINFER_DISABLE_VERSION_CHECK=1 (FlashInfer {fv} would raise at import; the plan uses no cubin-backed kernel). Cleaner fix: {fix}")
+    else:
+        extra = " The plan's native/XQA path needs those cubins: they will be downloaded on demand (fails offline)." if cubin_kernels else ""
+        ctx.warnings.append(f"{mism}: FlashInfer {fv} ignores the mismatched package with a warning ('Ignoring incompatible ...').{extra} Fix: {fix}")
+        ctx.note(None, None, "version_check", True, f"{mism}: FlashInfer {fv} only warns; no env change")
+    return env
+
+
+# -------------------------------------------------------------------------------- main
+
+
+def resolve(
+    matrix: Matrix,
+    facts: SystemFacts,
+    overrides: str | Mapping[str, str] | None = None,
+    *,
+    features: Iterable[str] = (),
+) -> Plan:
+    """Resolve the plan for ``facts``.
+
+    Parameters
+    ----------
+    matrix : Matrix
+        From :func:`nvfp4compat.load_matrix`.
+    facts : SystemFacts
+        From :func:`nvfp4compat.detect` or written by hand.
+    overrides : str or mapping, optional
+        Explicit implementation choice: ``"triton"``, ``{"write": "triton"}`` or
+        ``"write=triton,decode=flashinfer"``. Beats ``facts.impl_env`` (``NVFP4COMPAT_IMPL``).
+    features : iterable of str
+        Features the caller needs (``nvfp4_4over6``, ``head_size_64``, ``sinks``): only
+        implementations providing them are bound.
+
+    Returns
+    -------
+    Plan
+        Never raises for an unsupported system: the plan says ``supported=False`` and why.
+
+    Raises
+    ------
+    ResolutionError
+        When an explicit request (argument or ``NVFP4COMPAT_IMPL``) cannot run, or names an
+        unknown op, implementation or feature.
+    """
+    feats = tuple(dict.fromkeys(features))
+    for feat in feats:
+        if feat not in FEATURES:
+            raise ResolutionError(f"unknown feature {feat!r}; valid features are {list(FEATURES)}")
+    ctx = _Ctx(matrix=matrix, facts=facts, features=feats)
+    arg = parse_impl_spec(overrides, source="argument")
+    env_over = parse_impl_spec(facts.impl_env, source=ENV_IMPL)
+    if env_over:
+        ctx.note(None, None, "precedence", True, f"{ENV_IMPL}={facts.impl_env} applies to {sorted(set(env_over) - set(arg))}" + (f"; the explicit argument overrides {sorted(set(env_over) & set(arg))}" if set(env_over) & set(arg) else ""))
+    _setup(ctx)
+    bindings = _bind(ctx, arg, env_over)
+    required = [op for op in OPS if matrix.implementations.ops[op].required]
+    unbound = [op for op in required if bindings[op].impl is None]
+    vplan = _vllm_plan(ctx, bindings, not unbound)
+    env = _version_env(ctx, bindings, vplan)
+
+    if facts.arch is None:
+        ctx.warnings.append("no CUDA GPU detected: the plan cannot bind arch-dependent implementations; set NVFP4COMPAT_ARCH=sm_90 (for example) to plan for a given arch")
+    if facts.trtllm_gen_usable is None and any(b.impl == "native" for b in bindings.values()):
+        ctx.unverified.append("trtllm-gen usability: unknown, assumed usable for vLLM's native path")
+        ctx.warnings.append("trtllm-gen usability is unknown (flashinfer-cubin not installed): vLLM probes NVIDIA's artifactory; if it then reports 'kv_cache_dtype not supported', set NVFP4COMPAT_IMPL=triton (or flashinfer)")
+    if ctx.fi is not None and bindings["write"].impl == "flashinfer" and ctx.fi.scale_check.mode == "device_trap":
+        ctx.warnings.append(f"FlashInfer {facts.flashinfer}'s writer checks a CUDA scale on the device and executes trap unless it is finite and > 0: a bad k_scale/v_scale leaves the CUDA context unusable")
+    if ctx.fi is not None and bindings["write"].impl == "flashinfer" and ctx.fi.scale_check.mode == "host_sync":
+        ctx.note("write", "flashinfer", "scale_check", True, f"FlashInfer {facts.flashinfer} validates a CUDA scale tensor on the host (one sync per call outside CUDA-graph capture)")
+
+    reasons: list[str] = []
+    if facts.arch is None and unbound:
+        reasons.append("no GPU arch known (no CUDA device; set NVFP4COMPAT_ARCH)")
+    a = ctx.arch
+    if a is not None and unbound and not (a.fa2_nvfp4_read.value or a.triton_kernels.value or a.native_trtllm_path.value):
+        reasons.append(
+            f"{facts.arch} ({a.family}) is not supported: no NVFP4 reader runs on it "
+            f"(arches.yaml: fa2_nvfp4_read, triton_kernels and native_trtllm_path are all false)"
+        )
+    for op in unbound:
+        reasons.append(bindings[op].reason)
+    if vplan is not None and vplan.strategy == "none" and not unbound:
+        reasons.append(vplan.reason)
+    supported = not reasons
+    dq = bindings["dequant"]
+    if dq.impl is None and supported:
+        ctx.warnings.append(f"dequant: {dq.reason}")
+    feats_out = dict(ctx.features_supported)
+    from nvfp4compat import __version__  # the package is fully imported by the time resolve() runs
+
+    return Plan(
+        facts=facts,
+        supported=supported,
+        reason="; ".join(reasons) if reasons else None,
+        bindings=bindings,
+        vllm=vplan,
+        features=feats_out,
+        env=env,
+        warnings=list(dict.fromkeys(ctx.warnings)),
+        unverified=list(dict.fromkeys(ctx.unverified)),
+        trace=ctx.trace,
+        nvfp4compat_version=__version__,
+    )
+
+
+def query(
+    arch: str | None,
+    flashinfer: str | None = None,
+    vllm: str | None = None,
+    *,
+    triton: bool | str = True,
+    torch: str | None = None,
+    cuda: str | None = None,
+    flashinfer_cubin: str | None = None,
+    flashinfer_jit_cache: str | None = None,
+    trtllm_gen_usable: bool | None = None,
+    helpers: Mapping[str, bool] | None = None,
+    gpu_name: str | None = None,
+    triton_disabled: bool = False,
+    impl_env: str | None | object = _FROM_ENV,
+    overrides: str | Mapping[str, str] | None = None,
+    features: Iterable[str] = (),
+    matrix: Matrix | None = None,
+) -> Plan:
+    """Resolve a plan for hand-written facts (no detection, nothing imported).
+
+    Parameters
+    ----------
+    arch : str or None
+        ``"sm_90"`` (also ``sm90``, ``9.0``); an unknown but well-formed arch is planned
+        conservatively and listed in ``plan.unverified``.
+    flashinfer, vllm : str, optional
+        Release versions. Without ``flashinfer`` but with ``vllm``, vLLM's pin is assumed.
+    triton : bool or str, default True
+        True: installed (version not given); False: absent; a string: that version.
+    flashinfer_cubin : str, optional
+        Installed flashinfer-cubin; defaults to vLLM's cubin pin when vLLM pins one.
+    helpers : mapping, optional
+        Helper presence as a probe would report it; default: from the matrix entry.
+    impl_env : str or None, optional
+        Value of ``NVFP4COMPAT_IMPL`` to apply; by default it is read from ``os.environ`` (the
+        environment beats the matrix, an explicit ``overrides`` beats both); None ignores it.
+
+    Raises
+    ------
+    ValueError
+        For a malformed arch or version (the message names the accepted forms).
+    """
+    from nvfp4compat.loader import load_matrix
+
+    m = matrix if matrix is not None else load_matrix()
+    if impl_env is _FROM_ENV:
+        impl_env = os.environ.get(ENV_IMPL) or None
+    notes: list[str] = []
+    if vllm is not None:
+        rel = m.vllm_release(vllm) or m.nearest_vllm(vllm)
+        if rel is not None:
+            if flashinfer is None:
+                flashinfer = rel.pins.flashinfer_python
+                notes.append(f"flashinfer not given: assuming vLLM {vllm}'s pin flashinfer-python=={flashinfer}")
+            if flashinfer_cubin is None and rel.pins.flashinfer_cubin is not None:
+                flashinfer_cubin = rel.pins.flashinfer_cubin
+                notes.append(f"flashinfer-cubin not given: assuming vLLM {vllm}'s pin flashinfer-cubin=={flashinfer_cubin}")
+            if torch is None:
+                torch = rel.pins.torch
+    tri: str | None
+    if triton is True:
+        tri = "any"
+    elif triton is False:
+        tri = None
+    else:
+        tri = str(triton)
+    facts = SystemFacts(
+        arch=arch,
+        arch_source="argument" if arch else None,
+        gpu_name=gpu_name,
+        cuda=cuda,
+        torch=torch,
+        triton=tri,
+        flashinfer=flashinfer,
+        flashinfer_helpers=dict(helpers) if helpers is not None else None,
+        flashinfer_probe="argument" if helpers is not None else None,
+        flashinfer_cubin=flashinfer_cubin,
+        flashinfer_jit_cache=flashinfer_jit_cache,
+        vllm=vllm,
+        trtllm_gen_usable=trtllm_gen_usable,
+        triton_disabled=triton_disabled,
+        impl_env=impl_env,  # type: ignore[arg-type]
+        source="query",
+        notes=notes,
+    )
+    return resolve(m, facts, overrides, features=features)

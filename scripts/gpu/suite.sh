@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# GPU tier of nvfp4compat, run on a CUDA machine with FlashInfer builds carried in .gpu/
+# (fi-<version>.tar.xz: a flashinfer-python wheel's tree, pruned as docs/kernels.md says, and an
+# apache-tvm-ffi wheel). Usage: scripts/gpu/suite.sh STAGE [STAGE...]; results go to $OUT.
+#   golden      FlashInfer 0.6.15 and 0.7.4 conformance vectors (scripts/make_golden.py)
+#   codec       GPU writer/dequant tests vs FlashInfer 0.7.4 (bytes, CUDA graphs, both impls)
+#   bench-codec append + dequant benchmarks side by side with FlashInfer 0.7.2.post1
+#   attention   GPU attention tests + attention-level needle retrieval (FlashInfer 0.7.2.post1)
+#   bench-attn  attention benchmarks side by side with FlashInfer 0.7.2.post1
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/nvfp4compat-gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET
+ROOT=$PWD
+
+use_fi() {  # use_fi VERSION: unpack once, then put it first on PYTHONPATH
+  local v=$1 d=/tmp/fi-$1
+  if [ ! -d "$d/flashinfer" ]; then mkdir -p "$d" && tar -xJf ".gpu/fi-$v.tar.xz" -C "$d" || return 1; fi
+  if [ ! -d /tmp/dep/tvm_ffi ]; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/dep .gpu/apache_tvm_ffi-*.whl || return 1
+  fi
+  export PYTHONPATH="$ROOT:/tmp/dep:$d"
+  python3 -c "import flashinfer, sys; print('flashinfer', flashinfer.__version__, file=sys.stderr)"
+}
+
+step() {  # step NAME CMD...: run, time, log to $OUT/NAME.log, never abort the suite
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "=== $name: $*"
+  "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name: rc=$rc in $((SECONDS - t0)) s"
+  tail -n 25 "$OUT/$name.log"
+}
+
+for stage in "$@"; do
+  case $stage in
+    golden)
+      use_fi 0.6.15 && step golden-0.6.15 python3 scripts/make_golden.py --out "$OUT"
+      use_fi 0.7.4 && step golden-0.7.4 python3 scripts/make_golden.py --out "$OUT" ;;
+    codec)
+      use_fi 0.7.4 && step codec-tests python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" \
+        tests/kernels/test_gpu_codec.py tests/kernels/test_append.py tests/kernels/test_dequant.py -x -s ;;
+    bench-codec)
+      use_fi 0.7.2.post1 && step bench-append python3 benchmarks/bench_append.py
+      step bench-dequant python3 benchmarks/bench_dequant.py ;;
+    attention)
+      use_fi 0.7.2.post1 && step attention-tests python3 -m pytest -q -p no:cacheprovider \
+        tests/kernels/test_gpu_attention.py tests/kernels/test_needle.py -x ;;
+    bench-attn)
+      use_fi 0.7.2.post1 && step bench-attention python3 benchmarks/bench_attention.py --json "$OUT/bench_attention.json" ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv >"$OUT/gpu.csv" 2>&1

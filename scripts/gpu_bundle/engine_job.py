@@ -1,0 +1,591 @@
+#!/usr/bin/env python3
+"""One job of the on-device run: a vLLM engine, the kernel-level writer comparison, or the preflight.
+
+Started by ``run_on_device.py`` as ``python3 engine_job.py SPEC.json`` in its own process (vLLM does
+not give GPU memory back inside a process), with PYTHONPATH pointing at the unpacked bundle. It writes
+``spec["result"]`` (JSON) whatever happens; its stdout/stderr (vLLM's log included) is the job log.
+
+Spec keys: ``kind`` ("engine" | "writer" | "preflight"), ``tasks`` (engine: "start", "generate",
+"logprobs", "throughput"), ``model``, ``kv_cache_dtype`` ("auto" = bf16, "fp8", "nvfp4"), ``mode``
+("eager", "piecewise", "full", "default" = vLLM's own cudagraph mode), ``gpu_memory_utilization``,
+``max_model_len``, ``max_cudagraph_capture_size``, ``logprob_prompts``, ``logprob_prompt_len``,
+``throughput_requests``, ``throughput_context``, ``throughput_new_tokens``, ``seed``, ``result``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+GENERATE_LENGTHS = (16, 100, 333, 1000)
+GENERATE_NEW_TOKENS = 32
+TEXT_PROMPT = "The quick brown fox jumps over the lazy dog. Key 17 maps to value"
+
+
+def log(msg: str) -> None:
+    print(f"[engine_job] {msg}", flush=True)
+
+
+def _err(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:4000]
+
+
+def token_range(model: str) -> tuple[int, int]:
+    """Ids of ordinary (non-special) tokens, from the tiny model's card; the whole vocab otherwise."""
+    card = Path(model) / "tiny_model.json"
+    if card.exists():
+        lo, hi = json.loads(card.read_text())["regular_token_range"]
+        return int(lo), int(hi)
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    return 0, int(cfg["vocab_size"])
+
+
+def random_prompts(
+    seed: int, count: int, length: int, model: str, copy_half: bool = False
+) -> list[list[int]]:
+    """``count`` prompts of ``length`` token ids drawn from a seeded generator.
+
+    With ``copy_half`` the second half repeats spans of the first half (a retrieval pattern a
+    trained model attends to; a random model does not care).
+    """
+    import numpy as np
+
+    lo, hi = token_range(model)
+    rng = np.random.default_rng(seed)
+    prompts = []
+    for _ in range(count):
+        ids = rng.integers(lo, hi, size=length).tolist()
+        if copy_half:
+            half = length // 2
+            pos = half
+            while pos < length:
+                span = int(rng.integers(8, 64))
+                src = int(rng.integers(0, half - span))
+                n = min(span, length - pos)
+                ids[pos : pos + n] = ids[src : src + n]
+                pos += n
+        prompts.append(ids)
+    return prompts
+
+
+# --------------------------------------------------------------------------------------------
+# engine
+
+
+def engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
+    kw: dict[str, Any] = {
+        "model": spec["model"],
+        "tokenizer": spec["model"],
+        "dtype": "bfloat16",
+        "kv_cache_dtype": spec["kv_cache_dtype"],
+        "attention_backend": "FLASHINFER",
+        "gpu_memory_utilization": spec["gpu_memory_utilization"],
+        "max_model_len": spec["max_model_len"],
+        "max_num_seqs": 64,
+        "enable_prefix_caching": False,
+        "seed": spec.get("seed", 0),
+        "generation_config": "vllm",
+        "tensor_parallel_size": spec.get("tensor_parallel_size", 1),
+    }
+    mode = spec["mode"]
+    cap = spec.get("max_cudagraph_capture_size", 64)
+    if mode == "eager":
+        kw["enforce_eager"] = True
+    elif mode == "piecewise":
+        kw["compilation_config"] = {
+            "cudagraph_mode": "PIECEWISE",
+            "max_cudagraph_capture_size": cap,
+        }
+    elif mode == "full":
+        kw["compilation_config"] = {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": cap}
+    elif mode == "default":
+        kw["compilation_config"] = {"max_cudagraph_capture_size": cap}
+    else:
+        raise ValueError(f"unknown mode {mode!r}; known: eager, piecewise, full, default")
+    return kw
+
+
+def task_start(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    from vllm import LLM
+
+    kw = engine_kwargs(spec)
+    log(f"LLM({kw})")
+    t0 = time.time()
+    llm = LLM(**kw)
+    cfg = llm.llm_engine.vllm_config
+    blocks = cfg.cache_config.num_gpu_blocks
+    bs = cfg.cache_config.block_size
+    return llm, {
+        "ok": True,
+        "seconds": round(time.time() - t0, 1),
+        "num_gpu_blocks": blocks,
+        "block_size": bs,
+        "kv_cache_tokens": blocks * bs if blocks else None,
+        "cache_dtype": str(cfg.cache_config.cache_dtype),
+        "cudagraph_mode_requested": str(cfg.compilation_config.cudagraph_mode),
+        "compilation_mode": str(cfg.compilation_config.mode),
+        "kwargs": {k: v for k, v in kw.items() if k not in ("model", "tokenizer")},
+    }
+
+
+def task_generate(llm: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    from vllm import SamplingParams
+
+    prompts = [
+        random_prompts(spec.get("seed", 0) + 11 + i, 1, n, spec["model"])[0]
+        for i, n in enumerate(GENERATE_LENGTHS)
+    ]
+    sp = SamplingParams(temperature=0.0, max_tokens=GENERATE_NEW_TOKENS, ignore_eos=True)
+    t0 = time.time()
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts] + [TEXT_PROMPT], sp, use_tqdm=False
+    )
+    ids = [list(o.outputs[0].token_ids) for o in outs]
+    return {
+        "ok": True,
+        "seconds": round(time.time() - t0, 2),
+        "prompt_lengths": [*GENERATE_LENGTHS, len(outs[-1].prompt_token_ids)],
+        "token_ids": ids,
+        "text_prompt": TEXT_PROMPT,
+        "text_output": outs[-1].outputs[0].text,
+        "distinct_tokens": [len(set(x)) for x in ids],
+    }
+
+
+def task_logprobs(llm: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """Teacher-forced next-token log-probabilities over a fixed prompt set (``prompt_logprobs``)."""
+    from vllm import SamplingParams
+
+    n, length = spec["logprob_prompts"], spec["logprob_prompt_len"]
+    prompts = random_prompts(1234, n, length, spec["model"], copy_half=True)
+    sp = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1, ignore_eos=True)
+    t0 = time.time()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    res: list[dict[str, list[Any]]] = []
+    for prompt, out in zip(prompts, outs, strict=True):
+        plp = out.prompt_logprobs
+        target, top1 = [], []
+        for pos in range(1, len(prompt)):
+            d = plp[pos]
+            tok = prompt[pos]
+            target.append(round(float(d[tok].logprob), 6))
+            top1.append(int(min(d.items(), key=lambda kv: kv[1].rank)[0]))
+        res.append({"target_logprob": target, "top1": top1})
+    return {
+        "ok": True,
+        "seconds": round(time.time() - t0, 2),
+        "prompts": res,
+        "positions": sum(len(r["top1"]) for r in res),
+        "prompt_len": length,
+    }
+
+
+def task_throughput(llm: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """Decode tokens/s at ``throughput_requests`` concurrent requests of ``throughput_context`` tokens.
+
+    Two timed batches with fresh prompts (prefix caching is off): one generating 1 token (prefill
+    only) and one generating ``throughput_new_tokens``; decode rate = requests * (new - 1) / (t_new - t_1).
+    """
+    from vllm import SamplingParams
+
+    n, ctx, new = (
+        spec["throughput_requests"],
+        spec["throughput_context"],
+        spec["throughput_new_tokens"],
+    )
+    warm = random_prompts(7, n, 512, spec["model"])
+    llm.generate(
+        [{"prompt_token_ids": p} for p in warm],
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+        use_tqdm=False,
+    )
+    a = random_prompts(8, n, ctx, spec["model"])
+    b = random_prompts(9, n, ctx, spec["model"])
+    t0 = time.time()
+    llm.generate(
+        [{"prompt_token_ids": p} for p in a],
+        SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True),
+        use_tqdm=False,
+    )
+    t_prefill = time.time() - t0
+    t0 = time.time()
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in b],
+        SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True),
+        use_tqdm=False,
+    )
+    t_all = time.time() - t0
+    produced = sum(len(o.outputs[0].token_ids) for o in outs)
+    decode_s = t_all - t_prefill
+    return {
+        "ok": True,
+        "requests": n,
+        "context": ctx,
+        "new_tokens": new,
+        "generated_tokens": produced,
+        "prefill_only_s": round(t_prefill, 3),
+        "prefill_plus_decode_s": round(t_all, 3),
+        "decode_tok_s": round(n * (new - 1) / decode_s, 1) if decode_s > 0 else None,
+        "overall_tok_s": round(produced / t_all, 1),
+    }
+
+
+def run_engine(spec: dict[str, Any], result: dict[str, Any]) -> None:
+    tasks = result["tasks"]
+    try:
+        llm, tasks["start"] = task_start(spec)
+    except BaseException as exc:  # noqa: BLE001 - the failure is the result (check 1 expects one)
+        tasks["start"] = {
+            "ok": False,
+            "error": _err(exc),
+            "traceback": traceback.format_exc()[-4000:],
+        }
+        log(f"engine did not start: {_err(exc)}")
+        return
+    log(f"engine up: {json.dumps(tasks['start'])}")
+    for name, fn in (
+        ("generate", task_generate),
+        ("logprobs", task_logprobs),
+        ("throughput", task_throughput),
+    ):
+        if name not in spec["tasks"]:
+            continue
+        t0 = time.time()
+        try:
+            tasks[name] = fn(llm, spec)
+        except BaseException as exc:  # noqa: BLE001
+            tasks[name] = {
+                "ok": False,
+                "error": _err(exc),
+                "traceback": traceback.format_exc()[-4000:],
+            }
+        log(
+            f"{name}: {'ok' if tasks[name].get('ok') else tasks[name].get('error')} in {time.time() - t0:.1f} s"
+        )
+    try:  # give the GPU memory back before the next job starts (the runner also kills the group)
+        llm.llm_engine.engine_core.shutdown()
+    except Exception as exc:  # noqa: BLE001
+        log(f"engine shutdown: {_err(exc)}")
+    del llm
+
+
+# --------------------------------------------------------------------------------------------
+# writer bytes
+
+
+def run_writer(spec: dict[str, Any], result: dict[str, Any]) -> None:
+    """nvfp4compat's Triton writer against FlashInfer's slot-mapping writer, byte for byte."""
+    import importlib.metadata as md
+
+    import flashinfer
+    import torch
+
+    from nvfp4compat.kernels import get_kernel
+
+    fi_write = getattr(flashinfer, "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping", None)
+    if fi_write is None:
+        raise RuntimeError(
+            f"flashinfer {md.version('flashinfer-python')} has no nvfp4_quantize_append_paged_kv_cache_with_slot_mapping (0.6.15+ has it)"
+        )
+    tri_write = get_kernel("write", "triton")
+    try:
+        from nvfp4compat.kernels import reference as ref
+
+        ref_write = ref.append_slot_mapping
+    except Exception:  # noqa: BLE001 - the reference is extra information only
+        ref_write = None
+    dev = torch.device("cuda")
+    gen = torch.Generator(device="cpu").manual_seed(20261129)
+    cases = []
+
+    def make(t: int, h: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k = torch.randn(t, h, d, generator=gen)
+        v = torch.randn(t, h, d, generator=gen)
+        k[:, :, [3, 17, 64, 100]] *= 8.0  # outlier channels, as in h200-baselines
+        k[5] = 0.0  # an all-zero row: sf 0
+        v[7, :, :16] = 1e-40  # below the fp32 normal range: flushed to signed zero
+        v[9, 0, :] = torch.linspace(-6.0, 6.0, d)  # exact E2M1 grid points and ties
+        return k.to(torch.bfloat16).to(dev), v.to(torch.bfloat16).to(dev)
+
+    for layout in ("NHD", "HND"):
+        for scale_mode in ("amax", "one"):
+            t, h, d, ps = 4096, 8, 128, 16
+            pages = t // ps + 16
+            key, value = make(t, h, d)
+            slots = torch.randperm(pages * ps, generator=gen)[:t]
+            slots[::20] = -1
+            slots = slots.to(torch.int64).to(dev)
+            if scale_mode == "amax":
+                ks = torch.tensor(
+                    [key.float().abs().max().item() / (6 * 448)], dtype=torch.float32, device=dev
+                )
+                vs = torch.tensor(
+                    [value.float().abs().max().item() / (6 * 448)], dtype=torch.float32, device=dev
+                )
+            else:
+                ks = torch.ones(1, dtype=torch.float32, device=dev)
+                vs = torch.ones(1, dtype=torch.float32, device=dev)
+            shape = (pages, ps, h, d // 2) if layout == "NHD" else (pages, h, ps, d // 2)
+            sshape = shape[:-1] + (d // 16,)
+
+            def caches(
+                shape: tuple[int, ...] = shape, sshape: tuple[int, ...] = sshape
+            ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+                """Fresh (data, scale) tuples, pre-filled with sentinels: padding slots keep them."""
+                data = tuple(
+                    torch.full(shape, 0xAB, dtype=torch.uint8, device=dev) for _ in range(2)
+                )
+                sf = tuple(
+                    torch.full(sshape, 0x5A, dtype=torch.uint8, device=dev).view(
+                        torch.float8_e4m3fn
+                    )
+                    for _ in range(2)
+                )
+                return data, sf  # type: ignore[return-value]
+
+            (td, tsf), (fd, fsf) = caches(), caches()
+            tri_write(key, value, slots, td, tsf, ks, vs, kv_layout=layout)
+            fi_write(key, value, slots, fd, fsf, ks, vs, kv_layout=layout)
+            torch.cuda.synchronize()
+            diff = {
+                "k_data": int((td[0] != fd[0]).sum()),
+                "v_data": int((td[1] != fd[1]).sum()),
+                "k_sf": int((tsf[0].view(torch.uint8) != fsf[0].view(torch.uint8)).sum()),
+                "v_sf": int((tsf[1].view(torch.uint8) != fsf[1].view(torch.uint8)).sum()),
+            }
+            case: dict[str, Any] = {
+                "layout": layout,
+                "scale": scale_mode,
+                "tokens": t,
+                "kv_heads": h,
+                "head_dim": d,
+                "page_size": ps,
+                "padding_slots": int((slots < 0).sum()),
+                "differing_bytes": diff,
+                "bytes_compared": int(td[0].numel() * 2 + tsf[0].numel() * 2),
+            }
+            if ref_write is not None:
+                (rd, rsf) = caches()
+                try:
+                    ref_write(key, value, slots, rd, rsf, ks, vs, kv_layout=layout)
+                    case["triton_vs_reference_bytes"] = int(
+                        (td[0] != rd[0]).sum()
+                        + (td[1] != rd[1]).sum()
+                        + (tsf[0].view(torch.uint8) != rsf[0].view(torch.uint8)).sum()
+                        + (tsf[1].view(torch.uint8) != rsf[1].view(torch.uint8)).sum()
+                    )
+                    case["flashinfer_vs_reference_bytes"] = int(
+                        (fd[0] != rd[0]).sum()
+                        + (fd[1] != rd[1]).sum()
+                        + (fsf[0].view(torch.uint8) != rsf[0].view(torch.uint8)).sum()
+                        + (fsf[1].view(torch.uint8) != rsf[1].view(torch.uint8)).sum()
+                    )
+                except Exception as exc:  # noqa: BLE001
+                    case["reference_error"] = _err(exc)
+            cases.append(case)
+            log(f"writer {layout} scale={scale_mode}: {case['differing_bytes']}")
+    # time both at the h200-baselines size (65,536 tokens x 8 heads x 128)
+    timing: dict[str, Any] = {}
+    try:
+        t, h, d, ps = 65536, 8, 128, 16
+        key, value = make(t, h, d)
+        slots = torch.randperm(t, generator=gen).to(torch.int64).to(dev)
+        ks = torch.ones(1, dtype=torch.float32, device=dev)
+        shape = (t // ps, ps, h, d // 2)
+        data = tuple(torch.zeros(shape, dtype=torch.uint8, device=dev) for _ in range(2))
+        sf = tuple(
+            torch.zeros(shape[:-1] + (d // 16,), dtype=torch.float8_e4m3fn, device=dev)
+            for _ in range(2)
+        )
+        for name, fn in (("triton", tri_write), ("flashinfer", fi_write)):
+            for _ in range(3):
+                fn(key, value, slots, data, sf, ks, ks, kv_layout="NHD")
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(20):
+                fn(key, value, slots, data, sf, ks, ks, kv_layout="NHD")
+            end.record()
+            torch.cuda.synchronize()
+            timing[f"{name}_ms"] = round(start.elapsed_time(end) / 20, 4)
+        timing["shape"] = "65536 tokens x 8 heads x 128, NHD, random slots"
+    except Exception as exc:  # noqa: BLE001
+        timing["error"] = _err(exc)
+    identical = all(sum(c["differing_bytes"].values()) == 0 for c in cases)
+    result["tasks"]["writer"] = {
+        "ok": True,
+        "identical": identical,
+        "cases": cases,
+        "timing": timing,
+        "flashinfer": md.version("flashinfer-python"),
+        "triton_impl": f"{tri_write.__module__}.{tri_write.__name__}",
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# preflight
+
+PREFLIGHT_MODULES = (
+    "vllm",
+    "vllm.engine.arg_utils",
+    "vllm.v1.engine.core",
+    "vllm.v1.worker.gpu_worker",
+    "vllm.v1.worker.gpu_model_runner",
+    "vllm.model_executor.models.qwen3",
+    "vllm.v1.attention.backends.flashinfer",
+    "vllm.entrypoints.llm",
+    "vllm.v1.engine.core_client",
+    "vllm.v1.executor.multiproc_executor",
+    "vllm.compilation.backends",
+    "vllm.v1.sample.sampler",
+    "vllm.v1.structured_output.backend_xgrammar",
+    "vllm.platforms.cuda",
+)
+
+
+def run_preflight(spec: dict[str, Any], result: dict[str, Any]) -> None:
+    import importlib
+    import importlib.metadata as md
+    import shutil
+    import subprocess
+
+    import torch
+
+    info: dict[str, Any] = {
+        "ok": True,
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["capability"] = "{}.{}".format(*torch.cuda.get_device_capability(0))
+        info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except Exception as exc:  # noqa: BLE001
+        info["triton"] = _err(exc)
+    nvcc = shutil.which("nvcc")
+    info["nvcc"] = (
+        (
+            subprocess.run([nvcc, "--version"], capture_output=True, text=True)
+            .stdout.strip()
+            .splitlines()
+            or ["?"]
+        )[-1]
+        if nvcc
+        else None
+    )
+    info["ninja"] = shutil.which("ninja")
+    info["pythonpath"] = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    imports = {}
+    for m in PREFLIGHT_MODULES:
+        t0 = time.time()
+        try:
+            importlib.import_module(m)
+            imports[m] = f"ok {time.time() - t0:.1f}s"
+        except Exception as exc:  # noqa: BLE001
+            imports[m] = _err(exc)
+            info["ok"] = False
+    info["imports"] = imports
+    for dist, mod in (
+        ("vllm", "vllm"),
+        ("flashinfer-python", "flashinfer"),
+        ("nvfp4compat", "nvfp4compat"),
+    ):
+        try:
+            info[mod] = f"{md.version(dist)} at {importlib.import_module(mod).__file__}"
+        except Exception as exc:  # noqa: BLE001
+            info[mod] = _err(exc)
+    info["general_plugins"] = sorted(
+        f"{e.name}={e.value}" for e in md.entry_points(group="vllm.general_plugins")
+    )
+    try:
+        import vllm._C_stable_libtorch  # noqa: F401
+
+        info["vllm_C"] = {
+            "loaded": True,
+            "reshape_and_cache_flash": hasattr(torch.ops._C_cache_ops, "reshape_and_cache_flash"),
+        }
+    except Exception as exc:  # noqa: BLE001
+        info["vllm_C"] = {"loaded": False, "error": _err(exc)}
+        info["ok"] = False
+    # Which distribution each loaded top-level module came from, and whether vLLM's requirements hold.
+    site = str(Path(os.environ.get("PYTHONPATH", "/tmp/site").split(os.pathsep)[-1]).parent)
+    dists: dict[str, str] = {}
+    pkg = md.packages_distributions()
+    for top in sorted({name.split(".")[0] for name in list(sys.modules)}):
+        for dist in pkg.get(top, []):
+            try:
+                d = md.distribution(dist)
+                where = "bundle" if str(d.locate_file("")).startswith(site) else "host"
+                dists[dist] = f"{d.version} ({where})"
+            except md.PackageNotFoundError:
+                pass
+    info["loaded_distributions"] = dists
+    violations = []
+    try:
+        from packaging.markers import default_environment
+        from packaging.requirements import Requirement
+
+        envm: dict[str, str] = {k: str(v) for k, v in default_environment().items()}
+        for owner in (
+            "vllm",
+            "flashinfer-python",
+            "xgrammar",
+            "transformers",
+            "pydantic",
+            "openai",
+            "fastapi",
+        ):
+            try:
+                reqs = md.requires(owner) or []
+            except md.PackageNotFoundError:
+                continue
+            for line in reqs:
+                req = Requirement(line)
+                if req.marker and not req.marker.evaluate({**envm, "extra": ""}):
+                    continue
+                try:
+                    have = md.version(req.name)
+                except md.PackageNotFoundError:
+                    continue
+                if req.specifier and not req.specifier.contains(have, prereleases=True):
+                    violations.append(f"{owner} wants {req}, found {have}")
+    except Exception as exc:  # noqa: BLE001
+        violations.append(f"requirement check failed: {_err(exc)}")
+    info["requirement_mismatches"] = violations
+    result["tasks"]["preflight"] = info
+    log(json.dumps(info, indent=1, default=str))
+
+
+def main() -> int:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    result: dict[str, Any] = {"kind": spec["kind"], "tasks": {}, "error": None, "pid": os.getpid()}
+    t0 = time.time()
+    try:
+        {"engine": run_engine, "writer": run_writer, "preflight": run_preflight}[spec["kind"]](
+            spec, result
+        )
+    except BaseException as exc:  # noqa: BLE001 - reported in the result
+        result["error"] = _err(exc)
+        result["traceback"] = traceback.format_exc()[-6000:]
+        log(result["traceback"])
+    result["seconds"] = round(time.time() - t0, 1)
+    Path(spec["result"]).write_text(json.dumps(result, default=str))
+    log(f"done in {result['seconds']} s")
+    sys.stdout.flush()
+    # vLLM's engine-core child and atexit hooks can hang the exit; the runner kills the group anyway.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

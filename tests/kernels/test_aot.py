@@ -1,0 +1,88 @@
+"""Ahead-of-time proof: every shipped writer/dequant variant compiles for SM80, 86, 89, 90, 100, 120.
+
+Triton builds PTX and cubins on this CPU-only machine (``triton.compile(ASTSource(...),
+target=GPUTarget("cuda", cc, 32))``), one compile per (variant, target), in two child processes. The
+attention kernels have their own AOT tests (``test_attention_aot.py``); ``python -m
+nvfp4compat.kernels.aot`` builds every provider.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nvfp4compat.kernels import aot
+
+PROVIDERS = ["nvfp4compat.kernels.triton.append", "nvfp4compat.kernels.triton.dequant"]
+
+
+def test_writer_and_dequant_build_for_every_target():
+    rep = aot.compile_all(aot.DEFAULT_CCS, providers=PROVIDERS, jobs=2)
+    print("\n" + str(rep))
+    kernels = {r.kernel for r in rep.results}
+    assert kernels == {"append_slot_mapping", "dequantize_paged"}
+    per_target = {cc: sum(r.cc == cc for r in rep.results) for cc in aot.DEFAULT_CCS}
+    assert len(set(per_target.values())) == 1 and min(per_target.values()) >= 10, per_target
+    assert rep.ok, str(rep)
+    assert all(r.cubin_bytes > 0 for r in rep.results)
+
+
+def test_covering_set():
+    """The variant list covers every tile config, head_dim, dtype, slot dtype and flag value."""
+    from nvfp4compat.kernels.triton import append as tap
+    from nvfp4compat.kernels.triton import dequant as tdq
+
+    (writer,) = tap.aot_kernels()
+    c = [v.constexprs for v in writer.variants]
+    assert {x["HEAD_DIM"] for x in c} == {64, 128, 256, 512}
+    for flag in ("SCALE_PTR", "FOUR_OVER_SIX", "FAST_MATH"):
+        assert {x[flag] for x in c} == {True, False}, flag
+    assert {v.signature["key_ptr"] for v in writer.variants} == {"*fp16", "*bf16"}
+    assert {v.signature["slot_ptr"] for v in writer.variants} == {"*i32", "*i64"}
+    assert {
+        (x["ROWS"], v.num_warps)
+        for x, v in zip(c, writer.variants, strict=True)
+        if x["HEAD_DIM"] == 128
+    } >= {(cfg.rows(128), cfg.num_warps) for cfg in tap.CONFIGS}
+    (deq,) = tdq.aot_kernels()
+    c = [v.constexprs for v in deq.variants]
+    assert {x["HEAD_DIM"] for x in c} == {64, 128, 256, 512}
+    assert {x["SCALE_PTR"] for x in c} == {True, False}
+    assert {v.signature["out_k_ptr"] for v in deq.variants} == {"*fp16", "*bf16"}
+    assert {v.signature["bt_ptr"] for v in deq.variants} == {"*i32", "*i64"}
+    assert {
+        (x["ROWS"], v.num_warps)
+        for x, v in zip(c, deq.variants, strict=True)
+        if x["HEAD_DIM"] == 128
+    } >= {(cfg.rows(128), cfg.num_warps) for cfg in tdq.CONFIGS}
+
+
+def test_the_check_can_fail_fp8_cast_on_ampere():
+    rep = aot.compile_all(aot.DEFAULT_CCS, providers=["aot_fp8_cast_probe"])
+    status = {r.cc: r.ok for r in rep.results}
+    assert status == {80: False, 86: False, 89: True, 90: True, 100: True, 120: True}, str(rep)
+    assert not rep.ok and "fp8_cast_probe" in str(rep)
+
+
+def test_registry_rules():
+    kernels, missing = aot.collect_kernels(
+        ["nvfp4compat.kernels.triton.append", "nvfp4compat.kernels.nonexistent"]
+    )
+    assert [k.name for k in kernels] == ["append_slot_mapping"]
+    assert missing == ["nvfp4compat.kernels.nonexistent"]
+    with pytest.raises(TypeError, match="defines no aot_kernels"):
+        aot.collect_kernels(["nvfp4compat.kernels.layout"])
+    with pytest.raises(ValueError, match="duplicate AOT kernel names"):
+        aot.collect_kernels(PROVIDERS + ["nvfp4compat.kernels.triton.append"])
+    with pytest.raises(ValueError, match="unknown AOT kernels"):
+        aot.compile_all([90], providers=PROVIDERS, kernels=["nope"])
+
+
+def test_report_round_trip_and_matrix():
+    r = aot.AotReport(ccs=[80, 90], triton_version="x")
+    r.results += [
+        aot.AotResult("k", "v", 80, True, 0.1, 10),
+        aot.AotResult("k", "v", 90, False, 0.1, 0, "boom"),
+    ]
+    back = aot.AotReport.from_json(r.to_json())
+    assert back == r and not back.ok
+    assert "| k | 1/1 | 0/1 |" in back.matrix() and "FAILED k [v] sm_90: boom" in str(back)

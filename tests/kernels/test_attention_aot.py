@@ -1,0 +1,117 @@
+"""Ahead-of-time proof: the attention kernels compile for SM80, 86, 89, 90, 100 and 120 on this CPU.
+
+``triton.compile(ASTSource(...), target=GPUTarget("cuda", cc, 32))`` through
+:mod:`nvfp4compat.kernels.aot` (the attention module is one of its providers: ``aot_kernels()``).
+A compile takes 1-15 s per variant and target on a CI core, so the default tier builds the core
+variants (bf16 decode with the split merge on every target; prefill on one target per MMA family)
+and the full tier builds every shipped variant (``attention.aot_variants()``: every head_dim x
+dtype, every feature flag, split/single pass, tensor/float scales, both decoders) for every target.
+It takes ~15-25 minutes on one core, so it runs only when asked for:
+
+    NVFP4COMPAT_AOT_FULL=1 pytest -m slow tests/kernels/test_attention_aot.py
+    python -m nvfp4compat.kernels.aot                           # every provider's variants
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nvfp4compat.kernels.aot import DEFAULT_CCS, AotReport
+
+KERNELS = ("attention_decode", "attention_decode_reduce", "attention_prefill")
+
+# (kernel, variant label, targets): what every CI run builds.
+CORE = [
+    ("attention_decode", "bf16-d128", DEFAULT_CCS),
+    ("attention_decode_reduce", "bf16-d128", DEFAULT_CCS),
+    # one target per MMA lowering: mma.sync (SM80), wgmma (SM90), tcgen05 (SM100)
+    ("attention_prefill", "bf16-d128", (80, 90, 100)),
+]
+
+_CHILD = r"""
+import json, sys
+from nvfp4compat.kernels.aot import AotReport, _compile_one, collect_kernels
+import triton
+want = json.loads(sys.argv[1])
+kernels = {k.name: k for k in collect_kernels(["nvfp4compat.kernels.triton.attention"])[0]}
+rep = AotReport(ccs=sorted({cc for _, _, ccs in want for cc in ccs}), triton_version=triton.__version__)
+for name, label, ccs in want:
+    k = kernels[name]
+    variants = [v for v in k.variants if label is None or v.label == label]
+    if not variants:
+        raise SystemExit(f"no variant {label!r} of {name}; known: {[v.label for v in k.variants]}")
+    for cc in ccs:
+        for v in variants:
+            rep.results.append(_compile_one(k, v, cc))
+print("AOT-REPORT " + rep.to_json())
+"""
+
+
+def _compile(want: list[tuple[str, str | None, tuple[int, ...]]], jobs: int = 2) -> AotReport:
+    """Compile in ``jobs`` child processes without TRITON_INTERPRET (the kernels must be real
+    JITFunctions), the targets dealt round-robin to the children."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    ccs = sorted({cc for _, _, c in want for cc in c})
+    groups = [set(ccs[i::jobs]) for i in range(min(jobs, len(ccs)))]
+    procs = []
+    for group in groups:
+        part = [(k, label, tuple(cc for cc in c if cc in group)) for k, label, c in want]
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", _CHILD, json.dumps([p for p in part if p[2]])],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ))
+    report = AotReport(ccs=ccs)
+    for proc in procs:
+        out, err = proc.communicate()
+        lines = [ln for ln in out.splitlines() if ln.startswith("AOT-REPORT ")]
+        if not lines:
+            raise AssertionError(f"AOT child failed (exit {proc.returncode}):\n{err[-4000:]}")
+        part = AotReport.from_json(lines[-1][len("AOT-REPORT ") :])
+        report.results.extend(part.results)
+        report.triton_version = part.triton_version
+    return report
+
+
+def test_attention_is_an_aot_provider():
+    from nvfp4compat.kernels.aot import PROVIDERS
+    from nvfp4compat.kernels.triton.attention import aot_variants
+
+    assert "nvfp4compat.kernels.triton.attention" in PROVIDERS
+    variants = aot_variants()
+    assert set(variants) == set(KERNELS)
+    decode = variants["attention_decode"]
+    # every head_dim x dtype, both decoders, every feature flag are in the shipped set
+    for hd in (64, 128, 256, 512):
+        for dt in ("bf16", "fp16"):
+            assert any(v.constexprs["HEAD_DIM"] == hd and v.signature["q_ptr"] == f"*{dt}" for v in decode)
+    assert {v.constexprs["FAST"] for v in decode} == {True, False}
+    for flag in ("HAS_WINDOW", "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE", "SPLIT", "VARLEN", "PAGE_POW2"):
+        assert {v.constexprs[flag] for v in decode} == {True, False}, flag
+    for k, vs in variants.items():
+        assert len({v.label for v in vs}) == len(vs), k
+
+
+def test_core_variants_compile_for_every_target():
+    rep = _compile([(k, label, tuple(ccs)) for k, label, ccs in CORE])
+    print(rep)
+    assert rep.ok, str(rep)
+    built = {(r.kernel, r.cc) for r in rep.results if r.ok}
+    for cc in DEFAULT_CCS:
+        assert ("attention_decode", cc) in built and ("attention_decode_reduce", cc) in built
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("NVFP4COMPAT_AOT_FULL") != "1",
+    reason="the full AOT matrix takes ~20 min; set NVFP4COMPAT_AOT_FULL=1 to build every variant",
+)
+@pytest.mark.parametrize("cc", DEFAULT_CCS)
+def test_every_shipped_variant_compiles(cc):
+    rep = _compile([(k, None, (cc,)) for k in KERNELS])
+    print(rep)
+    assert rep.ok, str(rep)

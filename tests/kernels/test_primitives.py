@@ -1,0 +1,60 @@
+"""The shared Triton NVFP4 primitives agree with the torch reference on every input class."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from nvfp4compat.kernels import reference as ref
+from nvfp4compat.kernels.triton import nvfp4
+
+
+@triton.jit
+def _roundtrip_kernel(x_ptr, b_ptr, e4_ptr, e4dec_ptr, e2_ptr, e2dec_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    byte = tl.load(b_ptr + offs, mask=mask, other=0).to(tl.int32)
+    tl.store(e4_ptr + offs, nvfp4.e4m3_encode(tl.abs(x)).to(tl.uint8), mask=mask)
+    tl.store(e4dec_ptr + offs, nvfp4.e4m3_decode(byte), mask=mask)
+    tl.store(e2_ptr + offs, nvfp4.e2m1_encode(nvfp4.flush_denormal(x)).to(tl.uint8), mask=mask)
+    tl.store(e2dec_ptr + offs, nvfp4.e2m1_decode(byte & 15), mask=mask)
+
+
+def _special_values() -> torch.Tensor:
+    e4 = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    mids = (e4[1:] + e4[:-1]) / 2  # e4m3 midpoints: ties
+    e2 = torch.tensor([0.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 7.0, 1e30])
+    near = torch.cat([e2, torch.nextafter(e2, torch.tensor(float("inf"))), torch.nextafter(e2, torch.tensor(0.0))])
+    specials = torch.tensor([float("inf"), float("nan"), -0.0, 1e-40, -1e-40, 448.0, 464.0, 463.9, 500.0, 2.0**-10, 2.0**-10 * 1.5])
+    rand = torch.randn(4096) * torch.exp2(torch.randint(-14, 10, (4096,)).float())
+    x = torch.cat([e4, mids, near, -near, specials, rand]).float()
+    return x
+
+
+def test_primitives_match_reference():
+    torch.manual_seed(0)
+    x = _special_values()
+    n = x.numel()
+    b = torch.randint(0, 256, (n,), dtype=torch.uint8)
+    b[:256] = torch.arange(256, dtype=torch.uint8)
+    e4 = torch.empty(n, dtype=torch.uint8)
+    e4d = torch.empty(n, dtype=torch.float32)
+    e2 = torch.empty(n, dtype=torch.uint8)
+    e2d = torch.empty(n, dtype=torch.float32)
+    _roundtrip_kernel[(triton.cdiv(n, 1024),)](x, b, e4, e4d, e2, e2d, n, BLOCK=1024)
+    xa = torch.where(torch.isnan(x), torch.zeros_like(x), x.abs())
+    assert torch.equal(e4[~torch.isnan(x)], ref.e4m3_encode(xa)[~torch.isnan(x)])
+    finite_byte = (b & 0x7F) != 0x7F
+    assert torch.equal(e4d[finite_byte], ref.e4m3_decode(b)[finite_byte])
+    flushed = torch.where(x.abs() < ref.FLT_MIN_NORMAL, x * 0.0, x)
+    assert torch.equal(e2, ref.e2m1_encode(flushed))
+    exp = ref.e2m1_decode(b & 15)
+    assert torch.equal(e2d, exp) and torch.equal(torch.signbit(e2d), torch.signbit(exp))
+
+
+@pytest.mark.parametrize("value,byte", [(448.0, 0x7E), (float("inf"), 0x7E), (1e6, 0x7E), (0.0, 0), (2.0**-9, 1), (2.0**-10, 0), (2.0**-10 * 1.5, 1), (2.0**-6, 8)])
+def test_e4m3_encode_edges(value, byte):
+    assert int(ref.e4m3_encode(torch.tensor([value]))[0]) == byte

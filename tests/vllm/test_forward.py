@@ -1,0 +1,158 @@
+"""The impl's forward over metadata built by the plugin's builder, against a float32 reference.
+
+A real vLLM ``Attention`` layer, the builder the registered backend returns (constructed with a
+real ``VllmConfig``), vLLM's ``CommonAttentionMetadata`` for a mixed batch (decodes first, as vLLM
+orders them), the KV written through the impl, and the reader the plan binds (the Triton kernels
+under ``TRITON_INTERPRET=1``). The reference is ``paged_attention_reference`` on the dequantized
+cache (float32).
+"""
+
+from __future__ import annotations
+
+import pytest
+from vllm_cpu_support import HAVE_VLLM, NO_VLLM_REASON  # noqa: E402
+
+if not HAVE_VLLM:
+    pytest.skip(NO_VLLM_REASON, allow_module_level=True)
+
+import torch  # noqa: E402
+from vllm_cpu_support import allocate_kv_cache, load_plugin_through_entry_point, make_layer  # noqa: E402
+
+from nvfp4compat import vllm_plugin  # noqa: E402
+from nvfp4compat.kernels.reference_attention import (  # noqa: E402
+    paged_attention_reference,
+    relative_l2,
+)
+
+BLOCK = 16
+
+
+@pytest.fixture
+def plugin_for_read(cpu_vllm, clean_plugin, monkeypatch):
+    cpu_vllm.set_arch("sm_90")
+    # FlashInfer's writer and FA2 readers are CUDA code; here the Triton kernels run interpreted.
+    monkeypatch.setenv("NVFP4COMPAT_IMPL", "triton")
+    load_plugin_through_entry_point()
+    route = vllm_plugin.active_route()
+    if route is None or not route.own_builder or not route.reads_all:
+        pytest.skip(f"the plan for vLLM {cpu_vllm.version} does not route both reads: {route}")
+    return route
+
+
+def _common_metadata(seq_lens, query_lens, block_table, slot_mapping):
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    qsl = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl,
+        query_start_loc_cpu=qsl.clone(),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        num_reqs=len(seq_lens),
+        num_actual_tokens=int(qsl[-1]),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        block_table_tensor=block_table,
+        slot_mapping=slot_mapping,
+    )
+
+
+def _run_case(
+    cpu_vllm,
+    *,
+    layout,
+    head_size,
+    num_heads,
+    num_kv_heads,
+    seq_lens,
+    query_lens,
+    decode_threshold=None,
+    **layer_kwargs,
+):
+    from vllm.config import set_current_vllm_config
+
+    from nvfp4compat.vllm_plugin.backend import Nvfp4KVMetadata, page_views
+
+    setup = make_layer(
+        cpu_vllm, "nvfp4", num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
+        **layer_kwargs,
+    )  # fmt: skip
+    layer, impl = setup.layer, setup.layer.impl
+    builder = setup.builder()
+    if decode_threshold is not None:
+        # What _init_reorder_batch_threshold derives from num_speculative_tokens (no draft model here).
+        builder.reorder_batch_threshold = decode_threshold
+    pages = [-(-n // BLOCK) for n in seq_lens]
+    num_blocks = sum(pages) + 1
+    raw, kv_cache = allocate_kv_cache(setup, num_blocks, layout)
+    gen = torch.Generator().manual_seed(11)
+    perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    block_table = torch.zeros(len(seq_lens), max(pages), dtype=torch.int32)
+    used = 0
+    for b, p in enumerate(pages):
+        block_table[b, :p] = perm[used : used + p]
+        used += p
+    layer._k_scale.fill_(0.5)
+    layer._v_scale.fill_(2.0)
+    # The context (and this step's tokens) enters the cache through the impl's own write.
+    new_slots = []
+    for b, n in enumerate(seq_lens):
+        pos = torch.arange(n)
+        slots = block_table[b].long()[pos // BLOCK] * BLOCK + pos % BLOCK
+        k = torch.randn(n, num_kv_heads, head_size, generator=gen).to(torch.bfloat16)
+        v = torch.randn(n, num_kv_heads, head_size, generator=gen).to(torch.bfloat16)
+        impl.do_kv_cache_update(layer, k, v, kv_cache, slots)
+        new_slots.append(slots[n - query_lens[b] :])
+    cm = _common_metadata(seq_lens, query_lens, block_table, torch.cat(new_slots))
+    with set_current_vllm_config(setup.config):
+        md = builder.build(0, cm)
+    assert isinstance(md, Nvfp4KVMetadata)
+    num_tokens = cm.num_actual_tokens
+    query = torch.randn(num_tokens, num_heads, head_size, generator=gen).to(torch.bfloat16)
+    output = torch.full((num_tokens + 2, num_heads, head_size), float("nan"), dtype=torch.bfloat16)
+    result = impl.forward(layer, query, None, None, kv_cache, md, output)
+    assert result is output
+    data, scales, kv_layout = page_views(kv_cache, num_kv_heads)
+    expected, _ = paged_attention_reference(
+        query, data, scales, block_table, cm.seq_lens, cm.query_start_loc, layer._k_scale,
+        layer._v_scale, sm_scale=impl.scale, kv_layout=kv_layout, sinks=impl.sinks,
+        sliding_window=layer_kwargs.get("per_layer_sliding_window"),
+        logits_soft_cap=layer_kwargs.get("logits_soft_cap"),
+    )  # fmt: skip
+    err = relative_l2(output[:num_tokens].float(), expected)
+    assert err <= 1e-2, f"relative L2 {err:.3e}"
+    return md, err
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_forward_mixed_batch_matches_float32_reference(cpu_vllm, plugin_for_read, layout):
+    # Two decodes then two prefill chunks (one continuing a cached context), GQA 4:2.
+    md, err = _run_case(
+        cpu_vllm, layout=layout, head_size=128, num_heads=4, num_kv_heads=2,
+        seq_lens=[37, 9, 21, 5], query_lens=[1, 1, 6, 5],
+    )  # fmt: skip
+    split = (md.num_decodes, md.num_decode_tokens, md.num_prefills, md.num_prefill_tokens)
+    assert split == (2, 2, 2, 11) and md.decode_q_len == 1
+    assert md.prefill_query_start_loc.tolist() == [0, 6, 11]
+
+
+def test_forward_speculative_decode_window_and_softcap(cpu_vllm, plugin_for_read):
+    """Uniform 3-token decodes (1 + 2 speculative tokens) go to the decode kernel with
+    q_len_per_req=3; a sliding window and a logits soft-cap reach both readers."""
+    md, _ = _run_case(
+        cpu_vllm, layout="NHD", head_size=128, num_heads=8, num_kv_heads=2,
+        seq_lens=[40, 19, 33], query_lens=[3, 3, 9], decode_threshold=3,
+        per_layer_sliding_window=12, logits_soft_cap=0.4,
+    )  # fmt: skip
+    assert (md.num_decodes, md.num_decode_tokens, md.decode_q_len) == (2, 6, 3)
+    assert (md.num_prefills, md.num_prefill_tokens) == (1, 9)
+
+
+def test_forward_head64_with_sinks(cpu_vllm, plugin_for_read):
+    """head_size 64 and attention sinks: refused by vLLM 0.32+'s FA2 path, served by Triton."""
+    if not plugin_for_read.combination:
+        pytest.skip(f"the plan for vLLM {cpu_vllm.version} has no gate_combination")
+    sinks = torch.linspace(-1.0, 2.0, 4, dtype=torch.float32)
+    _run_case(
+        cpu_vllm, layout="HND", head_size=64, num_heads=4, num_kv_heads=1,
+        seq_lens=[30, 7], query_lens=[1, 7], sinks=sinks,
+    )  # fmt: skip
