@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU tier of nvfp4compat, run on a CUDA machine with FlashInfer builds carried in .gpu/
-# (fi-<version>.tar.xz: a flashinfer-python wheel's tree, pruned as docs/kernels.md says, and an
-# apache-tvm-ffi wheel). Usage: scripts/gpu/suite.sh STAGE [STAGE...]; results go to $OUT.
+# (fi-<version>.tar.xz: a flashinfer-python wheel's tree, pruned as docs/kernels.md says, plus cp312
+# wheels of apache-tvm-ffi and of nvfp4compat's own requirements the image lacks: pydantic & co). Usage: scripts/gpu/suite.sh STAGE [STAGE...]; results go to $OUT.
 #   golden      FlashInfer 0.6.15 and 0.7.4 conformance vectors (scripts/make_golden.py)
 #   codec       GPU writer/dequant tests vs FlashInfer 0.7.4 (bytes, CUDA graphs, both impls)
 #   bench-codec append + dequant benchmarks side by side with FlashInfer 0.7.2.post1
@@ -18,8 +18,8 @@ ROOT=$PWD
 use_fi() {  # use_fi VERSION: unpack once, then put it first on PYTHONPATH
   local v=$1 d=/tmp/fi-$1
   if [ ! -d "$d/flashinfer" ]; then mkdir -p "$d" && tar -xJf ".gpu/fi-$v.tar.xz" -C "$d" || return 1; fi
-  if [ ! -d /tmp/dep/tvm_ffi ]; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/dep .gpu/apache_tvm_ffi-*.whl || return 1
+  if [ ! -d /tmp/dep/pydantic ] || [ ! -d /tmp/dep/tvm_ffi ]; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/dep .gpu/*.whl || return 1
   fi
   export PYTHONPATH="$ROOT:/tmp/dep:$d"
   python3 -c "import flashinfer, sys; print('flashinfer', flashinfer.__version__, file=sys.stderr)"
@@ -42,15 +42,19 @@ for stage in "$@"; do
       use_fi 0.7.4 && step golden-0.7.4 python3 scripts/make_golden.py --out "$OUT" ;;
     codec)
       use_fi 0.7.4 && step codec-tests python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" \
-        tests/kernels/test_gpu_codec.py tests/kernels/test_append.py tests/kernels/test_dequant.py -x -s ;;
+        tests/kernels/test_gpu_codec.py tests/kernels/test_append.py tests/kernels/test_dequant.py -s ;;
     bench-codec)
       use_fi 0.7.2.post1 && step bench-append python3 benchmarks/bench_append.py
       step bench-dequant python3 benchmarks/bench_dequant.py ;;
     attention)
-      use_fi 0.7.2.post1 && step attention-tests python3 -m pytest -q -p no:cacheprovider \
-        tests/kernels/test_gpu_attention.py tests/kernels/test_needle.py -x ;;
+      use_fi 0.7.2.post1 && step attention-triton python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/kernels/test_gpu_attention.py -k triton
+      step attention-flashinfer python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/kernels/test_gpu_attention.py -k flashinfer
+      step needle python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_needle.py -s ;;
     bench-attn)
-      use_fi 0.7.2.post1 && step bench-attention python3 benchmarks/bench_attention.py --json "$OUT/bench_attention.json" ;;
+      use_fi 0.7.2.post1 && step bench-decode python3 benchmarks/bench_attention.py --shapes decode --json "$OUT/bench_decode.json"
+      step bench-prefill python3 benchmarks/bench_attention.py --shapes prefill,mixed --json "$OUT/bench_prefill.json" ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

@@ -182,11 +182,16 @@ def test_write_4over6_triton_vs_flashinfer(dtype, layout):
     )
     print(f"\nflashinfer {fi.__version__} vs triton, 4over6, {dtype} {layout}: {rep}")
     assert rep.violations == 0, str(rep)
+    # Against the exact reference, the Triton writer runs with exact arithmetic too: under fast math
+    # the approximate reciprocal moves the candidates' errors, and both FlashInfer and the fast Triton
+    # writer then pick differently from exact arithmetic on ~0.2% of blocks (measured on an H200).
+    d = clone_all(bufs)
+    _write(tap.launch_append, spec, d, key, value, slots, ks, vs, nvfp4_4over6=True, fast_math=False)
     _write(ref.append_slot_mapping, spec, c, key, value, slots, ks, vs, nvfp4_4over6=True)
     rep = compare_write(
-        key, value, slots, ks, vs, spec, c, b, four_over_six=True, allow_code_ties=True
+        key, value, slots, ks, vs, spec, c, d, four_over_six=True, allow_code_ties=True
     )
-    print(f"reference vs triton, 4over6, {dtype} {layout}: {rep}")
+    print(f"reference vs triton (exact), 4over6, {dtype} {layout}: {rep}")
     assert rep.violations == 0, str(rep)
 
 

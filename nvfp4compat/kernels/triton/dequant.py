@@ -157,16 +157,15 @@ INTERPRETER_CONFIG = DequantConfig(4096, 4)
 def pick_config(n_rows: int, head_dim: int) -> DequantConfig:
     """Pick the tile for ``n_rows = batch * max_seq_len * heads`` rows per side.
 
-    Heuristic (to be adjusted from the H200 sweep of ``benchmarks/bench_dequant.py``): small
-    problems (at most 4,096 16-blocks per side) 64-block programs, mid-sized 128-block programs, large
-    ones 256-block programs with 8 warps.
+    Heuristic, from the H200 sweep of ``benchmarks/bench_dequant.py`` (BENCHMARKS.md): up to about a
+    million 16-blocks per side (e.g. 8 x 1,024 tokens x 8 heads x 128) 64-block programs (37.6 us there,
+    against 44-77 us for larger tiles); above that 512-block programs with 8 warps (64 x 4,096 tokens:
+    0.555 ms = 2.48 TB/s, against 0.64 ms for 256-block programs).
     """
     total_blocks = n_rows * (head_dim // 16)
-    if total_blocks <= 4096:
+    if total_blocks <= 1 << 20:
         return CONFIG_BY_NAME["b64w2"]
-    if total_blocks <= 131072:
-        return CONFIG_BY_NAME["b128w4"]
-    return CONFIG_BY_NAME["b256w8"]
+    return CONFIG_BY_NAME["b512w8"]
 
 
 def launch_dequant(
