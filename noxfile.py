@@ -45,7 +45,7 @@ def _flashinfer_releases() -> list[dict]:
 
 def _vllm_versions() -> list[str]:
     with open(ROOT / "matrix" / "vllm.yaml") as f:
-        releases = yaml.safe_load(f)["vllm"]
+        releases = yaml.safe_load(f)["vllm"]["releases"]
     return [r["version"] for r in releases if (VLLM_REQS / f"extras-{r['version']}.txt").exists()]
 
 
