@@ -17,7 +17,7 @@ read against the 4.3 TB/s device copy ceiling, and the relative L2 error of each
 float32 reference (on the dequantized cache for NVFP4, on the bf16/fp8 values otherwise). A last
 table names the fastest Triton config per shape and the lines of
 ``nvfp4compat/kernels/triton/attention.py`` (``_DECODE_CONFIGS``, ``_PREFILL_CONFIGS``,
-``SPLIT_TARGET_PROGRAMS_PER_SM``, ``SPLIT_MIN_TILES``) that would pick it.
+``DECODE_WIDE_WARPS``, ``SPLIT_TARGET_PROGRAMS_PER_SM``, ``SPLIT_MIN_TILES``) that would pick it.
 
 ``--quick`` is a CPU smoke run (tiny shapes, Triton interpreter, no FlashInfer) that CI can afford: it
 checks every error against 1e-2 and exits 1 otherwise (timings under the interpreter mean nothing).
@@ -187,6 +187,7 @@ class Case:
                 k, v = codec.gather_dequantized(self.nv_data, self.nv_sf, self.block_table[b], n,
                                                 self.nv_scales[0], self.nv_scales[1], "NHD")
             elif which == "fp8":
+                assert self.fp8 is not None, "the fp8 cache was not built (Case(..., fp8=False))"
                 pos = torch.arange(n, device=self.device)
                 slot = self.block_table[b].long()[pos // s.page_size] * s.page_size + pos % s.page_size
                 k = self.fp8[0].view(-1, s.num_kv_heads, s.head_dim)[slot].float() * self.fp8_scales[0]
@@ -255,13 +256,15 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv) -> list[Row]:
     if s.kind == "decode":
         def run():
             return att.decode(case.q, *args, ks, vs, sm_scale=case.sm_scale)
-        base = att.decode_config(s.head_dim)
+        sms = att._sm_count(case.q.device)
         splits0 = att.choose_num_splits(len(s.seq_lens), s.num_kv_heads, case.block_table.shape[1] * s.page_size,
-                                        base.block_n, att._sm_count(case.q.device))
+                                        att.decode_config(s.head_dim).block_n, sms)
+        # the config decode() launches (BLOCK_M 16 here: 32 q / 8 KV heads, one query token)
+        base = att.decode_config(s.head_dim, 16, splits0 * len(s.seq_lens) * s.num_kv_heads, sms)
         variants: list[tuple[str, dict[str, Any]]] = [(f"default {base} splits={splits0}", {})]
         if sweep:
-            for cfg in (att.DecodeConfig(64, 4, 4), att.DecodeConfig(128, 4, 3), att.DecodeConfig(128, 8, 3),
-                        att.DecodeConfig(64, 2, 3), att.DecodeConfig(32, 2, 3), att.DecodeConfig(64, 8, 3)):
+            for cfg in (att.DecodeConfig(64, 4, 3), att.DecodeConfig(64, 2, 4), att.DecodeConfig(64, 2, 2),
+                        att.DecodeConfig(128, 2, 3), att.DecodeConfig(128, 4, 3), att.DecodeConfig(32, 2, 3)):
                 if cfg != base:
                     variants.append((f"{cfg}", {"decode": cfg}))
             seen = {splits0}
@@ -277,10 +280,10 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv) -> list[Row]:
         base_p = att.prefill_config(s.head_dim)
         variants = [(f"default {base_p}", {})]
         if sweep:
-            for cfg in (att.PrefillConfig(128, 64, 8, 2), att.PrefillConfig(128, 32, 8, 3),
-                        att.PrefillConfig(64, 64, 4, 3), att.PrefillConfig(64, 32, 4, 2)):
-                if cfg != base_p:
-                    variants.append((f"{cfg}", {"prefill": cfg}))
+            for pcfg in (att.PrefillConfig(128, 64, 8, 3), att.PrefillConfig(128, 32, 8, 2),
+                         att.PrefillConfig(64, 64, 4, 2), att.PrefillConfig(64, 64, 4, 3)):
+                if pcfg != base_p:
+                    variants.append((f"{pcfg}", {"prefill": pcfg}))
             variants.append(("portable E2M1 decoder", {"fast_decode": False}))
 
     if quick:  # CPU smoke: the default and one override, to exercise the sweep path
@@ -454,9 +457,10 @@ def main(argv: list[str] | None = None) -> int:
         tri = [r for r in all_rows if r.shape == shape.name and r.impl.startswith("triton") and r.ms is not None]
         if not tri:
             continue
-        best = min(tri, key=lambda r: r.ms)
+        best = min(tri, key=lambda r: r.ms if r.ms is not None else math.inf)
         print(f"| {shape.name} | {best.config} | {best.ms:.4f} | {_fmt(best.vs_bf16, '.2f')} | {tri[0].ms:.4f} |")
-    print("\nTo adopt a winner: edit _DECODE_CONFIGS / _PREFILL_CONFIGS (tile configs per head_dim) and "
+    print("\nTo adopt a winner: edit _DECODE_CONFIGS / _PREFILL_CONFIGS (tile configs per head_dim), "
+          "DECODE_WIDE_WARPS (warps of latency-bound or BLOCK_M > 16 decode launches) and "
           "SPLIT_TARGET_PROGRAMS_PER_SM / SPLIT_MIN_TILES (split count) in nvfp4compat/kernels/triton/attention.py.")
     if args.json:
         with open(args.json, "w") as f:

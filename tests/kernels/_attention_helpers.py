@@ -32,6 +32,15 @@ IMPLS = [
 ]
 
 
+def fi_refuses_head_dim_64(impl: str, op: str, head_dim: int, q_len_per_req: int = 1) -> bool:
+    """The flashinfer implementation refuses head_dim 64 wherever FlashInfer's FA2 prefill wrapper would
+    run (``prefill``, multi-token ``decode``): it misread an NVFP4 cache there on an H200."""
+    return impl == "flashinfer" and head_dim == 64 and (op == "prefill" or q_len_per_req > 1)
+
+
+FI_D64_REFUSAL = "head_dim 64.*triton"
+
+
 def kernel(op: str, impl: str):
     """The implementation, or a skip naming what is missing (FlashInfer not installed)."""
     try:

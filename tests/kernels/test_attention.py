@@ -7,9 +7,17 @@ Each feature is checked alone and once all together; relative L2 of the output <
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
-from _attention_helpers import DEVICE, IMPLS, kernel, run_case
+from _attention_helpers import (
+    DEVICE,
+    FI_D64_REFUSAL,
+    IMPLS,
+    fi_refuses_head_dim_64,
+    kernel,
+    run_case,
+)
 
 from nvfp4compat.kernels import get_kernel
 from nvfp4compat.kernels import reference_attention as ra
@@ -31,11 +39,15 @@ DECODE_SHAPES = [
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype,head_dim,page_size,layout,q_len,hq,hkv,seq_lens", DECODE_SHAPES)
 def test_decode_matches_reference(impl, dtype, head_dim, page_size, layout, q_len, hq, hkv, seq_lens):
-    r = run_case(
-        impl, "decode", seq_lens=seq_lens, q_len_per_req=q_len, num_qo_heads=hq, num_kv_heads=hkv,
-        head_dim=head_dim, page_size=page_size, layout=layout, dtype=dtype, return_lse=True,
+    kwargs = dict(
+        seq_lens=seq_lens, q_len_per_req=q_len, num_qo_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
+        page_size=page_size, layout=layout, dtype=dtype, return_lse=True,
     )
-    r.check()
+    if fi_refuses_head_dim_64(impl, "decode", head_dim, q_len):
+        with pytest.raises(NotImplementedError, match=FI_D64_REFUSAL):
+            run_case(impl, "decode", **kwargs)
+        return
+    run_case(impl, "decode", **kwargs).check()
 
 
 FEATURES = [
@@ -60,8 +72,10 @@ def _expect_sinks_refused(impl: str, features: dict) -> bool:
 @pytest.mark.parametrize("q_len", [1, 4])
 @pytest.mark.parametrize("features", FEATURES)
 def test_decode_features(impl, q_len, features):
+    # FlashInfer refuses head_dim 64 on its prefill wrapper (q_len > 1): test its features at 128.
     kwargs = dict(
-        seq_lens=[4, 45, 130], q_len_per_req=q_len, num_qo_heads=4, num_kv_heads=2, head_dim=64,
+        seq_lens=[4, 45, 130], q_len_per_req=q_len, num_qo_heads=4, num_kv_heads=2,
+        head_dim=128 if impl == "flashinfer" else 64,
         page_size=16, dtype=bf16, return_lse=True, seed=q_len, **features,
     )
     if _expect_sinks_refused(impl, features):
@@ -84,6 +98,153 @@ def test_decode_split_counts(splits, block_n):
     r.check()
 
 
+def _bf16_bits_to_f64(bits: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns (in uint32) -> float64 values."""
+    return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def _run_ptx(text: str, regs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Execute the straight-line b32 PTX of the fast decoder on uint32 arrays (one lane per element).
+
+    Covers exactly the instructions it uses: ``mov/and/or/shl/shr.b32``, ``prmt.b32`` (default mode:
+    selector nibble bit 3 replicates the sign of the selected byte), ``mul.rn.f16x2`` and
+    ``fma.rn.bf16x2``. ``regs`` holds the operands ``$4``.. as uint32 arrays; returns every register.
+    """
+    regs = dict(regs)
+
+    def val(tok: str) -> np.ndarray:
+        tok = tok.strip()
+        if tok in regs:
+            return regs[tok]
+        return np.uint32(int(tok, 0))
+
+    def halves_f16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return ((x & 0xFFFF).astype(np.uint16).view(np.float16), (x >> 16).astype(np.uint16).view(np.float16))
+
+    def f64_to_bf16_rne(x: np.ndarray) -> np.ndarray:
+        bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)  # exact here: products fit fp32
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint32)
+
+    for line in text.strip().splitlines():
+        line = line.strip().rstrip(";")
+        if line in ("{", "}") or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        args = [a.strip() for a in rest.split(",")]
+        dst, src = args[0], [val(a) for a in args[1:]]
+        if op == "mov.b32":
+            out = np.broadcast_to(np.uint32(src[0]), next(iter(regs.values())).shape).copy()
+        elif op == "and.b32":
+            out = src[0] & src[1]
+        elif op == "or.b32":
+            out = src[0] | src[1]
+        elif op == "shl.b32":
+            out = (src[0].astype(np.uint64) << np.uint64(src[1])).astype(np.uint32)
+        elif op == "shr.b32":  # untyped: logical shift
+            out = src[0] >> src[1]
+        elif op == "prmt.b32":
+            a, b, c = (np.asarray(x, dtype=np.uint32) for x in src)
+            pool = (b.astype(np.uint64) << 32) | a  # bytes 0-3 from a, 4-7 from b
+            out = np.zeros(np.broadcast(a, b, c).shape, dtype=np.uint32)
+            for i in range(4):
+                sel = (c >> (4 * i)) & 0xF
+                byte = ((pool >> ((sel & 7) * 8).astype(np.uint64)) & 0xFF).astype(np.uint32)
+                byte = np.where(sel & 8, np.where(byte & 0x80, 0xFF, 0x00), byte).astype(np.uint32)
+                out |= byte << (8 * i)
+        elif op == "mul.rn.f16x2":
+            (a0, a1), (b0, b1) = halves_f16(src[0]), halves_f16(src[1])
+            lo, hi = (a0 * b0).view(np.uint16), (a1 * b1).view(np.uint16)  # one rounding: products fit fp32
+            out = lo.astype(np.uint32) | (hi.astype(np.uint32) << 16)
+        elif op == "fma.rn.bf16x2":
+            parts = []
+            for sh in (0, 16):
+                a, b, c = ((x >> sh) & 0xFFFF for x in src)
+                parts.append(f64_to_bf16_rne(_bf16_bits_to_f64(a) * _bf16_bits_to_f64(b) + _bf16_bits_to_f64(c)) << sh)
+            out = parts[0] | parts[1]
+        else:
+            raise AssertionError(f"PTX emulator: unhandled instruction {line!r}")
+        regs[dst] = np.asarray(out, dtype=np.uint32)
+    return regs
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_fast_decoder_ptx_bit_exact(dtype):
+    """The inline PTX (the exact text the kernels ship) gives ``e2m1 * sf`` for every byte x scale.
+
+    Inputs as Triton packs them (``pack=4``): ``$4`` = four cache bytes, ``$5``/``$6`` = the scales of
+    bytes (0, 1)/(2, 3) as 16-bit pairs; outputs ``$0``/``$1`` = lo plane (even elements of bytes 0-3),
+    ``$2``/``$3`` = hi plane. Scales are every E4M3 byte 0..126 in the kernels' encodings: fp16
+    ``(b & 0x7F) << 7`` (``sf * 2^-8``), bf16 ``sf`` itself.
+    """
+    from nvfp4compat.kernels.triton import attention_nvfp4 as fp4
+
+    text = fp4._ASM_F16_TEXT if dtype == "fp16" else fp4._ASM_BF16_TEXT
+    e2m1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+    sf_bytes = np.arange(127, dtype=np.uint32)
+    e, m = sf_bytes >> 3, sf_bytes & 7
+    sf = np.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * 2.0 ** (e.astype(np.int64) - 7))
+    if dtype == "fp16":
+        sf_bits = (sf_bytes << 7).astype(np.uint32)
+        want_scale = 2.0**-8
+        assert np.array_equal(sf_bits.astype(np.uint16).view(np.float16).astype(np.float64), sf * want_scale)
+    else:
+        sf_bits = (sf.astype(np.float32).view(np.uint32) >> 16).astype(np.uint32)
+        want_scale = 1.0
+        assert np.array_equal(_bf16_bits_to_f64(sf_bits), sf)
+    # every byte value at every one of the four positions, with four different scales per word
+    rng = np.random.default_rng(0)
+    n = 256 * 127
+    byte_val = np.tile(np.arange(256, dtype=np.uint32), 127)
+    sf_idx = np.repeat(np.arange(127), 256)
+    for pos in range(4):
+        others = rng.integers(0, 256, size=(n, 4), dtype=np.uint32)
+        others[:, pos] = byte_val
+        sidx = rng.integers(0, 127, size=(n, 4))
+        sidx[:, pos] = sf_idx
+        word = others[:, 0] | (others[:, 1] << 8) | (others[:, 2] << 16) | (others[:, 3] << 24)
+        s = sf_bits[sidx]
+        regs = _run_ptx(text, {"$4": word, "$5": s[:, 0] | (s[:, 1] << 16), "$6": s[:, 2] | (s[:, 3] << 16)})
+        for plane, (r0, r1), shift in (("lo", ("$0", "$1"), 0), ("hi", ("$2", "$3"), 4)):
+            got_bits = np.stack([regs[r0] & 0xFFFF, regs[r0] >> 16, regs[r1] & 0xFFFF, regs[r1] >> 16], 1)
+            if dtype == "fp16":
+                got = got_bits.astype(np.uint16).view(np.float16).astype(np.float64)
+            else:
+                got = _bf16_bits_to_f64(got_bits)
+            want = e2m1[(others >> shift) & 15] * sf[sidx] * want_scale
+            assert np.array_equal(got, want), f"{dtype} {plane} plane, byte position {pos}"
+            # signed zeros too: code 8 is -0.0
+            assert np.array_equal(np.signbit(got), np.signbit(want)), f"{dtype} {plane} sign, position {pos}"
+
+
+@pytest.mark.parametrize("dtype", [fp16, bf16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_fast_decoder_path_decode(dtype, splits):
+    """The fast-decoder path (what CUDA runs) end to end, split and single-pass, on an HND cache.
+
+    Under the interpreter the PTX is replaced by a plain-Triton stand-in with the same values, so this
+    checks the scale plumbing around it: the fp16 decoder yields ``e2m1 * sf * 2^-8`` and every output
+    path must fold the ``2^8`` back (the split-KV merge once did not: outputs came out 256x small).
+    """
+    from nvfp4compat.kernels.triton import attention as att
+
+    with att.override_configs(fast_decode=True, num_splits=splits):
+        r = run_case("triton", "decode", seq_lens=[70, 9, 130], num_qo_heads=8, num_kv_heads=2, head_dim=64,
+                     page_size=32, layout="HND", dtype=dtype, return_lse=True, use_sinks=True, seed=splits)
+    r.check()
+
+
+@pytest.mark.parametrize("dtype", [fp16, bf16], ids=["fp16", "bf16"])
+def test_fast_decoder_path_mixed_prefill(dtype):
+    """Fast-decoder path through a mixed batch: prefill tiles plus decode rows merged from 3 splits."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    with att.override_configs(fast_decode=True, num_splits=3):
+        r = run_case("triton", "prefill", seq_lens=[50, 7, 90], q_lens=[20, 2, 1], num_qo_heads=4,
+                     num_kv_heads=1, head_dim=64, page_size=16, layout="HND-stacked", dtype=dtype,
+                     return_lse=True)
+    r.check()
+
+
 # Mixed batches: decode rows (q_len <= 16 // group), chunked-prefill rows and an empty request.
 PREFILL_SHAPES = [
     pytest.param(bf16, 64, 16, "NHD", 4, 1, [1, 13, 0, 40, 2], [30, 13, 5, 90, 2], id="bf16-d64-NHD-g4-mixed"),
@@ -98,19 +259,25 @@ PREFILL_SHAPES = [
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("dtype,head_dim,page_size,layout,hq,hkv,q_lens,seq_lens", PREFILL_SHAPES)
 def test_prefill_matches_reference(impl, causal, dtype, head_dim, page_size, layout, hq, hkv, q_lens, seq_lens):
-    r = run_case(
-        impl, "prefill", seq_lens=seq_lens, q_lens=q_lens, num_qo_heads=hq, num_kv_heads=hkv,
-        head_dim=head_dim, page_size=page_size, layout=layout, dtype=dtype, causal=causal, return_lse=True,
+    kwargs = dict(
+        seq_lens=seq_lens, q_lens=q_lens, num_qo_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
+        page_size=page_size, layout=layout, dtype=dtype, causal=causal, return_lse=True,
     )
-    r.check()
+    if fi_refuses_head_dim_64(impl, "prefill", head_dim):
+        with pytest.raises(NotImplementedError, match=FI_D64_REFUSAL):
+            run_case(impl, "prefill", **kwargs)
+        return
+    run_case(impl, "prefill", **kwargs).check()
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("features", FEATURES)
 def test_prefill_features(impl, causal, features):
+    # FlashInfer refuses head_dim 64 on its prefill wrapper: test its features at 128.
     kwargs = dict(
-        seq_lens=[50, 7, 90], q_lens=[50, 2, 21], num_qo_heads=4, num_kv_heads=2, head_dim=64,
+        seq_lens=[50, 7, 90], q_lens=[50, 2, 21], num_qo_heads=4, num_kv_heads=2,
+        head_dim=128 if impl == "flashinfer" else 64,
         page_size=16, dtype=fp16, causal=causal, return_lse=True, **features,
     )
     if _expect_sinks_refused(impl, features):
@@ -156,9 +323,27 @@ def test_choose_num_splits_heuristic():
     # Enough pairs to fill the wave: no split, the merge kernel is skipped.
     assert choose_num_splits(64, 8, 4096, 64, 132) == 1
     assert choose_num_splits(512, 8, 4096, 64, 132) == 1
-    # Short context: at least SPLIT_MIN_TILES tiles per split.
-    assert choose_num_splits(1, 8, 1024, 64, 132) == 4
+    # Short context: ceil(tiles / SPLIT_MIN_TILES) splits at most (B=1 L=1K: 16 tiles -> 6, measured best).
+    assert choose_num_splits(1, 8, 1024, 64, 132) == 6
     assert choose_num_splits(1, 1, 64, 64, 132) == 1
+
+
+def test_decode_config_widens_narrow_configs():
+    """head_dim 128 decodes with 2 warps only at BLOCK_M 16 on a launch that fills the GPU."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    assert att.decode_config(128) == att.DecodeConfig(64, 2, 3)
+    assert att.decode_config(128, 16, 512, 132) == att.DecodeConfig(64, 2, 3)  # B=8 L=32K, B=64 L=4K
+    assert att.decode_config(128, 16, 48, 132) == att.DecodeConfig(64, 4, 3)  # B=1 L=1K: latency-bound
+    assert att.decode_config(128, 64, 512, 132) == att.DecodeConfig(64, 4, 3)  # q_len 8 x GQA 8: no spills
+    assert att.decode_config(512, 16, 1, 132) == att.DecodeConfig(16, 8, 2)  # never narrowed
+    with att.override_configs(decode=att.DecodeConfig(32, 2, 1)):
+        assert att.decode_config(128, 64, 1, 132) == att.DecodeConfig(32, 2, 1)
+    # the AOT set builds exactly the configs launches use
+    shipped = {(v.constexprs["HEAD_DIM"], v.constexprs["BLOCK_M"], v.num_warps, v.num_stages)
+               for v in att.aot_variants()["attention_decode"]}
+    assert (128, 16, 2, 3) in shipped and (128, 16, 4, 3) in shipped and (128, 64, 4, 3) in shipped
+    assert (128, 64, 2, 3) not in shipped
 
 
 def _cache(layout="NHD", head_dim=64):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _attention_helpers import HAS_CUDA, IMPLS, run_case
+from _attention_helpers import FI_D64_REFUSAL, HAS_CUDA, IMPLS, fi_refuses_head_dim_64, run_case
 
 from nvfp4compat.kernels import reference_attention as ra
 
@@ -47,10 +47,13 @@ def _fi_too_many_modules(impl: str, dtype, head_dim: int) -> bool:
 def test_gpu_decode(impl, dtype, head_dim, page, layout, q_len, hq, hkv, batch, max_len):
     if _fi_too_many_modules(impl, dtype, head_dim):
         pytest.skip("FlashInfer covered at bf16/d128 and fp16/d64 only (JIT time on the shared GPU)")
-    r = run_case(impl, "decode", seq_lens=_lens(batch, max_len, batch), q_len_per_req=q_len, num_qo_heads=hq,
-                 num_kv_heads=hkv, head_dim=head_dim, page_size=page, layout=layout, dtype=dtype,
-                 return_lse=True, device="cuda")
-    r.check()
+    kw = dict(seq_lens=_lens(batch, max_len, batch), q_len_per_req=q_len, num_qo_heads=hq, num_kv_heads=hkv,
+              head_dim=head_dim, page_size=page, layout=layout, dtype=dtype, return_lse=True, device="cuda")
+    if fi_refuses_head_dim_64(impl, "decode", head_dim, q_len):
+        with pytest.raises(NotImplementedError, match=FI_D64_REFUSAL):
+            run_case(impl, "decode", **kw)
+        return
+    run_case(impl, "decode", **kw).check()
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -82,10 +85,14 @@ PREFILL = [
 def test_gpu_prefill(impl, causal, dtype, head_dim, page, layout, hq, hkv, q_lens, seq_lens):
     if _fi_too_many_modules(impl, dtype, head_dim):
         pytest.skip("FlashInfer covered at bf16/d128 and fp16/d64 only (JIT time on the shared GPU)")
-    r = run_case(impl, "prefill", seq_lens=seq_lens, q_lens=q_lens, num_qo_heads=hq, num_kv_heads=hkv,
-                 head_dim=head_dim, page_size=page, layout=layout, dtype=dtype, causal=causal,
-                 return_lse=True, device="cuda")
-    r.check()
+    kw = dict(seq_lens=seq_lens, q_lens=q_lens, num_qo_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
+              page_size=page, layout=layout, dtype=dtype, causal=causal, return_lse=True, device="cuda")
+    if fi_refuses_head_dim_64(impl, "prefill", head_dim):
+        # FlashInfer 0.7.2.post1's FA2 prefill measured relative L2 0.14 / 0.17 on this case.
+        with pytest.raises(NotImplementedError, match=FI_D64_REFUSAL):
+            run_case(impl, "prefill", **kw)
+        return
+    run_case(impl, "prefill", **kw).check()
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -115,13 +122,15 @@ def test_gpu_fast_decoder_matches_portable(op, dtype):
     assert ra.relative_l2(fast.out, slow.out) <= 2e-3
 
 
+@pytest.mark.parametrize("dtype", [bf16, fp16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("splits", [1, 2, 5, 33])
-def test_gpu_split_counts(splits):
+def test_gpu_split_counts(splits, dtype):
+    """Every split count, both dtypes: the fp16 fast decoder's 2^8 scale must survive the merge kernel."""
     from nvfp4compat.kernels.triton import attention as att
 
     with att.override_configs(num_splits=splits):
         run_case("triton", "decode", seq_lens=_lens(8, 6000, splits), num_qo_heads=32, num_kv_heads=8,
-                 head_dim=128, return_lse=True, use_sinks=True, device="cuda").check()
+                 head_dim=128, dtype=dtype, return_lse=True, use_sinks=True, device="cuda").check()
 
 
 def test_gpu_cuda_graph_capture():

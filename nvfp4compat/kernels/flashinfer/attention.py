@@ -15,13 +15,21 @@ it is returned here in natural-log units like every other implementation.
 
 Differences from the Triton implementation, by FlashInfer's design:
 
-* FlashInfer plans on the host: ``seq_lens`` and ``block_table`` are copied to the host on every call
-  whose metadata changed (a device sync; not CUDA-graph safe). Planned wrappers are cached per
-  (device, shapes, features) and re-planned only when the metadata differs from the previous call.
-* ``k_scale`` given as a device tensor is folded into the query (``q * k_scale`` rounded to the query
-  dtype), because FlashInfer's ``run`` takes the softmax scale as a host float.
+* FlashInfer plans on the host: ``seq_lens`` and ``block_table`` are copied to the host on every
+  call (a device sync; not CUDA-graph safe). Planned wrappers are cached per (device, shapes,
+  features) and re-planned only when the metadata differs from the previous call.
+* ``k_scale`` given as a device tensor is read to the host (one more 4-byte copy in a call that
+  syncs anyway), because FlashInfer's ``run`` takes it as a host float folded into the softmax scale.
+  Folding it into the query instead (``q * k_scale`` rounded to the query dtype) costs one bf16
+  rounding of every logit: measured on an H200, LSE errors of 1.2e-2 and 2.8e-2 against the float32
+  reference in the all-features tests (the rounding alone reproduces both numbers on the CPU).
 * Attention sinks are not applied by the FA2 path (its ``paged_run`` drops ``sinks``): ``sinks``
   raises :class:`NotImplementedError`; use the Triton implementation.
+* head_dim 64 through the FA2 *prefill* wrapper (``prefill``, and ``decode`` with
+  ``q_len_per_req > 1``) raises :class:`NotImplementedError`: FlashInfer 0.7.2.post1 misread an NVFP4
+  cache there on an H200 (relative L2 0.14 and 0.17 against the reference, fp16, HND, page 32, a
+  chunked/mixed batch), which is also why vLLM 0.32+ refuses head_size 64 on this path. One-token
+  ``decode`` at head_dim 64 (the decode wrapper) measured correct and stays available.
 """
 
 from __future__ import annotations
@@ -129,6 +137,17 @@ def _check(
         )
 
 
+def _refuse_head_dim_64_prefill(name: str, views: CacheViews) -> None:
+    if views.head_dim == 64:
+        raise NotImplementedError(
+            f"{name}: FlashInfer's FA2 prefill wrapper misreads an NVFP4 KV cache at head_dim 64 (measured "
+            "on an H200 with FlashInfer 0.7.2.post1: relative L2 error 0.14-0.17 against the float32 "
+            "reference; vLLM 0.32+ refuses head_size 64 on this path for the same reason). Use the bundled "
+            "Triton kernels: get_kernel(op, 'triton'), or NVFP4COMPAT_IMPL=decode=triton,prefill=triton for "
+            "the vLLM plugin"
+        )
+
+
 def _paged_metadata(
     block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
 ) -> tuple[tuple[Any, ...], torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -154,10 +173,11 @@ def _paged_metadata(
     return key, indptr.to(device), indices.to(device), last.to(device)
 
 
-def _fold_k_scale(query: torch.Tensor, k_scale: float | torch.Tensor) -> tuple[torch.Tensor, float | None]:
+def _host_k_scale(k_scale: float | torch.Tensor) -> float:
+    """``k_scale`` as the host float FlashInfer folds into its softmax scale (syncs for a device tensor)."""
     if isinstance(k_scale, torch.Tensor):
-        return (query.float() * k_scale.reshape(())).to(query.dtype), None
-    return query, float(k_scale)
+        return float(k_scale.reshape(()).item())
+    return float(k_scale)
 
 
 def _finish(
@@ -200,9 +220,12 @@ def decode(
 
     Arguments and results as :func:`nvfp4compat.kernels.triton.attention.decode` (shapes, dtypes,
     layouts, semantics); ``sinks`` raises :class:`NotImplementedError`. ``q_len_per_req > 1`` runs
-    FlashInfer's FA2 prefill wrapper with causal masking (queries at the end of each sequence).
+    FlashInfer's FA2 prefill wrapper with causal masking (queries at the end of each sequence), and
+    so raises :class:`NotImplementedError` at head_dim 64 (see the module docstring).
     """
     views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
+    if isinstance(q_len_per_req, int) and q_len_per_req > 1:
+        _refuse_head_dim_64_prefill("decode (q_len_per_req > 1 runs the FA2 prefill wrapper)", views)
     _check("decode", query, views, block_table, seq_lens, k_scale, v_scale, sm_scale, sliding_window,
            logits_soft_cap, sinks, out)
     batch = block_table.shape[0]
@@ -237,10 +260,9 @@ def decode(
                 sm_scale=float(sm_scale),
             )
             planned.meta = meta_key
-    q, ks = _fold_k_scale(query, k_scale)
     fi_out = out if out is not None and out.is_contiguous() else None
     res = planned.wrapper.run(
-        q, (views.k_data, views.v_data), k_scale=ks,
+        query, (views.k_data, views.v_data), k_scale=_host_k_scale(k_scale),
         v_scale=None if isinstance(v_scale, torch.Tensor) else float(v_scale),
         out=fi_out, return_lse=return_lse, kv_cache_sf=(views.k_sf, views.v_sf),
     )
@@ -269,12 +291,13 @@ def prefill(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Varlen paged prefill over an NVFP4 cache with FlashInfer's FA2 prefill wrapper.
 
-    Arguments and results as :func:`nvfp4compat.kernels.triton.attention.prefill`; ``sinks`` raises
-    :class:`NotImplementedError`. FlashInfer aligns each request's queries to the end of its keys
-    (bottom-right causal), as the contract requires; a sliding window with ``causal=False`` bounds
-    keys from below only (``window_left = W - 1``).
+    Arguments and results as :func:`nvfp4compat.kernels.triton.attention.prefill`; ``sinks`` and
+    head_dim 64 raise :class:`NotImplementedError` (see the module docstring). FlashInfer aligns each
+    request's queries to the end of its keys (bottom-right causal), as the contract requires; a
+    sliding window with ``causal=False`` bounds keys from below only (``window_left = W - 1``).
     """
     views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
+    _refuse_head_dim_64_prefill("prefill", views)
     _check("prefill", query, views, block_table, seq_lens, k_scale, v_scale, sm_scale, sliding_window,
            logits_soft_cap, sinks, out)
     batch = block_table.shape[0]
@@ -302,10 +325,9 @@ def prefill(
                 kv_data_type=torch.uint8, o_data_type=query.dtype,
             )
             planned.meta = (meta_key, qsl_host)
-    q, ks = _fold_k_scale(query, k_scale)
     fi_out = out if out is not None and out.is_contiguous() else None
     res = planned.wrapper.run(
-        q, (views.k_data, views.v_data), k_scale=ks,
+        query, (views.k_data, views.v_data), k_scale=_host_k_scale(k_scale),
         v_scale=None if isinstance(v_scale, torch.Tensor) else float(v_scale),
         out=fi_out, return_lse=return_lse, kv_cache_sf=(views.k_sf, views.v_sf),
     )

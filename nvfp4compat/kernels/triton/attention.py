@@ -330,8 +330,9 @@ def _decode_kernel(
 
     ``VARLEN``: the request's queries are ``qsl[b]..qsl[b+1]`` (requests with more than ``QMAX`` or no
     query tokens are skipped: the prefill kernel owns them); otherwise ``QMAX`` rows per request.
-    ``SPLIT``: write normalized partial outputs ``part_o [B*QMAX, Hq, S, D]`` and base-2 LSEs
-    ``part_lse [B*QMAX, Hq, S]`` for :func:`_decode_reduce_kernel`; else write the output directly.
+    ``SPLIT``: write normalized partial outputs ``part_o [B*QMAX, Hq, S, D]`` (``v_scale`` applied)
+    and base-2 LSEs ``part_lse [B*QMAX, Hq, S]`` for :func:`_decode_reduce_kernel`; else write the
+    output directly.
     """
     split = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -393,10 +394,13 @@ def _decode_kernel(
     )
 
     if SPLIT:
+        # The partial output carries `vs` (v_scale with the fp16 fast decoder's 2^8 folded in, from
+        # `_scales`), so the merge kernel never needs to know which decoder produced it.
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         lse2 = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
+        o_scale = vs / l_safe
         o = tl.reshape(
-            tl.join(acc_lo / l_safe[:, None], acc_hi / l_safe[:, None]), (BLOCK_M, HEAD_DIM)
+            tl.join(acc_lo * o_scale[:, None], acc_hi * o_scale[:, None]), (BLOCK_M, HEAD_DIM)
         )
         prow = ((b * QMAX + t).to(tl.int64) * num_qo_heads + head) * num_splits + split
         offs_d = tl.arange(0, HEAD_DIM)
@@ -411,12 +415,16 @@ def _decode_kernel(
 
 @triton.jit
 def _decode_reduce_kernel(
-    part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, qsl_ptr, sinks_ptr, v_scale,
+    part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, qsl_ptr, sinks_ptr,
     num_splits, num_qo_heads, stride_ot, stride_oh, stride_lt,
     HEAD_DIM: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_SINKS: tl.constexpr,
-    RETURN_LSE: tl.constexpr, V_SCALE_PTR: tl.constexpr, BLOCK_H: tl.constexpr,
+    RETURN_LSE: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    """Merge the splits of rows ``(b * QMAX + t)`` for ``BLOCK_H`` query heads per program."""
+    """Merge the splits of rows ``(b * QMAX + t)`` for ``BLOCK_H`` query heads per program.
+
+    The partial outputs already carry ``v_scale`` (and any decoder scale, see :func:`_scales`): the
+    merge only weighs them by their LSEs and adds the sinks.
+    """
     row = tl.program_id(0)
     hb = tl.program_id(1)
     b = row // QMAX
@@ -456,12 +464,8 @@ def _decode_reduce_kernel(
         m_fin = m
         w_fin = tl.full((BLOCK_H,), 1.0, tl.float32)
         l_tot = l_sum
-    if V_SCALE_PTR:
-        vs = tl.load(v_scale)
-    else:
-        vs = v_scale
     l_safe = tl.where(l_tot > 0.0, l_tot, 1.0)
-    o = acc * (w_fin * vs / l_safe)[:, None]
+    o = acc * (w_fin / l_safe)[:, None]
     o_row = o_ptr + tok.to(tl.int64) * stride_ot + heads.to(tl.int64) * stride_oh
     tl.store(o_row[:, None] + offs_d[None, :], o.to(o_ptr.dtype.element_ty), mask=h_ok[:, None])
     if RETURN_LSE:
@@ -584,23 +588,38 @@ class PrefillConfig:
     num_stages: int
 
 
-# Decode: one tile of BLOCK_N tokens decodes BLOCK_N * D bytes of K and V into registers; keep that
-# near 8-16 KiB per tile. Adjust from `benchmarks/bench_attention.py`'s sweep table.
+# Decode tile configs per head_dim, for BLOCK_M = 16 rows (GQA group x q_len <= 16) on a launch that
+# fills the GPU. head_dim 128 is measured (H200, triton 3.6.0, bf16, 32 q / 8 KV heads, page 16;
+# docs/attention.md "Measured configs"): (64, 2, 3) took 0.2792 ms at B=8 L=32K and 0.2738 ms at
+# B=64 L=4K against 0.3805 / 0.2912 ms for (64, 4, 3). The other head dims are not measured: they keep
+# the 4-warp configs (tiles of the same 8K elements); at 2 warps they compile to 254-255 registers on
+# SM90, with no headroom for the feature flags. `decode_config` widens narrow configs where 2 warps
+# lose (see DECODE_WIDE_WARPS).
 _DECODE_CONFIGS: dict[int, DecodeConfig] = {
     64: DecodeConfig(block_n=128, num_warps=4, num_stages=3),
-    128: DecodeConfig(block_n=64, num_warps=4, num_stages=3),
+    128: DecodeConfig(block_n=64, num_warps=2, num_stages=3),
     256: DecodeConfig(block_n=32, num_warps=4, num_stages=3),
     512: DecodeConfig(block_n=16, num_warps=8, num_stages=2),
 }
+# Warps of a decode launch whose config has fewer, when (a) BLOCK_M > 16: at 2 warps the
+# accumulators do not fit (SM90, head_dim 128: BLOCK_M 32 spills 8 bytes, BLOCK_M 64 spills 1.5 KB,
+# 4 warps none), or (b) the launch has fewer programs than the GPU has SMs (latency-bound: measured
+# at B=1 L=1K, 0.0164 ms at 4 warps against 0.0188 ms at 2).
+DECODE_WIDE_WARPS = 4
+# Prefill: head_dim 128 measured (same run): (128, 64, 8, 2) took 2.507 ms for B=4 q=kv=4K causal
+# (2.576 ms with 3 stages) and 1.875 ms for the mixed batch (1.879 ms). Other head dims unmeasured.
 _PREFILL_CONFIGS: dict[int, PrefillConfig] = {
     64: PrefillConfig(block_m=128, block_n=64, num_warps=8, num_stages=3),
-    128: PrefillConfig(block_m=128, block_n=64, num_warps=8, num_stages=3),
+    128: PrefillConfig(block_m=128, block_n=64, num_warps=8, num_stages=2),
     256: PrefillConfig(block_m=64, block_n=32, num_warps=8, num_stages=2),
     512: PrefillConfig(block_m=32, block_n=16, num_warps=8, num_stages=2),
 }
-# Split-KV heuristic knobs (see choose_num_splits).
+# Split-KV heuristic knobs (see choose_num_splits). 4 programs per SM are resident for both decode
+# configs of head_dim 128 on SM90 (registers: 244 x 64 threads at 2 warps, 128 x 128 at 4; 32 KB of
+# shared memory each). SPLIT_MIN_TILES = 3 gives 6 splits at B=1 L=1K, the measured best there
+# (0.0158 ms; 4 splits 0.0164, 8 splits 0.0163).
 SPLIT_TARGET_PROGRAMS_PER_SM = 4
-SPLIT_MIN_TILES = 4
+SPLIT_MIN_TILES = 3
 SPLIT_MAX = 128
 
 _overrides: dict[str, Any] = {}
@@ -616,7 +635,8 @@ def override_configs(
 ) -> Iterator[None]:
     """Force tile configs, the split count or the decoder choice inside the block (benchmark sweeps).
 
-    ``fast_decode=False`` runs the portable E2M1 decoder on the GPU instead of the inline-PTX one.
+    ``fast_decode=False`` runs the portable E2M1 decoder on the GPU instead of the inline-PTX one;
+    ``fast_decode=True`` under the interpreter runs the fast path with a stand-in for the PTX.
     """
     saved = dict(_overrides)
     for key, val in (("decode", decode), ("prefill", prefill), ("num_splits", num_splits), ("fast", fast_decode)):
@@ -629,9 +649,25 @@ def override_configs(
         _overrides.update(saved)
 
 
-def decode_config(head_dim: int) -> DecodeConfig:
-    """The decode tile config for ``head_dim`` (override with :func:`override_configs`)."""
-    return _overrides.get("decode") or _DECODE_CONFIGS[head_dim]
+def decode_config(
+    head_dim: int, block_m: int = 16, num_programs: int | None = None, num_sms: int | None = None
+) -> DecodeConfig:
+    """The decode tile config for ``head_dim`` (override with :func:`override_configs`).
+
+    ``block_m`` is the padded row count (``max(16, next_pow2(G * q_len))``), ``num_programs`` the
+    launch's grid size and ``num_sms`` the GPU's SM count. A config with fewer than
+    :data:`DECODE_WIDE_WARPS` warps is widened to that many when ``block_m > 16`` or when
+    ``num_programs < num_sms``; ``block_n`` (and hence the split count) never changes. An override
+    is returned as it is.
+    """
+    forced = _overrides.get("decode")
+    if forced is not None:
+        return forced
+    cfg = _DECODE_CONFIGS[head_dim]
+    latency_bound = num_programs is not None and num_sms is not None and num_programs < num_sms
+    if cfg.num_warps < DECODE_WIDE_WARPS and (block_m > 16 or latency_bound):
+        cfg = DecodeConfig(cfg.block_n, DECODE_WIDE_WARPS, cfg.num_stages)
+    return cfg
 
 
 def prefill_config(head_dim: int) -> PrefillConfig:
@@ -651,24 +687,31 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, block_n: i
 
     ``batch * num_kv_heads`` programs serve every (request, KV head); splitting the KV range multiplies
     that by ``S``. ``SPLIT_TARGET_PROGRAMS_PER_SM * num_sms`` is one full wave of resident programs (4
-    per SM for the default decode config: ~110-130 registers x 128 threads, 32 KB shared memory), so
-    ``S = floor(wave / pairs)`` keeps every program of the launch resident at once: no second, mostly
-    idle wave. At least ``SPLIT_MIN_TILES`` tiles of ``block_n`` keys stay in each split of the longest
-    possible request (``max_kv_len`` is the block-table bound: the real lengths live on the device and
-    are never read on the host). ``S == 1`` skips the merge kernel.
+    per SM for the head_dim 128 decode configs on SM90: 244 registers x 64 threads or 128 x 128, 32 KB
+    shared memory), so ``S = floor(wave / pairs)`` keeps every program of the launch resident at once:
+    no second, mostly idle wave. The longest possible request (``max_kv_len`` is the block-table bound:
+    the real lengths live on the device and are never read on the host) is cut into at most
+    ``ceil(tiles / SPLIT_MIN_TILES)`` splits of ``block_n``-key tiles. ``S == 1`` skips the merge kernel.
     """
     if "num_splits" in _overrides:
         return max(1, int(_overrides["num_splits"]))
     pairs = max(1, batch * num_kv_heads)
     want = (SPLIT_TARGET_PROGRAMS_PER_SM * num_sms) // pairs
-    max_by_len = max(1, math.ceil(max_kv_len / block_n) // SPLIT_MIN_TILES)
+    max_by_len = max(1, math.ceil(math.ceil(max_kv_len / block_n) / SPLIT_MIN_TILES))
     return int(max(1, min(want, max_by_len, SPLIT_MAX)))
 
 
 def _fast(device: torch.device) -> bool:
-    if device.type != "cuda" or interpreting():
-        return False
-    return bool(_overrides.get("fast", True))
+    """Whether the kernels use the fast (inline-PTX) E2M1 decoder.
+
+    Default: on for CUDA launches, off under the interpreter. ``override_configs(fast_decode=...)``
+    forces either; forced on under the interpreter, the fast path runs with a plain-Triton stand-in
+    for the PTX (same values), so CPU tests cover its scale handling.
+    """
+    forced = _overrides.get("fast")
+    if forced is not None:
+        return bool(forced)
+    return device.type == "cuda" and not interpreting()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -857,10 +900,11 @@ def _launch_decode_path(
     views = a.views
     batch = block_table.shape[0]
     device = views.device
-    cfg = decode_config(views.head_dim)
     block_m = max(16, triton.next_power_of_2(a.group * qmax))
     max_kv = block_table.shape[1] * views.page_size
-    splits = choose_num_splits(batch, views.num_kv_heads, max_kv, cfg.block_n, _sm_count(device))
+    num_sms = _sm_count(device)
+    splits = choose_num_splits(batch, views.num_kv_heads, max_kv, decode_config(views.head_dim).block_n, num_sms)
+    cfg = decode_config(views.head_dim, block_m, splits * views.num_kv_heads * batch, num_sms)
     split = splits > 1
     fast = _fast(device)
     dot_fp32 = interpreting() and query.dtype == torch.bfloat16
@@ -893,10 +937,10 @@ def _launch_decode_path(
     if split:
         block_h = min(triton.next_power_of_2(a.num_qo_heads), max(1, 4096 // views.head_dim))
         _decode_reduce_kernel[(batch * qmax, triton.cdiv(a.num_qo_heads, block_h))](
-            part_o, part_lse, a.out, lse, qsl_arg, sinks, a.v_scale,
+            part_o, part_lse, a.out, lse, qsl_arg, sinks,
             splits, a.num_qo_heads, a.out.stride(0), a.out.stride(1), a.num_qo_heads,
             HEAD_DIM=views.head_dim, QMAX=qmax, VARLEN=qsl is not None, HAS_SINKS=a.sinks is not None,
-            RETURN_LSE=a.lse is not None, V_SCALE_PTR=v_ptr, BLOCK_H=block_h, num_warps=4,
+            RETURN_LSE=a.lse is not None, BLOCK_H=block_h, num_warps=4,
         )
 
 
@@ -1149,6 +1193,8 @@ def aot_variants() -> dict[str, list[Any]]:
     Every head_dim x dtype with the default features; every feature flag on alone and all together;
     q_len 1 and 8 (rows 16 and 64 with GQA 8); split and single-pass decode; tensor and float scales;
     the inline-PTX decoder (what CUDA runs) and, once per kernel, the portable decoder (the fallback).
+    Each decode variant uses the config :func:`decode_config` picks for its launch: head_dim 128 at
+    2 warps for 16 rows, and the widened 4-warp config for 64 rows and for latency-bound grids.
     """
     from nvfp4compat.kernels.aot import AotVariant
 
@@ -1158,9 +1204,11 @@ def aot_variants() -> dict[str, list[Any]]:
 
     def add_decode(label: str, dtype: str, hd: int, *, qmax: int = 1, group: int = 4, varlen: bool = False,
                    split: bool = True, fast: bool = True, ptr: bool = True, combined: bool = False,
-                   pow2: bool = True, **features: bool) -> None:
-        cfg = _DECODE_CONFIGS[hd]
-        c: dict[str, Any] = {"HEAD_DIM": hd, "BLOCK_M": max(16, triton.next_power_of_2(group * qmax)),
+                   pow2: bool = True, latency: bool = False, **features: bool) -> None:
+        block_m = max(16, triton.next_power_of_2(group * qmax))
+        # the launch config decode() picks: latency=True is a grid smaller than the GPU
+        cfg = decode_config(hd, block_m, 1 if latency else None, 2 if latency else None)
+        c: dict[str, Any] = {"HEAD_DIM": hd, "BLOCK_M": block_m,
                              "BLOCK_N": cfg.block_n, "QMAX": qmax, "VARLEN": varlen, "CAUSAL": qmax > 1,
                              "SPLIT": split, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr, "FAST": fast,
                              "DOT_FP32": False, "DATA_ALIGN": 8 if combined else 16,
@@ -1187,6 +1235,8 @@ def aot_variants() -> dict[str, list[Any]]:
             add_decode(f"{dtype}-d{hd}", dtype, hd)
             add_prefill(f"{dtype}-d{hd}", dtype, hd)
     add_decode("bf16-d128-single", "bf16", 128, split=False)
+    add_decode("bf16-d128-latency", "bf16", 128, latency=True)
+    add_decode("fp16-d128-latency-single", "fp16", 128, latency=True, split=False)
     add_decode("bf16-d128-floatscale", "bf16", 128, ptr=False)
     add_decode("bf16-d128-q8-g8", "bf16", 128, qmax=8, group=8)
     add_decode("fp16-d64-q4-all", "fp16", 64, qmax=4, **_FEATURES_ON)
@@ -1206,20 +1256,19 @@ def aot_variants() -> dict[str, list[Any]]:
     add_prefill("fp16-d512-portable", "fp16", 512, fast=False)
 
     red_sig_base = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "o_ptr": "*bf16", "lse_ptr": "*fp32",
-                    "qsl_ptr": "*i32", "sinks_ptr": "*fp32", "v_scale": "*fp32", "num_splits": "i32",
+                    "qsl_ptr": "*i32", "sinks_ptr": "*fp32", "num_splits": "i32",
                     "num_qo_heads": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_lt": "i32"}
-    for name in ("HEAD_DIM", "QMAX", "VARLEN", "HAS_SINKS", "RETURN_LSE", "V_SCALE_PTR", "BLOCK_H"):
+    for name in ("HEAD_DIM", "QMAX", "VARLEN", "HAS_SINKS", "RETURN_LSE", "BLOCK_H"):
         red_sig_base[name] = "constexpr"
     for dtype in ("bf16", "fp16"):
         for hd in (64, 128, 256, 512):
             sig = dict(red_sig_base, o_ptr=f"*{dtype}")
             c = {"HEAD_DIM": hd, "QMAX": 1, "VARLEN": False, "HAS_SINKS": hd == 64, "RETURN_LSE": hd == 64,
-                 "V_SCALE_PTR": True, "BLOCK_H": min(32, 4096 // hd)}
+                 "BLOCK_H": min(32, 4096 // hd)}
             red.append(AotVariant(f"{dtype}-d{hd}", sig, c, 4, 1, _pointer_attrs(sig)))
-    sig = dict(red_sig_base, v_scale="fp32")
-    red.append(AotVariant("bf16-d128-varlen-floatscale", sig,
+    red.append(AotVariant("bf16-d128-varlen", red_sig_base,
                           {"HEAD_DIM": 128, "QMAX": 4, "VARLEN": True, "HAS_SINKS": True, "RETURN_LSE": True,
-                           "V_SCALE_PTR": False, "BLOCK_H": 32}, 4, 1, _pointer_attrs(sig)))
+                           "BLOCK_H": 32}, 4, 1, _pointer_attrs(red_sig_base)))
     return {"attention_decode": dec, "attention_decode_reduce": red, "attention_prefill": pre}
 
 

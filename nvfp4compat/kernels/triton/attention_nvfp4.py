@@ -14,6 +14,13 @@ Two decoders produce the same values, ``e2m1 * sf`` in the query dtype (exact in
   ``mul.rn.f16x2`` / ``fma.rn.bf16x2`` per pair for the block scale. Every instruction exists on
   SM80+ (``fma.rn.bf16x2`` is SM80; ``mul.rn.bf16x2`` would need SM90, so it is not used).
 * :func:`planes_portable`: integer arithmetic in plain Triton (fp32), what the CPU interpreter runs.
+
+The interpreter cannot run inline PTX. Under ``TRITON_INTERPRET=1`` :func:`planes_fast` therefore
+computes the same products (``e2m1 * sf`` in ``sf``'s dtype, with the fast path's scale encodings) in
+plain Triton, so a CPU run with the fast path forced (``override_configs(fast_decode=True)``)
+exercises everything around the PTX: the fp16 ``2^-8`` scale encoding and the places where its
+``2^8`` must be folded back. The PTX text itself is checked bit for bit on the CPU by a small PTX
+emulator in ``tests/kernels/test_attention.py``.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import triton
 import triton.language as tl
 
 from nvfp4compat.kernels.triton import nvfp4
+from nvfp4compat.kernels.validate import interpreting
 
 # Inputs: $4 = four cache bytes (u8x4), $5/$6 = block scales of bytes (0, 1) / (2, 3) as f16x2.
 # Outputs: $0/$1 = lo plane (elements 0,2 / 4,6), $2/$3 = hi plane (elements 1,3 / 5,7).
@@ -90,6 +98,9 @@ fma.rn.bf16x2 $3, h1, $6, nz;
 
 _ASM_F16 = tl.constexpr(_ASM_F16_TEXT)
 _ASM_BF16 = tl.constexpr(_ASM_BF16_TEXT)
+# Fixed at import, as Triton fixes interpreter vs compiler when `@triton.jit` runs: a compiled kernel
+# always takes the inline-PTX branch of `planes_fast`.
+_INTERPRETED = tl.constexpr(interpreting())
 
 
 @triton.jit
@@ -121,9 +132,12 @@ def scales_f16_scaled(sf_byte):
 def planes_fast(byte, sf):
     """Cache bytes ``[N, D/2]`` uint8 and broadcast scales ``[N, D/2]`` (fp16 or bf16) -> ``(lo, hi)``.
 
-    CUDA only (inline PTX); both planes in ``sf``'s dtype, ``e2m1 * sf`` exactly.
+    CUDA: inline PTX; both planes in ``sf``'s dtype, ``e2m1 * sf`` exactly. Under the interpreter the
+    same exact products are computed in plain Triton (:func:`_planes_fast_emulated`).
     """
-    if sf.dtype == tl.bfloat16:
+    if _INTERPRETED:
+        lo, hi = _planes_fast_emulated(byte, sf)
+    elif sf.dtype == tl.bfloat16:
         lo, hi = tl.inline_asm_elementwise(
             _ASM_BF16, "=r,=r,=r,=r,r,r,r", [byte, sf], dtype=(tl.bfloat16, tl.bfloat16),
             is_pure=True, pack=4,
@@ -134,6 +148,16 @@ def planes_fast(byte, sf):
             is_pure=True, pack=4,
         )
     return lo, hi
+
+
+@triton.jit
+def _planes_fast_emulated(byte, sf):
+    """What the PTX computes, for the interpreter: ``e2m1 * sf`` rounded to ``sf``'s dtype (exact)."""
+    b = byte.to(tl.int32)
+    s = sf.to(tl.float32)
+    lo = nvfp4.e2m1_decode(b & 15) * s
+    hi = nvfp4.e2m1_decode(b >> 4) * s
+    return lo.to(sf.dtype), hi.to(sf.dtype)
 
 
 @triton.jit
