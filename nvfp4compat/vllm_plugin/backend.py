@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -57,6 +58,9 @@ logger = logging.getLogger("vllm.nvfp4compat")
 
 # Query tokens per request the Triton decode kernel serves (speculative decoding): 1..8.
 MAX_DECODE_Q_LEN = 8
+ENV_CUDAGRAPH_DECODE = (
+    "NVFP4COMPAT_CUDAGRAPH_DECODE"  # "1": let FULL decode graphs capture the readers
+)
 
 
 def _current_cache_dtype() -> str | None:
@@ -265,9 +269,20 @@ class Nvfp4CompatMetadataBuilder(_fi.FlashInferMetadataBuilder):
     @classmethod
     def get_cudagraph_support(cls, vllm_config: Any, kv_cache_spec: Any) -> AttentionCGSupport:
         """NEVER where nvfp4compat builds or reads NVFP4: attention runs eagerly between the
-        piecewise CUDA graphs (FULL capture of the Triton readers is not validated)."""
+        piecewise CUDA graphs (FULL capture of the Triton readers is not validated in an engine).
+
+        ``NVFP4COMPAT_CUDAGRAPH_DECODE=1`` answers ``UNIFORM_SINGLE_TOKEN_DECODE`` instead where the
+        plugin reads with its own kernels, so that FULL decode graphs can be validated (issue 6,
+        check 2 runs it against eager); it is an experiment switch, off by default.
+        """
         route = _handled(_layer_cache_dtype(kv_cache_spec, vllm_config))
         if route is not None and (route.own_builder or route.read or route.refusal is not None):
+            if (
+                route.refusal is None
+                and route.read
+                and os.environ.get(ENV_CUDAGRAPH_DECODE, "") == "1"
+            ):
+                return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
             return AttentionCGSupport.NEVER
         return super().get_cudagraph_support(vllm_config, kv_cache_spec)
 

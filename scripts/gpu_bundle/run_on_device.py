@@ -378,8 +378,12 @@ def plan_jobs(checks: Sequence[str], fi_default: str, fi_helper: str, tp: int = 
         if c == "negative":
             add(c, "engine", fi_default, False, "nvfp4", "eager", ["start"])
         elif c == "plugin":
-            for mode in ("eager", "piecewise", "full"):
+            for mode in ("eager", "piecewise", "full", "full-decode-optin"):
                 add(c, "engine", fi_default, True, "nvfp4", mode, ["start", "generate"])
+            # control: the same modes with a bf16 cache, so that a divergence from eager under
+            # CUDA graphs can be told apart from the bf16 noise every compiled mode has
+            for mode in ("eager", "piecewise"):
+                add(c, "engine", fi_default, True, "auto", mode, ["start", "generate"])
         elif c == "capacity":
             add(c, "engine", fi_default, True, "nvfp4", "eager", ["start"])
             add(c, "engine", fi_default, True, "auto", "eager", ["start"])
@@ -399,10 +403,14 @@ def plan_jobs(checks: Sequence[str], fi_default: str, fi_helper: str, tp: int = 
             for mode in ("eager", "piecewise", "full"):
                 add(c, "engine", fi_default, True, "nvfp4", mode, ["start", "generate"], tp=tp)
             add(c, "engine", fi_default, True, "auto", "eager", ["start"], tp=tp)
-    order = {"preflight": 0, "engine": 1, "writer": 2}
-    modes = {"eager": 0, "piecewise": 1, "full": 2, "default": 3}
+    # cheap, decisive jobs first: the writer comparison takes seconds; an NVFP4 engine needs no
+    # FlashInfer JIT build (the Triton readers), a bf16/fp8 one builds FA2 modules (minutes, cold)
+    order = {"preflight": 0, "writer": 1, "engine": 2}
+    modes = {"eager": 0, "piecewise": 1, "full": 2, "full-decode-optin": 3, "default": 4}
+    kvs = {"nvfp4": 0, "auto": 1, "fp8": 2}
     return sorted(
-        jobs.values(), key=lambda j: (order[j.kind], j.tp, j.plugin, j.fi, modes[j.mode], j.kv)
+        jobs.values(),
+        key=lambda j: (order[j.kind], j.tp, j.plugin, j.fi, kvs.get(j.kv, 3), modes[j.mode]),
     )
 
 
@@ -416,6 +424,8 @@ def job_env(site: Path, job: Job, extra: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
     env["VLLM_PLUGINS"] = "nvfp4compat" if job.plugin else ""
+    if job.mode == "full-decode-optin":
+        env["NVFP4COMPAT_CUDAGRAPH_DECODE"] = "1"  # the plugin's FULL-decode experiment switch
     env["PYTHONUNBUFFERED"] = "1"
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_OFFLINE"] = "1"
@@ -622,6 +632,45 @@ def _process_tags(lines: Sequence[str]) -> list[str]:
     )
 
 
+NEAR_TIE = 0.1  # nats: a greedy divergence where eager's top-2 margin is below this is a near-tie
+
+
+def divergence(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Where two greedy generations of the same prompts part, and whether it looks like noise.
+
+    ``base``/``other`` are ``generate`` task results (``token_ids`` and, from engines run with
+    ``logprobs``, ``top_logprobs``: per prompt, per step, the top-2 ``(token, logprob)`` pairs).
+    Per prompt: the first differing step, ``base``'s top-1/top-2 margin there (a near-tie when
+    small: the two runs then differ by rounding, not by what attention read), and the largest
+    absolute difference of the chosen token's logprob over the steps before it.
+    """
+    first: list[int | None] = []
+    margins: list[float] = []
+    pre_diff = 0.0
+    have_lp = bool(base.get("top_logprobs")) and bool(other.get("top_logprobs"))
+    for p, (x, y) in enumerate(zip(other["token_ids"], base["token_ids"], strict=True)):
+        i = next((k for k, (a, b) in enumerate(zip(x, y, strict=False)) if a != b), None)
+        first.append(i)
+        if not have_lp:
+            continue
+        bt, ot = base["top_logprobs"][p], other["top_logprobs"][p]
+        stop = len(x) if i is None else i
+        for k in range(min(stop, len(bt), len(ot))):
+            pre_diff = max(pre_diff, abs(bt[k][0][1] - ot[k][0][1]))
+        if i is not None and i < len(bt) and len(bt[i]) > 1:
+            margins.append(round(bt[i][0][1] - bt[i][1][1], 6))
+    same = [i is None for i in first]
+    out: dict[str, Any] = {
+        "prompts_matching": f"{sum(same)}/{len(same)}",
+        "first_divergence": first,
+        "matches": all(same),
+    }
+    if have_lp:
+        out["base_margin_at_divergence"] = margins
+        out["max_logprob_diff_before_divergence"] = round(pre_diff, 6)
+    return out
+
+
 def evaluate(
     checks: Sequence[str], jobs: list[Job], fi_default: str, fi_helper: str, tp: int = 2
 ) -> dict[str, Any]:
@@ -644,7 +693,9 @@ def evaluate(
             )
         elif c in ("plugin", "fi015"):
             fi = fi_default if c == "plugin" else fi_helper
-            modes = ("eager", "piecewise", "full") if c == "plugin" else ("eager",)
+            modes = (
+                ("eager", "piecewise", "full", "full-decode-optin") if c == "plugin" else ("eager",)
+            )
             eager = E(fi=fi, plugin=True, kv="nvfp4", mode="eager")
             base_tokens = _task(eager, "generate").get("token_ids")
             r["modes"] = {}
@@ -660,17 +711,40 @@ def evaluate(
                     else [],
                 }
                 if g.get("ok") and base_tokens is not None:
-                    same = [x == y for x, y in zip(g["token_ids"], base_tokens, strict=True)]
-                    entry["prompts_matching_eager"] = f"{sum(same)}/{len(same)}"
-                    # per prompt: index of the first generated token that differs from eager (None: same)
-                    entry["first_divergence"] = [
-                        next(
-                            (i for i, (a, b) in enumerate(zip(x, y, strict=False)) if a != b), None
-                        )
-                        for x, y in zip(g["token_ids"], base_tokens, strict=True)
-                    ]
-                    entry["matches_eager"] = all(same)
+                    d = divergence(_task(eager, "generate"), g)
+                    entry["prompts_matching_eager"] = d.pop("prompts_matching")
+                    entry["matches_eager"] = d.pop("matches")
+                    entry.update(d)  # first_divergence (None: same), margins, logprob diffs
                 r["modes"][mode] = entry
+            if c == "plugin":
+                # bf16 control: how far the same compiled mode moves a bf16-cache engine from eager
+                ce, cp = (
+                    _task(E(fi=fi, plugin=True, kv="auto", mode=m), "generate")
+                    for m in ("eager", "piecewise")
+                )
+                ctl = divergence(ce, cp) if ce.get("ok") and cp.get("ok") else None
+                r["bf16_control_piecewise_vs_eager"] = ctl
+                for pw in (
+                    r["modes"].get(m, {}) for m in ("piecewise", "full", "full-decode-optin")
+                ):
+                    if not (pw.get("generated") and "max_logprob_diff_before_divergence" in pw):
+                        continue
+                    tol_diff = NEAR_TIE
+                    tol_margin = NEAR_TIE
+                    if ctl and "max_logprob_diff_before_divergence" in ctl:
+                        tol_diff = max(tol_diff, 2 * ctl["max_logprob_diff_before_divergence"])
+                        tol_margin = max(
+                            [tol_margin, *(2 * m for m in ctl["base_margin_at_divergence"])]
+                        )
+                    pw["consistent_with_eager"] = bool(
+                        pw["max_logprob_diff_before_divergence"] <= tol_diff
+                        and all(m <= tol_margin for m in pw["base_margin_at_divergence"])
+                    )
+                    pw["rule"] = (
+                        f"consistent = chosen-token logprobs before the first divergence within "
+                        f"{tol_diff:.3f} nats of eager and every divergence at an eager top-2 margin "
+                        f"<= {tol_margin:.3f} (max of {NEAR_TIE} and twice the bf16 control's)"
+                    )
             lines = (eager.result or {}).get("log_lines", {}).get("plugin", []) if eager else []
             r["plugin_log"] = lines[:6]
             r["write_binding"] = _plan_line_binding(lines, "write")

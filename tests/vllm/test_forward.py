@@ -156,3 +156,20 @@ def test_forward_head64_with_sinks(cpu_vllm, plugin_for_read):
         cpu_vllm, layout="HND", head_size=64, num_heads=4, num_kv_heads=1,
         seq_lens=[30, 7], query_lens=[1, 7], sinks=sinks,
     )  # fmt: skip
+
+
+def test_cudagraph_support_never_unless_opted_in(cpu_vllm, plugin_for_read, monkeypatch):
+    """FULL CUDA graphs are refused (NEVER) where the plugin reads, unless the experiment switch is set."""
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    from nvfp4compat.vllm_plugin.backend import ENV_CUDAGRAPH_DECODE
+
+    setup = make_layer(cpu_vllm, "nvfp4", num_heads=8, num_kv_heads=2, head_size=128)
+    builder_cls = type(setup.builder())
+    monkeypatch.delenv(ENV_CUDAGRAPH_DECODE, raising=False)
+    assert builder_cls.get_cudagraph_support(setup.config, setup.spec) == AttentionCGSupport.NEVER
+    monkeypatch.setenv(ENV_CUDAGRAPH_DECODE, "1")
+    assert (
+        builder_cls.get_cudagraph_support(setup.config, setup.spec)
+        == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    )
