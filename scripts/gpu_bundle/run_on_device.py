@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -278,35 +279,53 @@ CACHE_DIRS = (
     ".triton/cache",
 )  # under $HOME, most valuable first
 CACHE_FILE = "caches.tar.xz"
-CACHE_LIMIT = 15 << 20  # what comes back from the device: 16 MiB a file
+CACHE_CHUNK = 15 << 20  # what comes back from the device: at most 8 files of 16 MiB, 64 MiB in all
+CACHE_MAX_CHUNKS = 3  # the run's own results.json, summary.md, jobs.log, runner.log take 4 of the 8
+CACHE_LIMIT = CACHE_CHUNK * CACHE_MAX_CHUNKS
 
 
 def save_caches(out: Path) -> str:
-    """Pack the compile caches into ``out/caches.tar.xz`` (dropping the least valuable until it fits)."""
+    """Pack the compile caches into ``out/caches.tar.xz.NN`` chunks of at most 15 MiB each.
+
+    FlashInfer's JIT modules (minutes of nvcc per release the first time a bf16/fp8 engine starts)
+    come first; caches are dropped from the end of ``CACHE_DIRS`` until the archive fits
+    ``CACHE_MAX_CHUNKS`` chunks. Carry the chunks back as ``.bundle/caches/`` in a later session's
+    first call: ``unpack`` joins and restores them.
+    """
     home = Path.home()
     present = [d for d in CACHE_DIRS if (home / d).is_dir()]
-    target = out / CACHE_FILE
+    packed = out / CACHE_FILE
     for n in range(len(present), 0, -1):
-        with tarfile.open(target, "w:xz", preset=6) as tf:
+        with tarfile.open(packed, "w:xz", preset=6) as tf:
             for d in present[:n]:
                 tf.add(home / d, arcname=d)
-        size = target.stat().st_size
+        size = packed.stat().st_size
         if size <= CACHE_LIMIT:
-            return f"{target}: {size / (1 << 20):.1f} MiB holding {present[:n]}"
-    target.unlink(missing_ok=True)
+            data = packed.read_bytes()
+            packed.unlink()
+            names = []
+            for i in range(0, len(data), CACHE_CHUNK):
+                chunk = out / f"{CACHE_FILE}.{i // CACHE_CHUNK:02d}"
+                chunk.write_bytes(data[i : i + CACHE_CHUNK])
+                names.append(chunk.name)
+            return f"{size / (1 << 20):.1f} MiB of compile caches {present[:n]} in {names}"
+    packed.unlink(missing_ok=True)
     return f"compile caches {present} do not fit in {CACHE_LIMIT >> 20} MiB even alone; not saved"
 
 
 def restore_caches(bundle_dir: Path, state: dict[str, Any]) -> None:
-    """Extract a carried ``.bundle/caches/caches.tar.xz`` into $HOME once per content."""
-    path = bundle_dir / "caches" / CACHE_FILE
-    if not path.exists():
+    """Extract carried ``.bundle/caches/caches.tar.xz[.NN]`` into $HOME once per content."""
+    folder = bundle_dir / "caches"
+    whole = folder / CACHE_FILE
+    chunks = sorted(folder.glob(f"{CACHE_FILE}.[0-9][0-9]")) if folder.is_dir() else []
+    if not whole.exists() and not chunks:
         return
-    digest = sha256_file(path)
+    data = whole.read_bytes() if whole.exists() else b"".join(c.read_bytes() for c in chunks)
+    digest = hashlib.sha256(data).hexdigest()
     if state.get("caches") == digest:
         say(f"compile caches {digest[:16]} already restored")
         return
-    with tarfile.open(path, "r:xz") as tf:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tf:
         members = [
             m
             for m in tf.getmembers()
@@ -315,7 +334,8 @@ def restore_caches(bundle_dir: Path, state: dict[str, Any]) -> None:
         kwargs: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         tf.extractall(Path.home(), members=members, **kwargs)
     state["caches"] = digest
-    say(f"restored compile caches from {path} ({len(members)} entries) into {Path.home()}")
+    src = whole if whole.exists() else [c.name for c in chunks]
+    say(f"restored compile caches from {src} ({len(members)} entries) into {Path.home()}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -1147,8 +1167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument(
         "--save-caches",
         action="store_true",
-        help=f"pack FlashInfer's JIT, vLLM's and Triton's compile caches into OUT/{CACHE_FILE} (<= 15 MiB); "
-        f"carry it back later as .bundle/caches/{CACHE_FILE} and unpack restores it",
+        help=f"pack FlashInfer's JIT, vLLM's and Triton's compile caches into OUT/{CACHE_FILE}.NN (15 MiB chunks, <= {CACHE_MAX_CHUNKS}); "
+        f"carry them back later in .bundle/caches/ and unpack restores them",
     )
     args = ap.parse_args(argv)
     try:
