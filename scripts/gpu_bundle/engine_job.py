@@ -256,6 +256,38 @@ def task_throughput(llm: Any, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def task_recall(llm: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """Issue 7: exact-match needle recall (10 depths x ``recall_per_depth`` per length), greedy.
+
+    The prompts and the scorer are ``nvfp4compat.recall.task``'s, the same ones the torch-only
+    evaluation and the trainer use; the vocabulary layout is read from the model's tokenizer.json.
+    """
+    from vllm import SamplingParams
+
+    from nvfp4compat.recall import task as rt
+
+    layout = rt.VocabLayout.from_tokenizer_json(Path(spec["model"]) / "tokenizer.json")
+    prompts = [
+        p
+        for L in spec["recall_lengths"]
+        for p in rt.make_needle_prompts(layout, L, rt.DEPTHS, spec["recall_per_depth"], seed=7)
+    ]
+    sp = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    t0 = time.time()
+    outs = llm.generate([{"prompt_token_ids": p.token_ids} for p in prompts], sp, use_tqdm=False)
+    gen = [list(o.outputs[0].token_ids) for o in outs]
+    sc = rt.score(prompts, gen)
+    return {
+        "ok": True,
+        "seconds": round(time.time() - t0, 2),
+        "prompts": len(prompts),
+        "recall": {str(k): v for k, v in sc["recall"].items()},
+        "table": {str(k): {f"{d:.1f}": h for d, h in v.items()} for k, v in sc["table"].items()},
+        "overall": sc["overall"],
+        "misses": sc["misses"][:20],
+    }
+
+
 def run_engine(spec: dict[str, Any], result: dict[str, Any]) -> None:
     tasks = result["tasks"]
     try:
@@ -273,6 +305,7 @@ def run_engine(spec: dict[str, Any], result: dict[str, Any]) -> None:
         ("generate", task_generate),
         ("logprobs", task_logprobs),
         ("throughput", task_throughput),
+        ("recall", task_recall),
     ):
         if name not in spec["tasks"]:
             continue
