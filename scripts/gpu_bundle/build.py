@@ -972,9 +972,12 @@ def render_plan(manifest: dict[str, Any], tree_bytes: int) -> str:
         lines.append(f"        command: {cmd}")
     lines.append(
         "then, on the same warm machine (nothing to carry): "
-        f"`{runner} run --checks 4,5 --out $OUT`, then `{runner} run --checks 6 --out $OUT` "
-        "(each run re-checks the unpacked bundle in seconds; add --save-caches to the last one to take "
-        "the compile caches home). Check 7: `run --checks 7 --tp 2` on kind nvidia-h200-x2, after the same unpack calls there."
+        f"`{runner} run --checks 4,5 --out $OUT`, then `{runner} run --checks 6 --out $OUT`, and "
+        f"`{runner} run --checks recall --out $OUT` once the recall model is trained "
+        "(each run re-checks the unpacked bundle in seconds; give --save-caches to the first run that "
+        "starts bf16/fp8 engines: FlashInfer's JIT builds took ~10 of the first session's 30 device "
+        "minutes). docs/validation.md ('Next device session') orders what is still open. "
+        "Check 7: `run --checks 7 --tp 2` on kind nvidia-h200-x2, after the same unpack calls there."
     )
     return "\n".join(lines)
 
@@ -1610,7 +1613,9 @@ def main(argv: Iterable[str] | None = None) -> int:
         default=Path("/work/wheels/.bundle-units"),
         help="compressed units, reused by later builds",
     )
-    b.add_argument("--max-part-mib", type=float, default=60.0)
+    b.add_argument(
+        "--max-part-mib", type=float, default=56.0
+    )  # room for a working tree of up to 8 MiB beside a part (64 MiB a call)
     b.add_argument(
         "--flashinfer", nargs="+", default=list(FLASHINFER_VERSIONS), choices=FLASHINFER_VERSIONS
     )
