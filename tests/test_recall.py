@@ -409,3 +409,13 @@ def test_shipped_model_paged_attention_per_layer(shipped):
             out = cache(layer, q, k, v, positions).float()
             rel = float((out - ref).norm() / ref.norm())
             assert rel < 1e-2, f"layer {layer}: paged NVFP4 attention off by relative L2 {rel:.3e}"
+
+
+def test_recall_gap_is_exact_in_points():
+    from nvfp4compat.recall.evaluate import recall_gap
+
+    res = {"bf16": {"recall": {8192: 1.0, 2048: 0.98}}, "nvfp4": {"recall": {8192: 0.99, 2048: 0.98}}}
+    gaps = recall_gap(res, "nvfp4")
+    # one miss in 100 is exactly the 1-point target (unrounded float arithmetic gives 1.0000000000000009)
+    assert gaps == {8192: 1.0, 2048: 0.0}
+    assert gaps[8192] <= 1.0

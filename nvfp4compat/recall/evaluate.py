@@ -405,9 +405,13 @@ def evaluate_recall(
 def recall_gap(
     results: dict[str, dict[str, Any]], mode: str, ref: str = "bf16"
 ) -> dict[int, float]:
-    """``{length: (recall[ref] - recall[mode]) * 100}`` in points (positive: ``mode`` is worse)."""
+    """``{length: (recall[ref] - recall[mode]) * 100}`` in points (positive: ``mode`` is worse).
+
+    Rounded to 1e-9 points: recall is a ratio of hit counts, so one miss in 100 is exactly 1.0 point
+    and must compare equal to a 1-point limit (unrounded, 100 * (1.0 - 0.99) is 1.0000000000000009).
+    """
     a, b = results[ref]["recall"], results[mode]["recall"]
-    return {L: 100.0 * (a[L] - b[L]) for L in a}
+    return {L: round(100.0 * (a[L] - b[L]), 9) for L in a}
 
 
 def format_results(results: dict[str, dict[str, Any]]) -> str:
@@ -418,7 +422,9 @@ def format_results(results: dict[str, dict[str, Any]]) -> str:
         lines.append(
             f"{mode}"
             + (
-                f" (impl {res['config']['impl']}, {res['config']['kv_layout']}, page {res['config']['page_size']})"
+                f" (impl {res['config']['impl']}, {res['config']['kv_layout']}, page {res['config']['page_size']}"
+                + (", 4over6" if res["config"].get("nvfp4_4over6") else "")
+                + ")"
                 if res["config"]["impl"]
                 else ""
             )

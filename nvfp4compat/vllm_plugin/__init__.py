@@ -247,7 +247,9 @@ def register() -> None:
         logger.exception("nvfp4compat: applying the plan failed; vLLM left untouched")
         _REGISTERED = True
         return
-    logger.info("%s", summary_line(plan, route))
+    # the pid tells the processes apart (API, EngineCore, every tensor-parallel worker): a worker
+    # logs this before vLLM prefixes its lines with "(Worker_TP1 pid=...)"
+    logger.info("%s [pid %d]", summary_line(plan, route), os.getpid())
     if getattr(plan, "supported", False):
         for warning in getattr(plan, "warnings", None) or []:
             logger.warning("nvfp4compat: %s", warning)

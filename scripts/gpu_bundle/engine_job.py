@@ -94,6 +94,10 @@ def engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
         "generation_config": "vllm",
         "tensor_parallel_size": spec.get("tensor_parallel_size", 1),
     }
+    if spec.get("kv_cache_memory_bytes"):
+        # a fixed KV reservation skips vLLM's memory profiling, so engines that share the GPU (runs
+        # made side by side) cannot skew each other's budget; never set for capacity or throughput
+        kw["kv_cache_memory_bytes"] = int(spec["kv_cache_memory_bytes"])
     mode = spec["mode"]
     cap = spec.get("max_cudagraph_capture_size", 64)
     if mode == "eager":
@@ -118,6 +122,13 @@ def engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(
             f"unknown mode {mode!r}; known: eager, piecewise, full, full-decode-optin, default"
         )
+    if kw["tensor_parallel_size"] > 1 and "compilation_config" in kw:
+        # vLLM's allreduce+RMSNorm fusion (on by default for TP on Hopper) builds FlashInfer's
+        # all-reduce workspace, auto-selecting the NVLink-multicast "mnnvl" backend; on the H200 host
+        # (multicast off by rule) the PIECEWISE TP2 engine then died in its profile run with
+        # CUBLAS_STATUS_INTERNAL_ERROR / illegal memory access (2026-11-29). The fusion is a vLLM
+        # matmul/comm optimisation unrelated to the KV cache; TP checks run without it.
+        kw["compilation_config"]["pass_config"] = {"fuse_allreduce_rms": False}
     return kw
 
 

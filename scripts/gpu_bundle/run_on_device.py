@@ -44,6 +44,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -386,7 +387,6 @@ class Job:
         )
 
 
-FI_FA2_READ = "0.7.2.post1"  # the bundled FlashInfer whose FA2 NVFP4 read the recall check binds
 
 
 def plan_jobs(checks: Sequence[str], fi_default: str, fi_helper: str, tp: int = 2) -> list[Job]:
@@ -436,6 +436,10 @@ def plan_jobs(checks: Sequence[str], fi_default: str, fi_helper: str, tp: int = 
         elif c == "throughput":
             for kv in ("nvfp4", "auto"):
                 add(c, "engine", fi_default, True, kv, "default", ["start", "throughput"])
+            # the same NVFP4 engine with FULL decode graphs over the Triton readers (the plugin's
+            # NVFP4COMPAT_CUDAGRAPH_DECODE=1 switch): on 2026-11-29 the default (PIECEWISE, attention
+            # eager between graphs) decoded at 0.48x of bf16 with its FULL_AND_PIECEWISE graphs
+            add(c, "engine", fi_default, True, "nvfp4", "full-decode-optin", ["start", "throughput"])
         elif c == "writer":
             add(c, "writer", fi_helper, True, tasks=["writer"])
         elif c == "recall":
@@ -443,10 +447,10 @@ def plan_jobs(checks: Sequence[str], fi_default: str, fi_helper: str, tp: int = 
             for kv in ("nvfp4", "auto", "fp8"):
                 add(c, "engine", fi_default, True, kv, "eager", ["start", "recall"], model="recall")
             add(c, "engine", fi_helper, True, "nvfp4", "eager", ["start", "recall"], model="recall")
-            add(
-                c, "engine", FI_FA2_READ, True, "nvfp4", "eager", ["start", "recall"],
-                model="recall", impl="decode=flashinfer,prefill=flashinfer",
-            )  # fmt: skip
+            # no FlashInfer-reader job: inside vLLM 0.26 the plan binds only the Triton readers (the
+            # FA2 NVFP4 read needs vLLM >= 0.32's wrapper planning; the plugin refuses
+            # NVFP4COMPAT_IMPL=decode=flashinfer there, seen on the H200 on 2026-11-29). FlashInfer's
+            # FA2 read is measured without vLLM in tests/test_gpu_recall.py.
         elif c == "tp":
             for mode in ("eager", "piecewise", "full"):
                 add(c, "engine", fi_default, True, "nvfp4", mode, ["start", "generate"], tp=tp)
@@ -458,7 +462,11 @@ def plan_jobs(checks: Sequence[str], fi_default: str, fi_helper: str, tp: int = 
     kvs = {"nvfp4": 0, "auto": 1, "fp8": 2}
     return sorted(
         jobs.values(),
-        key=lambda j: (order[j.kind], j.tp, j.plugin, j.fi, kvs.get(j.kv, 3), modes[j.mode]),
+        # eager engines first within a release: they decide the capacity ratios (checks 3, 7) and are
+        # the reference every graph mode is compared with
+        key=lambda j: (
+            order[j.kind], j.tp, j.plugin, j.fi, j.mode != "eager", kvs.get(j.kv, 3), modes[j.mode]
+        ),
     )
 
 
@@ -476,6 +484,11 @@ def job_env(site: Path, job: Job, extra: dict[str, str]) -> dict[str, str]:
         env["NVFP4COMPAT_IMPL"] = job.impl
     if job.mode == "full-decode-optin":
         env["NVFP4COMPAT_CUDAGRAPH_DECODE"] = "1"  # the plugin's FULL-decode experiment switch
+    # NVLink multicast stays off (the device host's rule: it can take shared GPUs out of service),
+    # also in vLLM's compiled TP graphs, whose allreduce+RMSNorm fusion auto-selects FlashInfer's
+    # multicast ("mnnvl") all-reduce; engine_job.py turns that fusion off for tensor parallelism
+    for k, v in MULTICAST_OFF.items():
+        env.setdefault(k, v)
     env["PYTHONUNBUFFERED"] = "1"
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_OFFLINE"] = "1"
@@ -496,6 +509,28 @@ def job_env(site: Path, job: Job, extra: dict[str, str]) -> dict[str, str]:
         env["CUDA_HOME"] = cuda_home
     env.update(extra)
     return env
+
+
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm",
+}
+
+MEASURES_MEMORY = frozenset({"capacity", "throughput", "tp"})
+
+
+def kv_reservation(job: Job, spec: dict[str, Any]) -> int | None:
+    """``kv_cache_memory_bytes`` for a job under ``--kv-cache-gib``, else None (vLLM profiles).
+
+    A fixed reservation lets runs share one GPU (each engine's memory profiling would otherwise
+    count the other runs' allocations); jobs whose checks measure capacity or speed always profile.
+    """
+    gib = spec.get("kv_cache_gib")
+    if not gib or job.kind != "engine" or MEASURES_MEMORY.intersection(job.checks):
+        return None
+    return int(float(gib) * (1 << 30))
 
 
 def run_job(
@@ -527,6 +562,7 @@ def run_job(
                 "flashinfer": job.fi,
                 "plugin": job.plugin,
                 "tensor_parallel_size": job.tp,
+                "kv_cache_memory_bytes": kv_reservation(job, spec),
                 "result": str(result_path),
             }
         )
@@ -579,6 +615,10 @@ def run_job(
     return result
 
 
+_PID_RE = re.compile(r"\[pid (\d+)\]\s*$")
+_WORKER_RE = re.compile(r"\((?:Worker|VllmWorker)[^ )]*\s+pid=(\d+)\)")
+
+
 def scan_log(text: str) -> dict[str, Any]:
     """Pick the lines the checks need out of a job's log."""
     lines = text.splitlines()
@@ -591,6 +631,11 @@ def scan_log(text: str) -> dict[str, Any]:
                 kv_tokens.append(int(num))
     return {
         "plugin": [ln.strip()[-600:] for ln in lines if "nvfp4compat" in ln.lower()][:20],
+        # pids of the plan lines ("... [pid N]") and of vLLM's worker processes ("(Worker_TP1 pid=N)")
+        "plugin_pids": sorted(
+            {int(m.group(1)) for ln in lines if "nvfp4compat: vLLM" in ln for m in [_PID_RE.search(ln)] if m}
+        ),
+        "worker_pids": sorted({int(m.group(1)) for ln in lines for m in _WORKER_RE.finditer(ln)}),
         "kv_cache_tokens": kv_tokens,
         "not_supported": pick("kv_cache_dtype not supported"),
         "cudagraph": pick(
@@ -867,6 +912,11 @@ def evaluate(
             r["nvfp4"], r["bf16"] = _task(n, "throughput"), _task(b, "throughput")
             dn, db = r["nvfp4"].get("decode_tok_s"), r["bf16"].get("decode_tok_s")
             r["ratio_nvfp4_over_bf16"] = dn / db if dn and db else None
+            o = E(fi=fi_default, plugin=True, kv="nvfp4", mode="full-decode-optin")
+            if o is not None:
+                r["nvfp4_full_decode_optin"] = _task(o, "throughput")
+                do = r["nvfp4_full_decode_optin"].get("decode_tok_s")
+                r["ratio_nvfp4_full_decode_optin_over_bf16"] = do / db if do and db else None
             r["passed"] = bool(dn and db)
             r["note"] = "no numeric threshold in issue 6: passed = both measured"
         elif c == "writer":
@@ -939,7 +989,15 @@ def evaluate(
             tags = _process_tags(lines)
             r["plugin_log"] = lines[:8]
             r["plugin_processes"] = tags
-            workers = [t for t in tags if "Worker" in t]
+            logs = (eager.result or {}).get("log_lines", {}) if eager else {}
+            # a worker counts when a plan line carries its pid (it logs before vLLM prefixes its
+            # lines) or carries its "(Worker... pid=N)" prefix
+            worker_pids = set(logs.get("worker_pids", []))
+            workers = sorted(
+                {f"pid {p}" for p in set(logs.get("plugin_pids", [])) & worker_pids}
+                | {t for t in tags if "Worker" in t}
+            )
+            r["plugin_workers"] = workers
             bf = E(fi=fi_default, plugin=True, kv="auto", mode="eager", tp=tp)
             tn, tb = (
                 _task(eager, "start").get("kv_cache_tokens"),
@@ -1075,6 +1133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "recall_model": str(args.recall_model),
             "recall_lengths": [int(x) for x in args.recall_lengths.split(",") if x.strip()],
             "recall_per_depth": args.recall_per_depth,
+            "kv_cache_gib": args.kv_cache_gib,
         }
         spec["recall_max_model_len"] = max(args.max_model_len, max(spec["recall_lengths"]) + 64)
         if (
@@ -1112,7 +1171,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if proc.returncode != 0:
                 raise RunnerError(f"make_tiny_model.py failed (rc {proc.returncode}); see above")
             say(f"tiny model made in {args.model} in {time.time() - t0:.1f} s")
-        work = args.site.parent / "nvfp4-jobs"
+        work = args.work or args.site.parent / "nvfp4-jobs"
         work.mkdir(parents=True, exist_ok=True)
         results_path = out / "results.json"
         checks_only = [c for c in wanted if c != "preflight"]
@@ -1246,8 +1305,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument(
         "--recall-per-depth",
         type=int,
-        default=5,
-        help="needles per depth (10 depths) and length in the 'recall' check (default 5)",
+        default=10,
+        help="needles per depth (10 depths) and length in the 'recall' check (default 10: 100 per "
+        "length, so that one miss is exactly the 1-point target)",
     )
     r.add_argument(
         "--flashinfer",
@@ -1280,6 +1340,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         default=[],
         help="KEY=VALUE for every job (e.g. NVFP4COMPAT_IMPL=write=triton)",
+    )
+    r.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=None,
+        help="reserve this many GiB of KV cache (kv_cache_memory_bytes) in engines whose checks do not "
+        "measure memory or speed, so that several runs can share the GPU side by side",
+    )
+    r.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="folder for the jobs' specs, logs and results (default: <site>/../nvfp4-jobs; give each "
+        "side-by-side run its own)",
     )
     r.add_argument("--dry-run", action="store_true", help="plan the jobs, run nothing")
     r.add_argument(
