@@ -926,6 +926,18 @@ def working_tree_bytes(repo: Path) -> int:
     return total
 
 
+def auto_part_mib(repo: Path) -> int:
+    """The largest part (whole MiB) that fits one device call beside the working tree, with 2 MiB spare."""
+    room = DEVICE_CALL_LIMIT - working_tree_bytes(repo) - 2 * MIB
+    if room < 8 * MIB:
+        raise BuildError(
+            f"the working tree is {working_tree_bytes(repo) / MIB:.1f} MiB: a 64 MiB call has room for only "
+            f"{room / MIB:.1f} MiB of bundle beside it; move large untracked files out of the checkout or "
+            "into an ignored folder"
+        )
+    return int(room // MIB)
+
+
 def call_plan(
     manifest: dict[str, Any], tree_bytes: int, bundle_rel: str = ".bundle"
 ) -> list[dict[str, Any]]:
@@ -993,6 +1005,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     cache.mkdir(parents=True, exist_ok=True)
     unit_cache = args.unit_cache
     unit_cache.mkdir(parents=True, exist_ok=True)
+    if args.max_part_mib is None:
+        args.max_part_mib = auto_part_mib(REPO)
+        log(f"parts of at most {args.max_part_mib} MiB (64 MiB a call less the working tree and 2 MiB)")
     budget = int(args.max_part_mib * MIB) - 4096
     st = stage(out, cache, args.offline, args.flashinfer, not args.no_plugin)
     components = [c for c in COMPONENTS_ORDER if (st.root / c).is_dir()]
@@ -1614,8 +1629,11 @@ def main(argv: Iterable[str] | None = None) -> int:
         help="compressed units, reused by later builds",
     )
     b.add_argument(
-        "--max-part-mib", type=float, default=56.0
-    )  # room for a working tree of up to 8 MiB beside a part (64 MiB a call)
+        "--max-part-mib",
+        type=float,
+        default=None,
+        help="largest part (default: what fits one 64 MiB device call beside the working tree)",
+    )
     b.add_argument(
         "--flashinfer", nargs="+", default=list(FLASHINFER_VERSIONS), choices=FLASHINFER_VERSIONS
     )
