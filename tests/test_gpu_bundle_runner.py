@@ -120,6 +120,18 @@ def test_recall_check_needs_every_nvfp4_binding_within_one_point(rod):
     bad = verdict(0.97)
     assert not bad["passed"] and bad["worst_points_below_bf16"] == pytest.approx(2.0)
 
+    # lengths past the trained range are reported but stay out of the verdict
+    for j in jobs:
+        rec = {"2048": 1.0, "8192": 1.0, "16384": 0.9 if j.kv == "auto" else 0.7}
+        j.result = _engine_result(recall=rec)
+    past = rod.evaluate(["recall"], jobs, "0.6.14", "0.6.15", recall_beyond=(16384,))["recall"]
+    assert past["passed"] and past["worst_points_below_bf16"] == 0.0
+    entry = past["table"]["nvfp4-eager-fi0.6.14-plugin-recall"]
+    assert entry["points_below_bf16"] == {"2048": 0.0, "8192": 0.0}
+    assert entry["points_below_bf16_beyond_training"] == {"16384": 20.0}
+    counted = rod.evaluate(["recall"], jobs, "0.6.14", "0.6.15")["recall"]
+    assert not counted["passed"] and counted["worst_points_below_bf16"] == pytest.approx(20.0)
+
 
 def test_compile_caches_come_back_in_chunks_and_restore(rod, tmp_path, monkeypatch):
     home = tmp_path / "home"

@@ -779,8 +779,18 @@ def divergence(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
 
 
 def evaluate(
-    checks: Sequence[str], jobs: list[Job], fi_default: str, fi_helper: str, tp: int = 2
+    checks: Sequence[str],
+    jobs: list[Job],
+    fi_default: str,
+    fi_helper: str,
+    tp: int = 2,
+    recall_beyond: Sequence[int] = (),
 ) -> dict[str, Any]:
+    """Each check's verdict from its jobs' results.
+
+    ``recall_beyond``: recall lengths past the trained range (measured and reported, outside the
+    1-point verdict: issue 7 asks for them only "if the model extrapolates").
+    """
     out: dict[str, Any] = {}
     E = lambda **m: _first(jobs, kind="engine", **m)  # noqa: E731
     for c in checks:
@@ -947,14 +957,20 @@ def evaluate(
                     if t.get("ok")
                     else str(t.get("error") or _task(j, "start").get("error"))[-400:],
                 }
-                if t.get("ok") and base.get("ok") and j.kv == "nvfp4":
+                if t.get("ok") and base.get("ok") and j.kv in ("nvfp4", "fp8"):
+                    beyond = {str(L) for L in recall_beyond}
                     gaps = {
                         L: round(100 * (base["recall"][L] - t["recall"][L]), 2)
                         for L in base["recall"]
                         if L in t["recall"]
                     }
-                    entry["points_below_bf16"] = gaps
-                    gaps_all.extend(gaps.values())
+                    entry["points_below_bf16"] = {L: g for L, g in gaps.items() if L not in beyond}
+                    if beyond & gaps.keys():
+                        entry["points_below_bf16_beyond_training"] = {
+                            L: g for L, g in gaps.items() if L in beyond
+                        }
+                    if j.kv == "nvfp4":
+                        gaps_all.extend(entry["points_below_bf16"].values())
                 r["table"][j.name] = entry
             nv = [e for e in r["table"].values() if e["kv"] == "nvfp4"]
             worst = max(gaps_all) if gaps_all else None
@@ -967,7 +983,13 @@ def evaluate(
                 and worst <= 1.0
             )
             r["note"] = (
-                "target (issue 7): NVFP4 exact-match recall within 1 point of bf16 at every length, every binding"
+                "target (issue 7): NVFP4 exact-match recall within 1 point of bf16 at every trained length, "
+                "every binding"
+                + (
+                    f"; {sorted(recall_beyond)} reported, outside the verdict (past the trained 8192)"
+                    if recall_beyond
+                    else ""
+                )
             )
         elif c == "tp":
             r["tensor_parallel_size"] = tp
@@ -1131,7 +1153,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             "throughput_new_tokens": args.throughput_new_tokens,
             "seed": 0,
             "recall_model": str(args.recall_model),
-            "recall_lengths": [int(x) for x in args.recall_lengths.split(",") if x.strip()],
+            "recall_lengths": [
+                int(x)
+                for x in f"{args.recall_lengths},{args.recall_beyond}".split(",")
+                if x.strip()
+            ],
+            "recall_beyond": [int(x) for x in args.recall_beyond.split(",") if x.strip()],
             "recall_per_depth": args.recall_per_depth,
             "kv_cache_gib": args.kv_cache_gib,
         }
@@ -1177,7 +1204,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         checks_only = [c for c in wanted if c != "preflight"]
 
         def write_outputs(final: bool) -> dict[str, Any]:
-            results = evaluate(checks_only, jobs, fi_default, fi_helper, args.tp)
+            results = evaluate(
+                checks_only, jobs, fi_default, fi_helper, args.tp, spec["recall_beyond"]
+            )
             pre = next((j.result for j in jobs if j.kind == "preflight"), None) or {}
             wall = time.time() - t_run
             doc = {
@@ -1301,6 +1330,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--recall-lengths",
         default="2048,4096,8192",
         help="context lengths of the 'recall' check (comma-separated; default 2048,4096,8192)",
+    )
+    r.add_argument(
+        "--recall-beyond",
+        default="16384",
+        help="recall lengths past the model's trained 8192, measured and reported outside the verdict "
+        "(comma-separated; default 16384, where the shipped model's dense bf16 recall is 90%%; '' for none)",
     )
     r.add_argument(
         "--recall-per-depth",
