@@ -97,12 +97,14 @@ def test_recall_check_needs_every_nvfp4_binding_within_one_point(rod):
     engines = [j for j in jobs if j.kind == "engine"]
     # bf16 and fp8 references, the Triton writer (0.6.14) and FlashInfer's writer (0.6.15); no
     # FlashInfer-reader job: the plugin refuses decode=flashinfer inside vLLM 0.26
-    assert sorted((j.kv, j.fi, j.impl) for j in engines) == [
-        ("auto", "0.6.14", ""),
-        ("fp8", "0.6.14", ""),
-        ("nvfp4", "0.6.14", ""),
-        ("nvfp4", "0.6.15", ""),
+    assert sorted((j.kv, j.fi, j.mode) for j in engines) == [
+        ("auto", "0.6.14", "eager"),
+        ("fp8", "0.6.14", "eager"),
+        ("nvfp4", "0.6.14", "eager"),
+        ("nvfp4", "0.6.14", "full-decode-optin"),
+        ("nvfp4", "0.6.15", "eager"),
     ]
+    assert all(not j.impl for j in engines)
     assert all(j.model == "recall" for j in engines)
 
     def verdict(helper_8k):

@@ -447,6 +447,13 @@ def plan_jobs(checks: Sequence[str], fi_default: str, fi_helper: str, tp: int = 
             for kv in ("nvfp4", "auto", "fp8"):
                 add(c, "engine", fi_default, True, kv, "eager", ["start", "recall"], model="recall")
             add(c, "engine", fi_helper, True, "nvfp4", "eager", ["start", "recall"], model="recall")
+            # the answer's second token is a decode step: with NVFP4COMPAT_CUDAGRAPH_DECODE=1 the
+            # steps that form pure decode batches replay FULL graphs over the Triton readers, so this
+            # job's recall also tests FULL capture
+            add(
+                c, "engine", fi_default, True, "nvfp4", "full-decode-optin", ["start", "recall"],
+                model="recall",
+            )  # fmt: skip
             # no FlashInfer-reader job: inside vLLM 0.26 the plan binds only the Triton readers (the
             # FA2 NVFP4 read needs vLLM >= 0.32's wrapper planning; the plugin refuses
             # NVFP4COMPAT_IMPL=decode=flashinfer there, seen on the H200 on 2026-11-29). FlashInfer's
