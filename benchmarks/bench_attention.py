@@ -280,8 +280,11 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv) -> list[Row]:
         base_p = att.prefill_config(s.head_dim)
         variants = [(f"default {base_p}", {})]
         if sweep:
+            # block_m 256 (64 query tokens x GQA 4) decodes each K/V tile for twice the rows: the
+            # prefill lever docs/attention.md names (the E2M1 decode repeats per query tile)
             for pcfg in (att.PrefillConfig(128, 64, 8, 3), att.PrefillConfig(128, 32, 8, 2),
-                         att.PrefillConfig(64, 64, 4, 2), att.PrefillConfig(64, 64, 4, 3)):
+                         att.PrefillConfig(64, 64, 4, 2), att.PrefillConfig(64, 64, 4, 3),
+                         att.PrefillConfig(256, 64, 8, 2), att.PrefillConfig(256, 32, 8, 2)):
                 if pcfg != base_p:
                     variants.append((f"{pcfg}", {"prefill": pcfg}))
             variants.append(("portable E2M1 decoder", {"fast_decode": False}))
