@@ -315,13 +315,10 @@ def test_shipped_model_paged_logits_match_reference_codec(shipped):
     model, layout, _ = shipped
     prompts = task.make_needle_prompts(layout, 96, [0.2, 0.7], 1, seed=9)
     ids = torch.tensor([p.token_ids for p in prompts])
-    cfg = model.cfg
-    cache = PagedNvfp4Cache(
-        num_layers=cfg.num_hidden_layers,
+    cache = PagedNvfp4Cache.for_model(
+        model,
         batch=2,
         max_len=97,
-        num_kv_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim,
         device=torch.device("cpu"),
         impl="triton",
         page_size=32,
@@ -376,7 +373,6 @@ def test_shipped_model_paged_attention_per_layer(shipped):
     from nvfp4compat.recall.model import sdpa_attention
 
     model, layout, _ = shipped
-    cfg = model.cfg
     ids = torch.tensor(
         [p.token_ids for p in task.make_needle_prompts(layout, 80, [0.1, 0.6], 1, seed=4)]
     )
@@ -392,12 +388,10 @@ def test_shipped_model_paged_attention_per_layer(shipped):
 
     with torch.no_grad():
         model.hidden(ids, attn=record)
-        cache = PagedNvfp4Cache(
-            num_layers=cfg.num_hidden_layers,
+        cache = PagedNvfp4Cache.for_model(
+            model,
             batch=2,
             max_len=80,
-            num_kv_heads=cfg.num_key_value_heads,
-            head_dim=cfg.head_dim,
             device=torch.device("cpu"),
             impl="triton",
             page_size=16,

@@ -147,6 +147,22 @@ class PagedNvfp4Cache:
         ]
         self.batch, self.max_len, self.device = batch, max_len, device
 
+    @classmethod
+    def for_model(
+        cls, model: RecallLM, *, batch: int, max_len: int, device: torch.device, **kw: Any
+    ) -> PagedNvfp4Cache:
+        """A cache with ``model``'s layers, KV heads and head_dim; ``kw`` as for the constructor."""
+        cfg = model.cfg
+        return cls(
+            num_layers=cfg.num_hidden_layers,
+            batch=batch,
+            max_len=max_len,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+            device=device,
+            **kw,
+        )
+
     def slots(self, positions: torch.Tensor) -> torch.Tensor:
         """Slot of each (request, position), request-major: int64 ``[batch * T]``."""
         pos = positions.to(self.device, torch.int64)
@@ -245,22 +261,14 @@ def _generate_paged(
     device: torch.device,
 ) -> list[list[int]]:
     """Greedy generation through :class:`PagedNvfp4Cache`: one prefill, then ``n_new - 1`` decodes."""
-    cfg = model.cfg
     out: list[list[int]] = []
     for start in range(0, len(prompts), batch_size):
         group = [list(p) for p in prompts[start : start + batch_size]]
         L = len(group[0])
         if any(len(p) != L for p in group):
             raise ValueError("a batch of prompts must share one length")
-        cache = PagedNvfp4Cache(
-            num_layers=cfg.num_hidden_layers,
-            batch=len(group),
-            max_len=L + n_new - 1,
-            num_kv_heads=cfg.num_key_value_heads,
-            head_dim=cfg.head_dim,
-            device=device,
-            seed=start,
-            **cache_kw,
+        cache = PagedNvfp4Cache.for_model(
+            model, batch=len(group), max_len=L + n_new - 1, device=device, seed=start, **cache_kw
         )
         ids = torch.tensor(group, dtype=torch.long, device=device)
         h = model.hidden(ids, torch.arange(L, device=device), attn=cache)[:, -1]

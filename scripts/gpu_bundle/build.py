@@ -926,12 +926,12 @@ def working_tree_bytes(repo: Path) -> int:
     return total
 
 
-def auto_part_mib(repo: Path) -> int:
+def auto_part_mib(tree_bytes: int) -> int:
     """The largest part (whole MiB) that fits one device call beside the working tree, with 2 MiB spare."""
-    room = DEVICE_CALL_LIMIT - working_tree_bytes(repo) - 2 * MIB
+    room = DEVICE_CALL_LIMIT - tree_bytes - 2 * MIB
     if room < 8 * MIB:
         raise BuildError(
-            f"the working tree is {working_tree_bytes(repo) / MIB:.1f} MiB: a 64 MiB call has room for only "
+            f"the working tree is {tree_bytes / MIB:.1f} MiB: a 64 MiB call has room for only "
             f"{room / MIB:.1f} MiB of bundle beside it; move large untracked files out of the checkout or "
             "into an ignored folder"
         )
@@ -1005,8 +1005,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     cache.mkdir(parents=True, exist_ok=True)
     unit_cache = args.unit_cache
     unit_cache.mkdir(parents=True, exist_ok=True)
+    tree_bytes = working_tree_bytes(REPO)
     if args.max_part_mib is None:
-        args.max_part_mib = auto_part_mib(REPO)
+        args.max_part_mib = auto_part_mib(tree_bytes)
         log(f"parts of at most {args.max_part_mib} MiB (64 MiB a call less the working tree and 2 MiB)")
     budget = int(args.max_part_mib * MIB) - 4096
     st = stage(out, cache, args.offline, args.flashinfer, not args.no_plugin)
@@ -1067,7 +1068,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         "kept vLLM extensions: "
         + ", ".join(f"{k['path']} ({int(k['bytes']) / MIB:.1f} MiB)" for k in st.vllm["kept_so"])
     )
-    print(render_plan(manifest, working_tree_bytes(REPO)))
+    print(render_plan(manifest, tree_bytes))
     return 0
 
 

@@ -622,8 +622,9 @@ def run_job(
     return result
 
 
-_PID_RE = re.compile(r"\[pid (\d+)\]\s*$")
-_WORKER_RE = re.compile(r"\((?:Worker|VllmWorker)[^ )]*\s+pid=(\d+)\)")
+_PID_RE = re.compile(r"\[pid (\d+)\]\s*$")  # the end of the plugin's plan line
+# vLLM's per-process log prefix, e.g. "(Worker_TP1 pid=4242)": group 1 the process, group 2 the pid
+_PROC_RE = re.compile(r"\(((?:Worker|EngineCore|VllmWorker)[^ )]*)\s+pid=(\d+)\)")
 
 
 def scan_log(text: str) -> dict[str, Any]:
@@ -640,9 +641,11 @@ def scan_log(text: str) -> dict[str, Any]:
         "plugin": [ln.strip()[-600:] for ln in lines if "nvfp4compat" in ln.lower()][:20],
         # pids of the plan lines ("... [pid N]") and of vLLM's worker processes ("(Worker_TP1 pid=N)")
         "plugin_pids": sorted(
-            {int(m.group(1)) for ln in lines if "nvfp4compat: vLLM" in ln for m in [_PID_RE.search(ln)] if m}
+            {int(m.group(1)) for m in (_PID_RE.search(ln) for ln in lines if "nvfp4compat: vLLM" in ln) if m}
         ),
-        "worker_pids": sorted({int(m.group(1)) for ln in lines for m in _WORKER_RE.finditer(ln)}),
+        "worker_pids": sorted(
+            {int(m.group(2)) for ln in lines for m in _PROC_RE.finditer(ln) if "Worker" in m.group(1)}
+        ),
         "kv_cache_tokens": kv_tokens,
         "not_supported": pick("kv_cache_dtype not supported"),
         "cudagraph": pick(
@@ -735,15 +738,7 @@ def _plan_bindings(lines: Sequence[str]) -> dict[str, str | None]:
 
 def _process_tags(lines: Sequence[str]) -> list[str]:
     """vLLM's per-process log prefixes, e.g. ``(Worker_TP1 pid=4242)``, found in ``lines``."""
-    import re
-
-    return sorted(
-        {
-            m.group(0)
-            for ln in lines
-            for m in re.finditer(r"\((?:Worker|EngineCore|VllmWorker)[^ )]*\s+pid=\d+\)", ln)
-        }
-    )
+    return sorted({m.group(0) for ln in lines for m in _PROC_RE.finditer(ln)})
 
 
 NEAR_TIE = 0.1  # nats: a greedy divergence where eager's top-2 margin is below this is a near-tie
@@ -947,6 +942,7 @@ def evaluate(
             r["bf16"] = base.get("recall")
             r["table"] = {}
             gaps_all: list[float] = []
+            beyond = {str(L) for L in recall_beyond}
             for j in jobs:
                 if j.kind != "engine" or j.model != "recall":
                     continue
@@ -965,7 +961,6 @@ def evaluate(
                     else str(t.get("error") or _task(j, "start").get("error"))[-400:],
                 }
                 if t.get("ok") and base.get("ok") and j.kv in ("nvfp4", "fp8"):
-                    beyond = {str(L) for L in recall_beyond}
                     gaps = {
                         L: round(100 * (base["recall"][L] - t["recall"][L]), 2)
                         for L in base["recall"]
@@ -1014,11 +1009,11 @@ def evaluate(
                 if g.get("ok") and base_tokens is not None:
                     entry["matches_eager"] = g["token_ids"] == base_tokens
                 r["modes"][mode] = entry
-            lines = (eager.result or {}).get("log_lines", {}).get("plugin", []) if eager else []
+            logs = (eager.result or {}).get("log_lines", {}) if eager else {}
+            lines = logs.get("plugin", [])
             tags = _process_tags(lines)
             r["plugin_log"] = lines[:8]
             r["plugin_processes"] = tags
-            logs = (eager.result or {}).get("log_lines", {}) if eager else {}
             # a worker counts when a plan line carries its pid (it logs before vLLM prefixes its
             # lines) or carries its "(Worker... pid=N)" prefix
             worker_pids = set(logs.get("worker_pids", []))
