@@ -30,7 +30,12 @@ def _special_values() -> torch.Tensor:
     near = torch.cat([e2, torch.nextafter(e2, torch.tensor(float("inf"))), torch.nextafter(e2, torch.tensor(0.0))])
     specials = torch.tensor([float("inf"), float("nan"), -0.0, 1e-40, -1e-40, 448.0, 464.0, 463.9, 500.0, 2.0**-10, 2.0**-10 * 1.5])
     rand = torch.randn(4096) * torch.exp2(torch.randint(-14, 10, (4096,)).float())
-    x = torch.cat([e4, mids, near, -near, specials, rand]).float()
+    # every bf16 value (both NaN signs, infinities, denormals) and random fp32 bit patterns around the
+    # E2M1 range: the encoder's bit-level rounding sees every exponent and mantissa pattern
+    all_bf16 = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    bits = torch.randint(0x3D000000, 0x41000000, (1 << 16,), dtype=torch.int32)
+    around = bits.view(torch.float32) * torch.where(torch.rand(1 << 16) < 0.5, -1.0, 1.0)
+    x = torch.cat([e4, mids, near, -near, specials, rand, all_bf16, around]).float()
     return x
 
 

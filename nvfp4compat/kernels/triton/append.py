@@ -204,6 +204,8 @@ CONFIGS: tuple[AppendConfig, ...] = (
     AppendConfig(128, 4),
     AppendConfig(256, 8),
     AppendConfig(512, 8),
+    AppendConfig(1024, 8),
+    AppendConfig(1024, 16),
 )
 CONFIG_BY_NAME = {c.name: c for c in CONFIGS}
 # Under TRITON_INTERPRET=1 every program is a Python-level step: one large tile is far faster.

@@ -148,6 +148,8 @@ CONFIGS: tuple[DequantConfig, ...] = (
     DequantConfig(128, 4),
     DequantConfig(256, 8),
     DequantConfig(512, 8),
+    DequantConfig(1024, 8),
+    DequantConfig(1024, 16),
 )
 CONFIG_BY_NAME = {c.name: c for c in CONFIGS}
 # Under TRITON_INTERPRET=1 every program is a Python-level step: one large tile is far faster.

@@ -23,18 +23,19 @@ def flush_denormal(x):
 def e2m1_encode(v):
     """fp32 -> E2M1 code (int32 0..15): RNE with ties to the even code, saturating at 6.
 
-    The sign bit is ``signbit(v)`` (``-0.0`` gives 8); NaN gives magnitude 0.
+    The sign is ``signbit(v)`` (``-0.0`` gives 8); NaN gives magnitude 0.
+
+    From ``|v| >= 1`` on, the codes are fp32's own exponent and top mantissa bit: rounding the fp32
+    mantissa to one bit (``+ 0x1FFFFF`` plus the kept bit: ties to even, carrying into the exponent)
+    and taking bits 30..22 gives ``code + 252``. Below 1 the grid is the subnormal 0, 0.5, 1.0 (codes
+    0-2): two comparisons, ties 0.25 and 0.75 going to the even code.
     """
     mag = tl.abs(v)
-    code = (
-        (mag > 0.25).to(tl.int32)
-        + (mag >= 0.75).to(tl.int32)
-        + (mag > 1.25).to(tl.int32)
-        + (mag >= 1.75).to(tl.int32)
-        + (mag > 2.5).to(tl.int32)
-        + (mag >= 3.5).to(tl.int32)
-        + (mag > 5.0).to(tl.int32)
-    )
+    bits = tl.minimum(mag, 6.0).to(tl.int32, bitcast=True)
+    normal = ((bits + 0x1FFFFF + ((bits >> 22) & 1)) >> 22) - 252
+    sub = (mag > 0.25).to(tl.int32) + (mag >= 0.75).to(tl.int32)
+    code = tl.where(mag < 1.0, sub, normal)
+    code = tl.where(mag == mag, code, 0)  # NaN (min(NaN, 6) is 6 on the GPU, NaN in the interpreter)
     sign = (v.to(tl.int32, bitcast=True) >> 31) & 1
     return code | (sign << 3)
 
@@ -43,14 +44,13 @@ def e2m1_encode(v):
 def e2m1_decode(code):
     """E2M1 code (int32 0..15) -> fp32 (code 8 decodes to -0.0).
 
-    Built from bits, sign included: triton 3.6 lowers a float negation to ``0.0 - x``, which turns
-    -(+0.0) into +0.0 and would lose the sign of code 8.
+    ``(code & 7) << 22`` places E2M1's two exponent bits and its mantissa bit at fp32 bits 24..22: the
+    pattern of ``e2m1 * 2^-126`` (a subnormal for code 1, 0.5); one IEEE multiply by ``2^126`` gives
+    the value exactly (triton emits ``mul.f32``: no flush-to-zero). The sign is OR-ed in as a bit:
+    triton 3.6 lowers a float negation to ``0.0 - x``, which would turn code 8 into +0.0.
     """
-    mag = code & 7
-    e = mag >> 1
-    m = mag & 1
-    bits = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22))  # 0x3F000000 = 0.5
-    return (bits | ((code & 8) << 28)).to(tl.float32, bitcast=True)
+    bits = ((code & 7) << 22) | ((code & 8) << 28)
+    return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37  # 2^126
 
 
 @triton.jit
