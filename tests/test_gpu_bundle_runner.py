@@ -134,6 +134,16 @@ def test_recall_check_needs_every_nvfp4_binding_within_one_point(rod):
     counted = rod.evaluate(["recall"], jobs, "0.6.14", "0.6.15")["recall"]
     assert not counted["passed"] and counted["worst_points_below_bf16"] == pytest.approx(20.0)
 
+    # a failed reference job (fp8) leaves the table incomplete: no pass, and the check names it
+    for j in jobs:
+        j.result = _engine_result(recall={"2048": 1.0, "4096": 1.0, "8192": 1.0})
+        if j.kv == "fp8":
+            j.result["tasks"]["recall"] = {"ok": False, "error": "FileNotFoundError: tokenizer.json"}
+    failed = rod.evaluate(["recall"], jobs, "0.6.14", "0.6.15")["recall"]
+    assert failed["worst_points_below_bf16"] == 0.0 and not failed["passed"]
+    assert failed["jobs_failed"] == ["fp8-eager-fi0.6.14-plugin-recall"]
+    assert "tokenizer.json" in failed["table"]["fp8-eager-fi0.6.14-plugin-recall"]["error"]
+
 
 def test_compile_caches_come_back_in_chunks_and_restore(rod, tmp_path, monkeypatch):
     home = tmp_path / "home"

@@ -977,8 +977,11 @@ def evaluate(
             nv = [e for e in r["table"].values() if e["kv"] == "nvfp4"]
             worst = max(gaps_all) if gaps_all else None
             r["worst_points_below_bf16"] = worst
+            # a reference (fp8) or binding job that failed leaves the table incomplete: not a pass
+            r["jobs_failed"] = sorted(n for n, e in r["table"].items() if e["error"] is not None)
             r["passed"] = bool(
                 base.get("ok")
+                and not r["jobs_failed"]
                 and nv
                 and all("points_below_bf16" in e for e in nv)
                 and worst is not None
@@ -1202,6 +1205,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             say(f"tiny model made in {args.model} in {time.time() - t0:.1f} s")
         work = args.work or args.site.parent / "nvfp4-jobs"
         work.mkdir(parents=True, exist_ok=True)
+        if "recall" in wanted and not args.dry_run:
+            # Jobs run with their own working directories and may outlive the device call that started
+            # them, while every later call re-copies the checkout (seen on 2026-12-02: a relative path
+            # made vLLM look up a hub repo id; a background job lost tokenizer.json mid-run when the next
+            # call re-synced tests/data). Serve a private copy under the work folder.
+            snap = work / "recall-model"
+            shutil.copytree(args.recall_model.resolve(), snap, dirs_exist_ok=True)
+            spec["recall_model"] = str(snap)
+            say(f"recall model {args.recall_model} served from {snap}")
         results_path = out / "results.json"
         checks_only = [c for c in wanted if c != "preflight"]
 

@@ -86,3 +86,40 @@ def test_report_round_trip_and_matrix():
     back = aot.AotReport.from_json(r.to_json())
     assert back == r and not back.ok
     assert "| k | 1/1 | 0/1 |" in back.matrix() and "FAILED k [v] sm_90: boom" in str(back)
+
+
+_PTX_PROBE = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from nvfp4compat.kernels.triton import dequant as tdq
+
+(kernel,) = tdq.aot_kernels()
+v = next(v for v in kernel.variants if v.label.startswith("b512w8-d128-bf16"))
+src = ASTSource(fn=kernel.fn, signature=v.signature, constexprs=v.constexprs, attrs=v.attrs)
+out = triton.compile(src, target=GPUTarget("cuda", int(sys.argv[1]), 32), options={"num_warps": v.num_warps})
+sys.stdout.write(out.asm["ptx"])
+"""
+
+
+@pytest.mark.parametrize("cc", [80, 90, 120])
+def test_e2m1_decode_multiply_keeps_subnormals(cc):
+    """``nvfp4.e2m1_decode`` is exact only if its ``* 2^126`` keeps the subnormal ``0.5 * 2^-126`` (code 1):
+    the compiled dequantizer must contain no flush-to-zero instruction (``mul.ftz`` would decode 0.5 as 0).
+    Compiled in a child process: this test session runs the interpreter (``TRITON_INTERPRET=1``)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _PTX_PROBE, str(cc)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [ln.strip() for ln in proc.stdout.splitlines()]
+    # 2^126 = 0x7E800000: an immediate of mul.f32 (SM80/90), a register pair of packed mul.f32x2 (SM100+)
+    assert any(ln.startswith("mul.f32") for ln in lines) and any(
+        "7e800000" in ln.lower() for ln in lines
+    ), "the 2^126 multiply is gone: e2m1_decode changed"
+    assert not [ln for ln in lines if ".ftz" in ln], "flush-to-zero in the dequantizer"

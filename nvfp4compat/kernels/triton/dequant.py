@@ -160,9 +160,10 @@ def pick_config(n_rows: int, head_dim: int) -> DequantConfig:
     """Pick the tile for ``n_rows = batch * max_seq_len * heads`` rows per side.
 
     Heuristic, from the H200 sweep of ``benchmarks/bench_dequant.py`` (BENCHMARKS.md): up to about a
-    million 16-blocks per side (e.g. 8 x 1,024 tokens x 8 heads x 128) 64-block programs (37.6 us there,
-    against 44-77 us for larger tiles); above that 512-block programs with 8 warps (64 x 4,096 tokens:
-    0.555 ms = 2.48 TB/s, against 0.64 ms for 256-block programs).
+    million 16-blocks per side (e.g. 8 x 1,024 tokens x 8 heads x 128) 64-block programs (37.6 us there on
+    2026-11-29, against 44-77 us for larger tiles); above that 512-block programs with 8 warps (64 x 4,096
+    tokens on 2026-12-02: 0.413 ms = 3.33 TB/s, against 0.48-0.50 ms for 64- to 256-block programs and
+    0.400 ms for 1024-block ones, within the run's noise).
     """
     total_blocks = n_rows * (head_dim // 16)
     if total_blocks <= 1 << 20:
