@@ -34,6 +34,7 @@ __all__ = [
     "AotResult",
     "AotReport",
     "aligned",
+    "build",
     "register",
     "collect_kernels",
     "compile_all",
@@ -197,25 +198,30 @@ def _interpreted(kernels: list[AotKernel]) -> bool:
     return any(not isinstance(k.fn, JITFunction) for k in kernels)
 
 
-def _compile_one(kernel: AotKernel, variant: AotVariant, cc: int) -> AotResult:
+def build(kernel: AotKernel, variant: AotVariant, cc: int) -> Any:
+    """Compile one variant for ``sm_<cc>`` as a JIT launch would; returns triton's ``CompiledKernel``
+    (``.asm["ptx"]``, ``.asm["cubin"]``). Needs a real ``@triton.jit`` function (no TRITON_INTERPRET)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    src = ASTSource(kernel.fn, variant.signature, variant.constexprs, variant.attrs)
+    return triton.compile(
+        src,
+        target=GPUTarget("cuda", cc, 32),
+        # fp fusion on, as a JIT launch has it by default (triton 3.6; 3.9 warns when unset)
+        options={
+            "num_warps": variant.num_warps,
+            "num_stages": variant.num_stages,
+            "enable_fp_fusion": True,
+        },
+    )
+
+
+def _compile_one(kernel: AotKernel, variant: AotVariant, cc: int) -> AotResult:
     t0 = time.perf_counter()
     try:
-        src = ASTSource(kernel.fn, variant.signature, variant.constexprs, variant.attrs)
-        compiled = triton.compile(
-            src,
-            target=GPUTarget("cuda", cc, 32),
-            # fp fusion on, as a JIT launch has it by default (triton 3.6; 3.9 warns when unset)
-            options={
-                "num_warps": variant.num_warps,
-                "num_stages": variant.num_stages,
-                "enable_fp_fusion": True,
-            },
-        )
-        size = len(compiled.asm["cubin"])
+        size = len(build(kernel, variant, cc).asm["cubin"])
         return AotResult(kernel.name, variant.label, cc, True, time.perf_counter() - t0, size)
     except Exception as exc:  # report every failure, keep compiling the rest
         msg = f"{type(exc).__name__}: {exc}".strip().splitlines()

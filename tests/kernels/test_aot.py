@@ -90,16 +90,12 @@ def test_report_round_trip_and_matrix():
 
 _PTX_PROBE = """
 import sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from nvfp4compat.kernels import aot
 from nvfp4compat.kernels.triton import dequant as tdq
 
 (kernel,) = tdq.aot_kernels()
 v = next(v for v in kernel.variants if v.label.startswith("b512w8-d128-bf16"))
-src = ASTSource(fn=kernel.fn, signature=v.signature, constexprs=v.constexprs, attrs=v.attrs)
-out = triton.compile(src, target=GPUTarget("cuda", int(sys.argv[1]), 32), options={"num_warps": v.num_warps})
-sys.stdout.write(out.asm["ptx"])
+sys.stdout.write(aot.build(kernel, v, int(sys.argv[1])).asm["ptx"])
 """
 
 
