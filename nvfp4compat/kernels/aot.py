@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -60,6 +61,12 @@ class AotVariant:
     num_warps: int = 4
     num_stages: int = 3
     attrs: dict[Any, Any] | None = None
+    # constexprs that depend on the target, as the launcher picks them per device (e.g. hardware
+    # FP8 conversions from SM89 on): ``by_cc(cc) -> {name: value}``, merged over ``constexprs``
+    by_cc: Callable[[int], dict[str, Any]] | None = None
+
+    def constexprs_for(self, cc: int) -> dict[str, Any]:
+        return {**self.constexprs, **(self.by_cc(cc) if self.by_cc else {})}
 
 
 @dataclass(frozen=True)
@@ -205,7 +212,7 @@ def build(kernel: AotKernel, variant: AotVariant, cc: int) -> Any:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    src = ASTSource(kernel.fn, variant.signature, variant.constexprs, variant.attrs)
+    src = ASTSource(kernel.fn, variant.signature, variant.constexprs_for(cc), variant.attrs)
     return triton.compile(
         src,
         target=GPUTarget("cuda", cc, 32),

@@ -9,6 +9,7 @@ on any bytes (random caches include the E4M3 NaN bytes 0x7F/0xFF, which decode a
 from __future__ import annotations
 
 import os
+import zlib
 
 import torch
 
@@ -104,7 +105,9 @@ GRID = [
 @pytest.mark.parametrize("impl", IMPL)
 @pytest.mark.parametrize("dtype,spec", GRID, ids=[f"{str(d)[6:]}-{s.id}" for d, s in GRID])
 def test_matches_reference_on_random_bytes(impl, dtype, spec):
-    gen = torch.Generator().manual_seed(hash(spec.id) % 2**31)
+    gen = torch.Generator().manual_seed(
+        zlib.crc32(spec.id.encode())
+    )  # not hash(): per-process salt
     bufs = alloc_cache(spec, DEVICE, gen)
     batch, max_seq_len = 3, 2 * spec.page_size + 3
     max_pages = -(-max_seq_len // spec.page_size) + 1

@@ -30,6 +30,7 @@ from nvfp4_cases import (  # noqa: E402
     cache_args,
     clone_all,
     compare_write,
+    edge_rows,
     flashinfer_unavailable,
 )
 from triton.runtime.jit import JITFunction  # noqa: E402
@@ -92,7 +93,14 @@ def test_write_triton_equals_flashinfer(dtype, layout, midpoints):
     key, slots, ks = _inputs(dtype, 1, midpoints=midpoints)
     value, _, vs = _inputs(dtype, 2, midpoints=midpoints)
     spec = _spec(layout)
-    bufs = alloc_cache(spec, DEVICE, torch.Generator().manual_seed(0))
+    what = f"{dtype} {layout} {'midpoint-heavy' if midpoints else 'randn'}"
+    _triton_vs_flashinfer(fi, spec, 0, key, value, slots, ks, vs, what)
+
+
+def _triton_vs_flashinfer(fi, spec, seed, key, value, slots, ks, vs, what: str) -> None:
+    """Write with FlashInfer and with the Triton writer (fast math) into the same random cache; any
+    differing byte fails the test with its classification."""
+    bufs = alloc_cache(spec, DEVICE, torch.Generator().manual_seed(seed))
     a, b = clone_all(bufs), clone_all(bufs)
     _write(
         fi.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping,
@@ -106,14 +114,30 @@ def test_write_triton_equals_flashinfer(dtype, layout, midpoints):
     )
     _write(tap.append_slot_mapping, spec, b, key, value, slots, ks, vs)
     differing = sum(int((x != y).sum()) for x, y in zip(a, b, strict=True))
-    print(
-        f"\nflashinfer {fi.__version__} vs triton (fast math), {dtype} {layout} {'midpoint-heavy' if midpoints else 'randn'}: {differing} bytes differ"
-    )
+    print(f"\nflashinfer {fi.__version__} vs triton (fast math), {what}: {differing} bytes differ")
     if differing:
         rep = compare_write(
             key, value, slots, ks, vs, spec, a, b, four_over_six=False, allow_code_ties=True
         )
-        pytest.fail(f"triton and flashinfer bytes differ: {rep}")
+        pytest.fail(f"triton and flashinfer bytes differ ({what}): {rep}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_write_edge_values_triton_equals_flashinfer(dtype):
+    """Zeros, -0.0, subnormals, saturating and underflowing scales, NaN, +-inf, midpoints: the fast-math
+    Triton writer (FTZ products, hardware E4M3 conversions from SM89) against FlashInfer, tiled over
+    many tokens and heads so every edge block lands at many slot positions."""
+    fi = _fi("write")
+    gs = 2.0**-7
+    block_rows = edge_rows(dtype, HEAD_DIM, gs).to(DEVICE)  # [n, 1, D]
+    n = block_rows.shape[0]
+    g = torch.Generator(device=DEVICE).manual_seed(21)
+    tokens = 4096
+    pick = torch.randint(0, n, (tokens, HEADS), generator=g, device=DEVICE)
+    key = block_rows[pick, 0]  # [tokens, HEADS, D]
+    value = block_rows[pick.flip(0), 0]
+    slots = torch.randperm(PAGES * PAGE, generator=g, device=DEVICE)[:tokens]
+    _triton_vs_flashinfer(fi, _spec("NHD"), 5, key, value, slots, gs, 1.0, f"edge values, {dtype}")
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
@@ -186,7 +210,9 @@ def test_write_4over6_triton_vs_flashinfer(dtype, layout):
     # the approximate reciprocal moves the candidates' errors, and both FlashInfer and the fast Triton
     # writer then pick differently from exact arithmetic on ~0.2% of blocks (measured on an H200).
     d = clone_all(bufs)
-    _write(tap.launch_append, spec, d, key, value, slots, ks, vs, nvfp4_4over6=True, fast_math=False)
+    _write(
+        tap.launch_append, spec, d, key, value, slots, ks, vs, nvfp4_4over6=True, fast_math=False
+    )
     _write(ref.append_slot_mapping, spec, c, key, value, slots, ks, vs, nvfp4_4over6=True)
     rep = compare_write(
         key, value, slots, ks, vs, spec, c, d, four_over_six=True, allow_code_ties=True

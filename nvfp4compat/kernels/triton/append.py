@@ -8,10 +8,20 @@ reciprocal of FlashInfer's ``-use_fast_math`` build are used (inline PTX), so th
 FlashInfer's; under ``TRITON_INTERPRET=1`` and on the CPU the arithmetic is exact IEEE fp32, byte-equal
 to :mod:`nvfp4compat.kernels.reference`.
 
-Kernel design (one launch for K and V, grid ``(cdiv(nnz*heads, ROWS), 2)``): a program quantizes
-``ROWS`` consecutive (token, head) rows of one side as a ``[ROWS*head_dim/16, 16]`` tile, one 16-block
-per tile row, so loads are 32-byte segments of consecutive memory and every reduction stays inside a
-block. The tile size is one of :data:`CONFIGS`, picked by :func:`pick_config` from the problem size.
+Kernel design (one launch for K and V, grid ``(programs, 2)``): a tile is ``ROWS`` consecutive
+(token, head) rows of one side as a ``[ROWS*head_dim/16, 16]`` tensor, one 16-block per tile row, so
+loads are 32-byte segments of consecutive memory and every reduction stays inside a block. A program
+loops over tiles ``pid, pid + programs, ...`` and issues the next tile's loads (slots and source rows,
+independent of each other) before quantizing the current one. The tile size and the program count
+(one per tile, or a few per SM) are one of :data:`CONFIGS`, picked by :func:`pick_config` from the
+problem size. The writer is issue-bound, so its arithmetic is kept short: the E2M1 encoder is three
+fp32 multiply-adds and two selects per element (:func:`~nvfp4compat.kernels.triton.nvfp4.e2m1_encode_low`),
+E4M3 scales use the hardware conversions from SM89 on (integer arithmetic on SM80/86), and the head
+count, page size and cache strides are compile-time constants (one compile per cache geometry).
+
+Host path: :func:`append_slot_mapping` validates an argument signature once and caches what the
+launch needs; later calls with that signature check row counts and scale values, then launch
+(``benchmarks/bench_append_host.py`` measures it against Triton's bare launch and FlashInfer's call).
 
 Device-scale policy: a Python-number scale is validated on the host. A device tensor scale is read by
 the kernel (no host sync, CUDA-graph safe). When it is not finite or not > 0, the kernel does not trap
@@ -31,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nvfp4compat.kernels.layout import normalize_cache
+from nvfp4compat.kernels.layout import normalize_cache, split_combined_page
 from nvfp4compat.kernels.triton import nvfp4
 from nvfp4compat.kernels.validate import (
     MAX_INDEX,
@@ -73,32 +83,59 @@ def _block_error(x, absx, sf, gs, FAST_MATH: tl.constexpr):
 
 
 @triton.jit
-def _quantize_side(
-    src_ptr, src_sn, src_sh,
-    data_ptr, d_sp, d_st, d_sh,
-    sf_ptr, f_sp, f_st, f_sh,
-    scale_ptr, scale_val, err_ptr, err_bit,
-    token, head, blk, page, offset, valid,
-    HEAD_DIM: tl.constexpr, BLOCKS: tl.constexpr, SCALE_PTR: tl.constexpr,
-    FOUR_OVER_SIX: tl.constexpr, FAST_MATH: tl.constexpr,
-):  # fmt: skip
-    """Quantize ``BLOCKS`` 16-blocks of one side (K or V) and store codes and scales."""
-    if SCALE_PTR:
-        gs = tl.load(scale_ptr)
-    else:
-        gs = scale_val
-    gs_bad = (gs != gs) | (gs <= 0.0) | (gs > _FLT_MAX)
-    if gs_bad:
-        tl.atomic_or(err_ptr, err_bit)
+def _tile_rows(tile, NUM_HEADS: tl.constexpr, n_rows, ROWS: tl.constexpr, NB: tl.constexpr):
+    """(token, head, 16-block index, in range) of every 16-block of tile ``tile`` (token-major rows)."""
+    i = tl.arange(0, ROWS * NB)
+    row = tile * ROWS + i // NB
+    token = row // NUM_HEADS
+    return token, row - token * NUM_HEADS, i % NB, row < n_rows
 
-    e16 = tl.arange(0, 16)
+
+@triton.jit
+def _load_tile(
+    src_ptr, src_sn, src_sh, slot_ptr, tile, NUM_HEADS: tl.constexpr, n_rows,
+    ROWS: tl.constexpr, NB: tl.constexpr,
+):  # fmt: skip
+    """Issue the loads of one tile: its slots and its ``[ROWS*NB, 16]`` source blocks (as stored).
+
+    Neither load depends on the other (rows past ``n_rows`` are masked; a row whose slot turns out to
+    be skipped is read anyway, it exists since ``rows >= len(slot_mapping)``), so both are in flight
+    together, and the caller issues them one tile ahead of the arithmetic.
+    """
+    token, head, blk, in_range = _tile_rows(tile, NUM_HEADS, n_rows, ROWS, NB)
+    slot = tl.load(slot_ptr + token, mask=in_range, other=-1)
     src = token.to(tl.int64) * src_sn + head.to(tl.int64) * src_sh + blk * 16
-    x = tl.load(src_ptr + src[:, None] + e16[None, :], mask=valid[:, None], other=0.0).to(
-        tl.float32
+    x = tl.load(
+        src_ptr + src[:, None] + tl.arange(0, 16)[None, :], mask=in_range[:, None], other=0.0
     )
-    x = nvfp4.flush_denormal(x)
+    return slot, x
+
+
+@triton.jit
+def _quantize_store(
+    x, slot, gs, gs_bad, tile, NUM_HEADS: tl.constexpr, n_rows, PAGE_SIZE: tl.constexpr, num_slots,
+    data_ptr, d_sp: tl.constexpr, d_st: tl.constexpr, d_sh: tl.constexpr,
+    sf_ptr, f_sp: tl.constexpr, f_st: tl.constexpr, f_sh: tl.constexpr,
+    ROWS: tl.constexpr, NB: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, FAST_MATH: tl.constexpr, FP8_CVT: tl.constexpr,
+):  # fmt: skip
+    """Quantize one loaded tile (``x`` as stored, ``slot`` per block) and store codes and scales."""
+    BLOCKS: tl.constexpr = ROWS * NB
+    token, head, blk, in_range = _tile_rows(tile, NUM_HEADS, n_rows, ROWS, NB)
+    valid = in_range & (slot >= 0) & (slot < num_slots)
+    slot32 = tl.where(valid, slot, 0).to(tl.int32)  # < 2**31: checked on the host
+    page = slot32 // PAGE_SIZE
+    offset = slot32 - page * PAGE_SIZE
+
+    # fast math without 4over6: no explicit flush; the scale division and the scaling multiply are
+    # .ftz (subnormal inputs count as zero there, as FlashInfer's -use_fast_math build has it)
+    LEAN: tl.constexpr = FAST_MATH and not FOUR_OVER_SIX
+    x = x.to(tl.float32)
+    if not LEAN:
+        x = nvfp4.flush_denormal(x)
     absx = tl.abs(x)
-    amax = tl.max(tl.where(absx == absx, absx, 0.0), axis=1)  # NaN ignored, as fmaxf does
+    amax = tl.max(
+        absx, axis=1
+    )  # tl.max is maxnum: NaN ignored, as fmaxf does (GPU and interpreter)
 
     six_gs = 6.0 * gs
     if FAST_MATH:
@@ -106,13 +143,19 @@ def _quantize_side(
     else:  # IEEE division (triton's `/` is div.full.f32, not correctly rounded)
         sf_val = tl.math.div_rn(amax, tl.zeros_like(amax) + six_gs)
     sf_val = tl.where(amax > 0.0, sf_val, 0.0)
-    sf_byte = nvfp4.e4m3_encode(sf_val)
+    if FP8_CVT:
+        sf_byte = nvfp4.e4m3_encode_cvt(sf_val)
+    else:
+        sf_byte = nvfp4.e4m3_encode(sf_val)
     if FOUR_OVER_SIX:
         sf4_byte = nvfp4.e4m3_encode(sf_val * 1.5)
         err6 = _block_error(x, absx, nvfp4.e4m3_decode(sf_byte), gs, FAST_MATH)
         err4 = _block_error(x, absx, nvfp4.e4m3_decode(sf4_byte), gs, FAST_MATH)
         sf_byte = tl.where(err4 < err6, sf4_byte, sf_byte)
-    sf_r = nvfp4.e4m3_decode(sf_byte)
+    if FP8_CVT:
+        sf_r = nvfp4.e4m3_decode_cvt(sf_byte)
+    else:
+        sf_r = nvfp4.e4m3_decode(sf_byte)
     ok = (amax > 0.0) & (sf_r > 0.0)
     denom = tl.where(ok, sf_r * gs, 1.0)
     if FAST_MATH:
@@ -120,9 +163,12 @@ def _quantize_side(
     else:
         inv = tl.math.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom)
     inv = tl.where(ok, inv, 0.0)
-    codes = nvfp4.e2m1_encode(x * inv[:, None])
+    if LEAN:
+        codes = nvfp4.e2m1_encode_low(nvfp4.mul_ftz(x, tl.broadcast_to(inv[:, None], x.shape)))
+    else:
+        codes = nvfp4.e2m1_encode_low(x * inv[:, None])
     lo, hi = tl.split(tl.reshape(codes, (BLOCKS, 8, 2)))
-    packed = lo | (hi << 4)
+    packed = lo + (hi << 4)  # the low byte is code_lo | code_hi << 4 (see e2m1_encode_low)
     # Bad device scale: zero codes and a NaN block scale (0x7F), so readers decode NaN, not garbage.
     packed = tl.where(gs_bad, 0, packed).to(tl.uint8)
     sf_byte = tl.where(gs_bad, 0x7F, sf_byte).to(tl.uint8)
@@ -137,44 +183,71 @@ def _quantize_side(
 
 
 @triton.jit
+def _side(
+    src_ptr, src_sn, src_sh,
+    data_ptr, d_sp: tl.constexpr, d_st: tl.constexpr, d_sh: tl.constexpr,
+    sf_ptr, f_sp: tl.constexpr, f_st: tl.constexpr, f_sh: tl.constexpr,
+    scale_ptr, scale_val, err_ptr, err_bit,
+    slot_ptr, n_rows, NUM_HEADS: tl.constexpr, PAGE_SIZE: tl.constexpr, num_slots,
+    HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SCALE_PTR: tl.constexpr,
+    FOUR_OVER_SIX: tl.constexpr, FAST_MATH: tl.constexpr, FP8_CVT: tl.constexpr,
+):  # fmt: skip
+    """One side (K or V): tiles ``pid, pid + nprog, ...``, each tile's loads issued one tile ahead."""
+    NB: tl.constexpr = HEAD_DIM // 16
+    sf_ptr = sf_ptr.to(tl.pointer_type(tl.uint8))  # float8_e4m3fn or uint8 caches: written as bytes
+    if SCALE_PTR:
+        gs = tl.load(scale_ptr)
+    else:
+        gs = scale_val
+    gs_bad = (gs != gs) | (gs <= 0.0) | (gs > _FLT_MAX)
+    if gs_bad:
+        tl.atomic_or(err_ptr, err_bit)
+
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n_tiles = tl.cdiv(n_rows, ROWS)
+    slot, x = _load_tile(src_ptr, src_sn, src_sh, slot_ptr, pid, NUM_HEADS, n_rows, ROWS, NB)
+    for tile in tl.range(pid, n_tiles, nprog, num_stages=1):
+        # the next tile's loads first (past the last tile they are fully masked)
+        slot_next, x_next = _load_tile(
+            src_ptr, src_sn, src_sh, slot_ptr, tile + nprog, NUM_HEADS, n_rows, ROWS, NB
+        )
+        _quantize_store(
+            x, slot, gs, gs_bad, tile, NUM_HEADS, n_rows, PAGE_SIZE, num_slots,
+            data_ptr, d_sp, d_st, d_sh, sf_ptr, f_sp, f_st, f_sh,
+            ROWS, NB, FOUR_OVER_SIX, FAST_MATH, FP8_CVT,
+        )  # fmt: skip
+        slot = slot_next
+        x = x_next
+
+
+@triton.jit
 def _append_kernel(
     key_ptr, value_ptr, slot_ptr,
     k_data_ptr, v_data_ptr, k_sf_ptr, v_sf_ptr,
     k_scale_ptr, v_scale_ptr, k_scale_val, v_scale_val, err_ptr,
-    n_rows, num_heads, page_size, num_slots,
+    n_rows, NUM_HEADS: tl.constexpr, PAGE_SIZE: tl.constexpr, num_slots,
     key_sn, key_sh, value_sn, value_sh,
-    kd_sp, kd_st, kd_sh, vd_sp, vd_st, vd_sh,
-    ks_sp, ks_st, ks_sh, vs_sp, vs_st, vs_sh,
+    KD_SP: tl.constexpr, KD_ST: tl.constexpr, KD_SH: tl.constexpr,
+    VD_SP: tl.constexpr, VD_ST: tl.constexpr, VD_SH: tl.constexpr,
+    KS_SP: tl.constexpr, KS_ST: tl.constexpr, KS_SH: tl.constexpr,
+    VS_SP: tl.constexpr, VS_ST: tl.constexpr, VS_SH: tl.constexpr,
     HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SCALE_PTR: tl.constexpr,
-    FOUR_OVER_SIX: tl.constexpr, FAST_MATH: tl.constexpr,
+    FOUR_OVER_SIX: tl.constexpr, FAST_MATH: tl.constexpr, FP8_CVT: tl.constexpr,
 ):  # fmt: skip
-    """Program ``(p, side)``: rows ``[p*ROWS, (p+1)*ROWS)`` of ``nnz*heads`` (token-major), side 0=K, 1=V."""
-    NB: tl.constexpr = HEAD_DIM // 16
-    BLOCKS: tl.constexpr = ROWS * NB
-    pid = tl.program_id(0)
-    side = tl.program_id(1)
-    i = tl.arange(0, BLOCKS)
-    row = pid * ROWS + i // NB
-    blk = i % NB
-    in_range = row < n_rows
-    token = row // num_heads
-    head = row - token * num_heads
-    slot = tl.load(slot_ptr + token, mask=in_range, other=-1)
-    valid = in_range & (slot >= 0) & (slot < num_slots)
-    slot32 = tl.where(valid, slot, 0).to(tl.int32)  # < 2**31: checked on the host
-    page = slot32 // page_size
-    offset = slot32 - page * page_size
-    if side == 0:
-        _quantize_side(
-            key_ptr, key_sn, key_sh, k_data_ptr, kd_sp, kd_st, kd_sh, k_sf_ptr, ks_sp, ks_st, ks_sh,
-            k_scale_ptr, k_scale_val, err_ptr, 1, token, head, blk, page, offset, valid,
-            HEAD_DIM, BLOCKS, SCALE_PTR, FOUR_OVER_SIX, FAST_MATH,
+    """Program ``(p, side)`` of ``(nprog, 2)``: tiles ``p, p + nprog, ...`` of ``ROWS`` rows of
+    ``nnz*heads`` (token-major); side 0 = K, 1 = V."""
+    if tl.program_id(1) == 0:
+        _side(
+            key_ptr, key_sn, key_sh, k_data_ptr, KD_SP, KD_ST, KD_SH, k_sf_ptr, KS_SP, KS_ST, KS_SH,
+            k_scale_ptr, k_scale_val, err_ptr, 1, slot_ptr, n_rows, NUM_HEADS, PAGE_SIZE, num_slots,
+            HEAD_DIM, ROWS, SCALE_PTR, FOUR_OVER_SIX, FAST_MATH, FP8_CVT,
         )  # fmt: skip
     else:
-        _quantize_side(
-            value_ptr, value_sn, value_sh, v_data_ptr, vd_sp, vd_st, vd_sh, v_sf_ptr, vs_sp, vs_st, vs_sh,
-            v_scale_ptr, v_scale_val, err_ptr, 2, token, head, blk, page, offset, valid,
-            HEAD_DIM, BLOCKS, SCALE_PTR, FOUR_OVER_SIX, FAST_MATH,
+        _side(
+            value_ptr, value_sn, value_sh, v_data_ptr, VD_SP, VD_ST, VD_SH, v_sf_ptr, VS_SP, VS_ST, VS_SH,
+            v_scale_ptr, v_scale_val, err_ptr, 2, slot_ptr, n_rows, NUM_HEADS, PAGE_SIZE, num_slots,
+            HEAD_DIM, ROWS, SCALE_PTR, FOUR_OVER_SIX, FAST_MATH, FP8_CVT,
         )  # fmt: skip
 
 
@@ -182,19 +255,28 @@ def _append_kernel(
 class AppendConfig:
     """One tile configuration of the writer.
 
-    ``blocks`` 16-element blocks per program (``rows = blocks // (head_dim/16)`` (token, head) rows,
-    at least 1) and ``num_warps`` warps.
+    ``blocks`` 16-element blocks per tile (``rows = blocks // (head_dim/16)`` (token, head) rows, at
+    least 1), ``num_warps`` warps, and ``per_sm``: with 0 the grid has one program per tile; with
+    ``n > 0`` it is capped at ``n`` programs per SM (K and V together), each program looping over
+    tiles with the next tile's loads issued before the current tile's arithmetic.
     """
 
     blocks: int
     num_warps: int
+    per_sm: int = 0
 
     def rows(self, head_dim: int) -> int:
         return max(1, self.blocks // (head_dim // 16))
 
+    def programs(self, n_tiles: int, num_sms: int) -> int:
+        """Programs per side for ``n_tiles`` tiles per side on a device with ``num_sms`` SMs."""
+        if self.per_sm <= 0:
+            return n_tiles
+        return max(1, min(n_tiles, (num_sms * self.per_sm) // 2))
+
     @property
     def name(self) -> str:
-        return f"b{self.blocks}w{self.num_warps}"
+        return f"b{self.blocks}w{self.num_warps}" + (f"p{self.per_sm}" if self.per_sm else "")
 
 
 # The variants the GPU benchmark sweeps (benchmarks/bench_append.py) and aot.py compiles.
@@ -206,6 +288,13 @@ CONFIGS: tuple[AppendConfig, ...] = (
     AppendConfig(512, 8),
     AppendConfig(1024, 8),
     AppendConfig(1024, 16),
+    AppendConfig(128, 4, 16),
+    AppendConfig(256, 4, 8),
+    AppendConfig(256, 8, 4),
+    AppendConfig(256, 8, 8),
+    AppendConfig(512, 8, 2),
+    AppendConfig(512, 8, 4),
+    AppendConfig(512, 8, 8),
 )
 CONFIG_BY_NAME = {c.name: c for c in CONFIGS}
 # Under TRITON_INTERPRET=1 every program is a Python-level step: one large tile is far faster.
@@ -215,23 +304,55 @@ INTERPRETER_CONFIG = AppendConfig(4096, 4)
 def pick_config(n_rows: int, head_dim: int) -> AppendConfig:
     """Pick the tile configuration for ``n_rows`` (token, head) rows per side.
 
-    Heuristic, from the H200 sweep of ``benchmarks/bench_append.py`` (BENCHMARKS.md): decode-sized
-    writes (at most 2,048 16-blocks per side, e.g. 32 tokens x 8 heads x 128) use small programs so
-    that the few blocks spread over many SMs (their time is launch-bound: 2.1-3.3 us of device time in
-    a CUDA graph); mid-sized writes 128-block programs; large writes (4,096 tokens x 8 heads x 128 and
-    up) 512-block programs with 8 warps, the fastest measured there (65,536 tokens: 0.251 ms against
-    0.265 ms for 256-block programs; 4,096 tokens: 68.5 us against 86.9 us).
+    Heuristic, from the H200 sweeps of ``benchmarks/bench_append.py`` (BENCHMARKS.md, CUDA-graph device
+    times): decode-sized writes (at most 2,048 16-blocks per side, e.g. 32 tokens x 8 heads x 128) use
+    small programs so that the few blocks spread over many SMs (device time 1.8-2.5 us, launch-bound);
+    mid-sized writes one 128-block program per tile; large writes (from 4,096 tokens x 8 heads x 128)
+    512-block tiles looped over by 8 programs per SM (4 per side), each program issuing the next
+    tile's loads before quantizing the current one: 65,536 tokens in 0.144 ms against 0.171 ms for
+    one program per tile (2026-12-02).
     """
     total_blocks = n_rows * (head_dim // 16)
     if total_blocks <= 2048:
         return CONFIG_BY_NAME["b32w1"]
     if total_blocks <= 65536:
         return CONFIG_BY_NAME["b128w4"]
-    return CONFIG_BY_NAME["b512w8"]
+    return CONFIG_BY_NAME["b512w8p8"]
 
 
 class ScaleError(ValueError):
     """A device-side global scale was not finite or not > 0 (see :func:`check_scale_errors`)."""
+
+
+_sm_counts: dict[torch.device, int] = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    """Multiprocessor count of a CUDA device (cached); 1 elsewhere (the interpreter)."""
+    if device.type != "cuda":
+        return 1
+    n = _sm_counts.get(device)
+    if n is None:
+        n = torch.cuda.get_device_properties(device).multi_processor_count
+        _sm_counts[device] = n
+    return n
+
+
+def _fp8_cvt(device: torch.device) -> bool:
+    """Use the hardware E4M3 conversions: CUDA devices of SM89 and newer (they do not build for
+    SM80/86), never under the interpreter."""
+    return device.type == "cuda" and not interpreting() and _capability(device) >= (8, 9)
+
+
+_capabilities: dict[torch.device, tuple[int, int]] = {}
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    cap = _capabilities.get(device)
+    if cap is None:
+        cap = torch.cuda.get_device_capability(device)
+        _capabilities[device] = cap
+    return cap
 
 
 _flags: dict[torch.device, torch.Tensor] = {}
@@ -324,17 +445,6 @@ def _scale_sig(x) -> tuple:
     return (type(x),)
 
 
-def _sides(arg, as_bytes: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V tensors whose ``data_ptr`` is that of the normalized views (tuple or stacked)."""
-    if isinstance(arg, torch.Tensor):
-        k, v = arg.select(1, 0), arg.select(1, 1)
-    else:
-        k, v = arg[0], arg[1]
-    if as_bytes and k.dtype != torch.uint8:
-        k, v = k.view(torch.uint8), v.view(torch.uint8)
-    return k, v
-
-
 def _plan_for(
     key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout
 ) -> _Plan:
@@ -370,6 +480,81 @@ def _plan_for(
         _plans.clear()
     _plans[sig] = plan
     return plan
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """Everything a launch needs beyond the per-call pointers, sizes and scale values."""
+
+    plan: _Plan
+    fast_math: bool
+    fp8_cvt: bool
+    num_sms: int
+    err: torch.Tensor
+    interp: bool
+
+
+_launches: dict[tuple, _Launch] = {}
+_HOST_INF = float("inf")
+
+
+def _tensor_key(t) -> tuple:
+    return (t.dtype, t.shape, t.stride(), t.get_device())
+
+
+def _pair_key(arg) -> tuple | None:
+    """Signature of a K/V pair given as one stacked tensor or a 2-sequence of tensors."""
+    t = type(arg)
+    if t is torch.Tensor:
+        return _tensor_key(arg)
+    if (t is tuple or t is list) and len(arg) == 2:
+        a, b = arg
+        if type(a) is torch.Tensor and type(b) is torch.Tensor:
+            return (_tensor_key(a), _tensor_key(b), a.data_ptr() == b.data_ptr())
+    return None
+
+
+def _fast_key(
+    key, value, slot_mapping, cache, sf, k_scale, v_scale, kv_layout, four
+) -> tuple | None:
+    """A flat signature of every argument property the launch depends on, built with plain attribute
+    reads (row counts excluded), or None for argument forms the fast path does not take."""
+    if type(key) is not torch.Tensor or type(value) is not torch.Tensor:
+        return None
+    if type(slot_mapping) is not torch.Tensor:
+        return None
+    ksh, vsh = key.shape, value.shape
+    if len(ksh) != 3 or len(vsh) != 3:
+        return None
+    tc, tf = type(cache), type(sf)
+    ck, fk = _pair_key(cache), _pair_key(sf)
+    if ck is None or fk is None:
+        return None
+    tks, tvs = type(k_scale), type(v_scale)
+    sk: object
+    sv: object
+    if tks is torch.Tensor:
+        sk = (k_scale.dtype, k_scale.numel(), k_scale.get_device())
+    elif tks is float:
+        if not 0.0 < k_scale < _HOST_INF:
+            return None  # the slow path raises the error
+        sk = float
+    else:
+        return None
+    if tvs is torch.Tensor:
+        sv = (v_scale.dtype, v_scale.numel(), v_scale.get_device())
+    elif tvs is float:
+        if not 0.0 < v_scale < _HOST_INF:
+            return None
+        sv = float
+    else:
+        return None
+    return (
+        key.dtype, ksh[1], ksh[2], key.stride(), key.get_device(),
+        value.dtype, vsh[1], vsh[2], value.stride(), value.get_device(),
+        slot_mapping.dtype, slot_mapping.dim(), slot_mapping.stride(), slot_mapping.get_device(),
+        tc, ck, tf, fk, sk, sv, kv_layout, four, interpreting(),
+    )  # fmt: skip
 
 
 def launch_append(
@@ -419,40 +604,50 @@ def launch_append(
         vs = resolve_scale(vs, "v_scale", device)
     if n_rows == 0:
         return
-    if fast_math is None:
-        fast_math = default_fast_math(device)
+    _launch(
+        plan, key, value, slot_mapping, paged_kv_cache, kv_cache_sf, ks, vs, n_rows,
+        bool(nvfp4_4over6), default_fast_math(device) if fast_math is None else bool(fast_math),
+        config, _fp8_cvt(device), _num_sms(device), scale_error_flag(device), interpreting(),
+    )  # fmt: skip
+
+
+def _launch(
+    plan: _Plan, key, value, slot_mapping, cache, sf, ks, vs, n_rows: int, four: bool,
+    fast_math: bool, config: AppendConfig | None, fp8_cvt: bool, num_sms: int, err: torch.Tensor,
+    interp: bool,
+) -> None:  # fmt: skip
+    """Launch on validated arguments (``ks``/``vs``: floats or float32 tensors on the cache's device)."""
     if config is None:
-        config = INTERPRETER_CONFIG if interpreting() else pick_config(n_rows, plan.head_dim)
+        config = INTERPRETER_CONFIG if interp else pick_config(n_rows, plan.head_dim)
     rows = config.rows(plan.head_dim)
-    err = scale_error_flag(device)
-    scale_ptr = isinstance(ks, torch.Tensor) or isinstance(vs, torch.Tensor)
-    if scale_ptr:
-        k_t = (
-            ks
-            if isinstance(ks, torch.Tensor)
-            else torch.full((1,), ks, dtype=torch.float32, device=device)
-        )
-        v_t = (
-            vs
-            if isinstance(vs, torch.Tensor)
-            else torch.full((1,), vs, dtype=torch.float32, device=device)
-        )
+    kt, vt = type(ks) is torch.Tensor, type(vs) is torch.Tensor
+    if kt or vt:
+        k_t = ks if kt else torch.full((1,), ks, dtype=torch.float32, device=plan.device)
+        v_t = vs if vt else torch.full((1,), vs, dtype=torch.float32, device=plan.device)
         k_val = v_val = 0.0
     else:
         k_t = v_t = err  # unused pointer arguments
-        k_val, v_val = float(ks), float(vs)
-    kd, vd = _sides(paged_kv_cache, False)
-    kf, vf = _sides(kv_cache_sf, True)
-    grid = (triton.cdiv(n_rows, rows), 2)
+        k_val, v_val = ks, vs
+    if type(cache) is torch.Tensor:
+        kd, vd = cache.select(1, 0), cache.select(1, 1)
+    else:
+        kd, vd = cache
+    if (
+        type(sf) is torch.Tensor
+    ):  # the kernel reads the scale pointers as bytes, whatever their dtype
+        kf, vf = sf.select(1, 0), sf.select(1, 1)
+    else:
+        kf, vf = sf
+    grid = (config.programs(-(-n_rows // rows), num_sms), 2)
     _append_kernel[grid](
         key, value, slot_mapping,
         kd, vd, kf, vf,
         k_t, v_t, k_val, v_val, err,
-        n_rows, plan.num_kv_heads, plan.page_size, plan.num_slots,
+        n_rows, plan.num_kv_heads, plan.page_size, plan.num_slots,  # heads, page size: constexpr
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         *plan.cache_strides,
-        HEAD_DIM=plan.head_dim, ROWS=rows, SCALE_PTR=scale_ptr,
-        FOUR_OVER_SIX=bool(nvfp4_4over6), FAST_MATH=bool(fast_math),
+        HEAD_DIM=plan.head_dim, ROWS=rows, SCALE_PTR=kt or vt,
+        FOUR_OVER_SIX=four, FAST_MATH=fast_math, FP8_CVT=fp8_cvt,
         num_warps=config.num_warps,
     )  # fmt: skip
 
@@ -502,10 +697,73 @@ def append_slot_mapping(
 
     head_dim is 64, 128, 256 or 512; any page size; ``num_pages * page_size < 2**31``.
     """
+    fk = _fast_key(
+        key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout,
+        nvfp4_4over6,
+    )  # fmt: skip
+    ln = _launches.get(fk) if fk is not None else None
+    if ln is not None:  # a signature validated before: check the row counts, launch
+        nnz = slot_mapping.shape[0]
+        n_rows = nnz * ln.plan.num_kv_heads
+        if key.shape[0] >= nnz and value.shape[0] >= nnz and n_rows <= MAX_INDEX:
+            if n_rows:
+                _launch(
+                    ln.plan, key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale,
+                    n_rows, bool(nvfp4_4over6), ln.fast_math, None, ln.fp8_cvt, ln.num_sms, ln.err,
+                    ln.interp,
+                )  # fmt: skip
+            return
+    # First call with this signature, or a bad row count: full validation (raises on bad input).
     launch_append(
         key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout,
         nvfp4_4over6=nvfp4_4over6,
     )  # fmt: skip
+    if fk is None:
+        return
+    plan = _plan_for(
+        key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout
+    )
+    dev = plan.device
+    if any(type(s) is torch.Tensor and s.device != dev for s in (k_scale, v_scale)):
+        return  # a host tensor scale is read on the host each call (slow path)
+    if len(_launches) >= _MAX_PLANS:
+        _launches.clear()
+    _launches[fk] = _Launch(
+        plan,
+        default_fast_math(dev),
+        _fp8_cvt(dev),
+        _num_sms(dev),
+        scale_error_flag(dev),
+        interpreting(),
+    )
+
+
+def _cache_constexprs(layout: str, combined: bool, page: int, heads: int, head_dim: int) -> dict:
+    """The stride constexprs a launch passes for a cache of this geometry (from the real views)."""
+    cache: Sequence[torch.Tensor]
+    sf: Sequence[torch.Tensor]
+    if combined:  # vLLM's one-uint8-page form, split as the plugin does
+        full = head_dim // 2 + head_dim // 16
+        if layout == "HND":
+            page_t = torch.zeros(2, 2 * heads, page, full, dtype=torch.uint8)
+        else:
+            page_t = torch.zeros(2, page, 2 * heads, full, dtype=torch.uint8).permute(0, 2, 1, 3)
+        cache, sf, layout = split_combined_page(page_t, heads)
+    else:
+        shape = (2, page, heads) if layout == "NHD" else (2, heads, page)
+        cache = tuple(torch.zeros(*shape, head_dim // 2, dtype=torch.uint8) for _ in range(2))
+        sf = tuple(torch.zeros(*shape, head_dim // 16, dtype=torch.uint8) for _ in range(2))
+    views = normalize_cache(cache, sf, layout)
+    names = [
+        f"{side}{kind}_{s}"
+        for kind, side in (("D", "K"), ("D", "V"), ("S", "K"), ("S", "V"))
+        for s in ("SP", "ST", "SH")
+    ]
+    values = (
+        *views.strides(views.k_data), *views.strides(views.v_data),
+        *views.strides(views.k_sf), *views.strides(views.v_sf),
+    )  # fmt: skip
+    return dict(zip(names, values, strict=True))
 
 
 def aot_kernels() -> list:
@@ -518,36 +776,30 @@ def aot_kernels() -> list:
         "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "k_scale_val": "fp32", "v_scale_val": "fp32",
         "err_ptr": "*i32",
     }  # fmt: skip
+    # in the kernel's argument order: `aligned` indexes the signature by position
     for name in (
-        "n_rows", "num_heads", "page_size", "num_slots", "key_sn", "key_sh", "value_sn", "value_sh",
-        "kd_sp", "kd_st", "kd_sh", "vd_sp", "vd_st", "vd_sh", "ks_sp", "ks_st", "ks_sh",
-        "vs_sp", "vs_st", "vs_sh",
+        "n_rows", "NUM_HEADS", "PAGE_SIZE", "num_slots", "key_sn", "key_sh", "value_sn", "value_sh",
+        "KD_SP", "KD_ST", "KD_SH", "VD_SP", "VD_ST", "VD_SH", "KS_SP", "KS_ST", "KS_SH",
+        "VS_SP", "VS_ST", "VS_SH",
+        "HEAD_DIM", "ROWS", "SCALE_PTR", "FOUR_OVER_SIX", "FAST_MATH", "FP8_CVT",
     ):  # fmt: skip
-        sig[name] = "i32"
-    for name in ("HEAD_DIM", "ROWS", "SCALE_PTR", "FOUR_OVER_SIX", "FAST_MATH"):
-        sig[name] = "constexpr"
+        sig[name] = "constexpr" if name.isupper() else "i32"
+    assert list(sig) == list(_append_kernel.arg_names), "AOT signature out of the kernel's order"
     variants = []
-    # Every tile config once (head_dim 128, bf16, int64 slots, device scales, fast math) with the
-    # alignment a dense tuple cache gets at JIT time: the code the heuristic launches on a GPU. The
-    # other variants carry no alignment hints (vLLM's combined page has 72-byte rows).
+    # Every tile config once (head_dim 128, bf16, int64 slots, device scales, fast math, a dense NHD
+    # tuple cache of 8 heads, page 16) with the alignment such a cache gets at JIT time: the code the
+    # heuristic launches on a GPU. The other variants carry no alignment hints.
     dense = aligned(
-        sig,
-        [n for n in sig if n.endswith("_ptr")]
-        + [
-            "key_sn",
-            "key_sh",
-            "value_sn",
-            "value_sh",
-            "kd_sp",
-            "kd_st",
-            "kd_sh",
-            "vd_sp",
-            "vd_st",
-            "vd_sh",
-        ],
+        sig, [n for n in sig if n.endswith("_ptr")] + ["key_sn", "key_sh", "value_sn", "value_sh"]
     )
-    for cfg in CONFIGS:
+    tiles: dict[tuple[int, int], AppendConfig] = {}  # configs differing only in per_sm: one compile
+    for t in CONFIGS:
+        tiles.setdefault((t.blocks, t.num_warps), t)
+    for cfg in tiles.values():
         c = {
+            "NUM_HEADS": 8,
+            "PAGE_SIZE": 16,
+            **_cache_constexprs("NHD", False, 16, 8, 128),
             "HEAD_DIM": 128,
             "ROWS": cfg.rows(128),
             "SCALE_PTR": True,
@@ -556,25 +808,42 @@ def aot_kernels() -> list:
         }
         variants.append(
             AotVariant(
-                f"{cfg.name}-d128-bf16-i64-ptr-fast", dict(sig), c, cfg.num_warps, attrs=dense
+                f"{cfg.name}-d128-bf16-i64-ptr-fast",
+                dict(sig),
+                c,
+                cfg.num_warps,
+                attrs=dense,
+                by_cc=_aot_arch,
             )
         )
-    # Every head_dim, fp16/bf16, int32/int64 slots, float/device scales, 4over6 on/off, exact/fast.
+    # Every head_dim, fp16/bf16, int32/int64 slots, float/device scales, 4over6 on/off, exact/fast;
+    # head counts and page sizes powers of two and not; HND, and vLLM's combined page (both layouts).
     extra = [
-        (64, "*fp16", "*i32", False, True, True),
-        (256, "*bf16", "*i32", True, True, False),
-        (512, "*fp16", "*i64", False, False, False),
+        (64, "*fp16", "*i32", False, True, True, 1, 32, "HND", True),
+        (256, "*bf16", "*i32", True, True, False, 6, 24, "NHD", True),
+        (512, "*fp16", "*i64", False, False, False, 2, 16, "HND", False),
     ]
-    for hd, dt, it, ptr, fours, fast in extra:
+    for hd, dt, it, ptr, fours, fast, heads, page, layout, combined in extra:
         cfg = pick_config(1 << 20, hd)
         s = dict(sig, key_ptr=dt, value_ptr=dt, slot_ptr=it)
         c = {
+            "NUM_HEADS": heads,
+            "PAGE_SIZE": page,
+            **_cache_constexprs(layout, combined, page, heads, hd),
             "HEAD_DIM": hd,
             "ROWS": cfg.rows(hd),
             "SCALE_PTR": ptr,
             "FOUR_OVER_SIX": fours,
             "FAST_MATH": fast,
         }
-        label = f"{cfg.name}-d{hd}-{dt[1:]}-{it[1:]}-{'ptr' if ptr else 'val'}{'-4o6' if fours else ''}-{'fast' if fast else 'exact'}"
-        variants.append(AotVariant(label, s, c, cfg.num_warps))
+        label = (
+            f"{cfg.name}-d{hd}-{dt[1:]}-{it[1:]}-{'ptr' if ptr else 'val'}{'-4o6' if fours else ''}"
+            f"-{'fast' if fast else 'exact'}-{layout}{'-combined' if combined else ''}"
+        )
+        variants.append(AotVariant(label, s, c, cfg.num_warps, by_cc=_aot_arch))
     return [AotKernel("append_slot_mapping", _append_kernel, variants)]
+
+
+def _aot_arch(cc: int) -> dict:
+    """What :func:`launch_append` picks on a device of compute capability ``cc``."""
+    return {"FP8_CVT": cc >= 89}

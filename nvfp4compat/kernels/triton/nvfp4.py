@@ -23,21 +23,44 @@ def flush_denormal(x):
 def e2m1_encode(v):
     """fp32 -> E2M1 code (int32 0..15): RNE with ties to the even code, saturating at 6.
 
-    The sign is ``signbit(v)`` (``-0.0`` gives 8); NaN gives magnitude 0.
-
-    From ``|v| >= 1`` on, the codes are fp32's own exponent and top mantissa bit: rounding the fp32
-    mantissa to one bit (``+ 0x1FFFFF`` plus the kept bit: ties to even, carrying into the exponent)
-    and taking bits 30..22 gives ``code + 252``. Below 1 the grid is the subnormal 0, 0.5, 1.0 (codes
-    0-2): two comparisons, ties 0.25 and 0.75 going to the even code.
+    The sign is ``signbit(v)`` (``-0.0`` gives 8); NaN gives magnitude 0. See :func:`e2m1_encode_low`.
     """
-    mag = tl.abs(v)
-    bits = tl.minimum(mag, 6.0).to(tl.int32, bitcast=True)
-    normal = ((bits + 0x1FFFFF + ((bits >> 22) & 1)) >> 22) - 252
-    sub = (mag > 0.25).to(tl.int32) + (mag >= 0.75).to(tl.int32)
-    code = tl.where(mag < 1.0, sub, normal)
-    code = tl.where(mag == mag, code, 0)  # NaN (min(NaN, 6) is 6 on the GPU, NaN in the interpreter)
-    sign = (v.to(tl.int32, bitcast=True) >> 31) & 1
-    return code | (sign << 3)
+    return e2m1_encode_low(v) & 15
+
+
+@triton.jit
+def e2m1_encode_low(v):
+    """:func:`e2m1_encode` in the low four bits of an int32 whose higher bits are not zero.
+
+    ``w = min(maxnum(|v|, 0), 6)`` (maxnum turns NaN into 0, on the GPU and in the interpreter). Each
+    of E2M1's three binades is an integer grid after one exact scaling: ``2w`` below 2, ``w`` in
+    [2, 4), ``w/2`` in [4, 6]. Adding ``2^23`` (plus the binade's first code) rounds that scaled value
+    to an integer with one IEEE round-to-nearest-even, which lands ties on the even code, and leaves the
+    pattern ``0x4B000000 + code``: three multiply-adds and two selects per element, no integer rounding
+    arithmetic (the products are exact, so ``fma`` and ``mul`` + ``add`` agree). The sign adds 8.
+
+    A writer packs two of these as ``lo + (hi << 4)`` and keeps the low byte: ``0x4B000000`` has a
+    zero low byte, so the byte is exactly ``code_lo | code_hi << 4`` without masking either.
+    """
+    w = tl.minimum(tl.maximum(tl.abs(v), 0.0), 6.0)
+    p = tl.where(
+        w < 2.0,
+        w * 2.0 + 8388608.0,  # 2^23 + rint(2w): codes 0..4
+        tl.where(
+            w < 4.0, w + 8388610.0, w * 0.5 + 8388612.0
+        ),  # 2^23 + 2 + rint(w), 2^23 + 4 + rint(w/2)
+    )
+    sign = (v.to(tl.uint32, bitcast=True) >> 31).to(tl.int32, bitcast=True)
+    return p.to(tl.int32, bitcast=True) + (sign << 3)
+
+
+@triton.jit
+def mul_ftz(a, b):
+    """``mul.ftz.f32``: a product that flushes subnormal inputs and results to signed zero, as
+    FlashInfer's ``-use_fast_math`` build multiplies (GPU only)."""
+    return tl.inline_asm_elementwise(
+        "mul.ftz.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32, is_pure=True, pack=1
+    )
 
 
 @triton.jit
@@ -63,6 +86,23 @@ def e4m3_encode(f):
     # E4M3 subnormals are multiples of 2^-9: round f * 512 to the nearest even integer.
     sub = ((f * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
     return tl.where(f < 0.015625, sub, normal)
+
+
+@triton.jit
+def e4m3_encode_cvt(f):
+    """:func:`e4m3_encode` with the hardware conversion (``cvt.rn.satfinite.e4m3x2.f32``): SM89+ only.
+
+    Same bytes for every input the writer passes (non-negative fp32 or +inf, never NaN): RNE,
+    saturating at 448, fp32 subnormals to 0 (they are far below E4M3's smallest subnormal, 2^-9).
+    """
+    return f.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+
+
+@triton.jit
+def e4m3_decode_cvt(byte):
+    """:func:`e4m3_decode` of a non-negative, non-NaN scale byte with the hardware conversion
+    (``cvt.rn.f16x2.e4m3x2``, exact): SM89+ only."""
+    return byte.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
 
 
 @triton.jit
