@@ -724,7 +724,7 @@ def append_slot_mapping(
         key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout
     )
     dev = plan.device
-    if any(type(s) is torch.Tensor and s.device != dev for s in (k_scale, v_scale)):
+    if any(isinstance(s, torch.Tensor) and s.device != dev for s in (k_scale, v_scale)):
         return  # a host tensor scale is read on the host each call (slow path)
     if len(_launches) >= _MAX_PLANS:
         _launches.clear()
