@@ -351,23 +351,25 @@ def _cache(layout="NHD", head_dim=64):
                                generator=torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize(
-    "mutate,exc,match",
-    [
-        (lambda a: a.update(query=a["query"].float()), TypeError, "float16 or torch.bfloat16"),
-        (lambda a: a.update(query=a["query"][..., :32]), ValueError, "head_dim=64"),
-        (lambda a: a.update(query=a["query"][:, :3]), ValueError, "multiple of num_kv_heads"),
-        (lambda a: a.update(block_table=a["block_table"].long()), TypeError, "block_table must be an int32"),
-        (lambda a: a.update(seq_lens=a["seq_lens"][:0]), ValueError, "seq_lens must be a contiguous"),
-        (lambda a: a.update(k_scale=-1.0), ValueError, "finite and > 0"),
-        (lambda a: a.update(sliding_window=0), ValueError, "sliding_window"),
-        (lambda a: a.update(logits_soft_cap=-2.0), ValueError, "logits_soft_cap"),
-        (lambda a: a.update(sinks=torch.zeros(3, device=DEVICE)), ValueError, "sinks must be a float32"),
-        (lambda a: a.update(out=torch.empty(1, 4, 64, device=DEVICE)), ValueError, "out must be"),
-        (lambda a: a.update(q_len_per_req=2), ValueError, "batch \\* q_len_per_req"),
-        (lambda a: a.update(kv_layout="NDH"), ValueError, "kv_layout"),
-    ],
-)
+BAD_DECODE_ARGS = [
+    (lambda a: a.update(query=a["query"].float()), TypeError, "float16 or torch.bfloat16"),
+    (lambda a: a.update(query=a["query"][..., :32]), ValueError, "head_dim=64"),
+    (lambda a: a.update(query=a["query"][:, :3]), ValueError, "multiple of num_kv_heads"),
+    (lambda a: a.update(block_table=a["block_table"].long()), TypeError, "block_table must be an int32"),
+    (lambda a: a.update(seq_lens=a["seq_lens"][:0]), ValueError, "seq_lens must be a contiguous"),
+    (lambda a: a.update(k_scale=-1.0), ValueError, "finite and > 0"),
+    (lambda a: a.update(sliding_window=0), ValueError, "sliding_window"),
+    (lambda a: a.update(logits_soft_cap=-2.0), ValueError, "logits_soft_cap"),
+    (lambda a: a.update(sinks=torch.zeros(3, device=DEVICE)), ValueError, "sinks must be a float32"),
+    (lambda a: a.update(out=torch.empty(1, 4, 64, device=DEVICE)), ValueError, "out must be"),
+    (lambda a: a.update(q_len_per_req=2), ValueError, "batch \\* q_len_per_req"),
+    (lambda a: a.update(kv_layout="NDH"), ValueError, "kv_layout"),
+    (lambda a: a.update(q_len_per_req=True), ValueError, "q_len_per_req must be an int"),
+    (lambda a: a.update(sm_scale=True), TypeError, "sm_scale must be a finite"),
+]
+
+
+@pytest.mark.parametrize("mutate,exc,match", BAD_DECODE_ARGS)
 def test_decode_rejects_bad_arguments(mutate, exc, match):
     case = _cache()
     args = dict(
@@ -378,6 +380,47 @@ def test_decode_rejects_bad_arguments(mutate, exc, match):
     mutate(args)
     with pytest.raises(exc, match=match):
         kernel("decode", "triton")(**args)
+
+
+@pytest.mark.parametrize("mutate,exc,match", BAD_DECODE_ARGS)
+def test_decode_rejects_bad_arguments_after_validated_calls(mutate, exc, match):
+    """decode() caches what validation established per argument signature; a bad argument must still
+    raise after valid calls of the same shapes have been cached."""
+    case = _cache()
+
+    def args():
+        return dict(
+            query=torch.randn(1, 4, 64, device=DEVICE).to(bf16), paged_kv_cache=case.paged_kv_cache,
+            kv_cache_sf=case.kv_cache_sf, block_table=case.block_table, seq_lens=case.seq_lens,
+            k_scale=case.k_scale, v_scale=case.v_scale, sm_scale=0.125, kv_layout=case.kv_layout,
+        )
+
+    for _ in range(2):
+        kernel("decode", "triton")(**args())
+    bad = args()
+    mutate(bad)
+    with pytest.raises(exc, match=match):
+        kernel("decode", "triton")(**bad)
+
+
+@pytest.mark.parametrize("features", [{}, {"return_lse": True, "use_sinks": True, "sliding_window": 40}])
+def test_decode_signature_cache_serves_new_data(monkeypatch, features):
+    """A second call with the same metadata skips validation (the cached launch) and still computes
+    from its own tensors: other cache contents, queries and scales give their own reference output."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    shape = dict(seq_lens=[70, 33], num_qo_heads=8, num_kv_heads=2, **features)
+    first = run_case("triton", "decode", seed=11, **shape)
+    assert ra.relative_l2(first.out, first.ref) <= 1e-2
+    calls = []
+    real = att.normalize_cache
+    monkeypatch.setattr(att, "normalize_cache", lambda *a, **k: calls.append(1) or real(*a, **k))
+    second = run_case("triton", "decode", seed=12, **shape)
+    assert calls == [], "the second call re-validated: the signature cache missed"
+    assert not torch.equal(first.out, second.out)
+    assert ra.relative_l2(second.out, second.ref) <= 1e-2
+    if features.get("return_lse"):
+        assert float((second.lse - second.ref_lse).abs().max()) <= 1e-2
 
 
 def test_prefill_rejects_bad_query_start_loc():

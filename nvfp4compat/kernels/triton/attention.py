@@ -887,6 +887,56 @@ def _cache_launch(views: CacheViews) -> _CacheLaunch:
     )
 
 
+@dataclass(frozen=True)
+class _DecodeLaunch:
+    """What a decode launch derives from the arguments' metadata (no tensors): the cached part of
+    :func:`decode`'s host path, keyed by :func:`_decode_key`."""
+
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    num_qo_heads: int
+    group: int
+    qmax: int
+    block_m: int
+    splits: int
+    cfg: DecodeConfig
+    fast: bool
+    dot_fp32: bool
+    k_ptr: bool
+    v_ptr: bool
+    sm_scale_log2: float
+    softcap: float
+    window: int
+    has_sinks: bool
+    return_lse: bool
+    strides: tuple[int, ...]
+    data_align: int
+    sf_align: int
+
+
+def _decode_launch(
+    a: _Args, query: torch.Tensor, block_table: torch.Tensor, qmax: int, cl: _CacheLaunch
+) -> _DecodeLaunch:
+    views = a.views
+    device = views.device
+    batch = block_table.shape[0]
+    block_m = max(16, triton.next_power_of_2(a.group * qmax))
+    max_kv = block_table.shape[1] * views.page_size
+    num_sms = _sm_count(device)
+    splits = choose_num_splits(batch, views.num_kv_heads, max_kv, decode_config(views.head_dim).block_n, num_sms)
+    return _DecodeLaunch(
+        num_kv_heads=views.num_kv_heads, head_dim=views.head_dim, page_size=views.page_size,
+        num_qo_heads=a.num_qo_heads, group=a.group, qmax=qmax, block_m=block_m, splits=splits,
+        cfg=decode_config(views.head_dim, block_m, splits * views.num_kv_heads * batch, num_sms),
+        fast=_fast(device), dot_fp32=interpreting() and query.dtype == torch.bfloat16,
+        k_ptr=isinstance(a.k_scale, torch.Tensor), v_ptr=isinstance(a.v_scale, torch.Tensor),
+        sm_scale_log2=a.sm_scale_log2, softcap=a.softcap, window=a.window,
+        has_sinks=a.sinks is not None, return_lse=a.lse is not None,
+        strides=tuple(cl.strides), data_align=cl.data_align, sf_align=cl.sf_align,
+    )  # fmt: skip
+
+
 def _launch_decode_path(
     a: _Args,
     query: torch.Tensor,
@@ -897,51 +947,112 @@ def _launch_decode_path(
     causal: bool,
 ) -> None:
     """Launch the split-KV decode kernel (+ merge) for ``batch`` requests of at most ``qmax`` rows."""
-    views = a.views
+    cl = _cache_launch(a.views)
+    d = _decode_launch(a, query, block_table, qmax, cl)
+    _run_decode(
+        d, query, a.out, a.lse, cl.tensors, block_table, seq_lens, qsl, a.sinks, a.k_scale,
+        a.v_scale, causal,
+    )  # fmt: skip
+
+
+def _run_decode(
+    d: _DecodeLaunch,
+    query: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    cache: list[torch.Tensor],
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    qsl: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    k_scale: float | torch.Tensor,
+    v_scale: float | torch.Tensor,
+    causal: bool,
+) -> None:
+    """The launches of one decode call, from its :class:`_DecodeLaunch` and the call's tensors."""
     batch = block_table.shape[0]
-    device = views.device
-    block_m = max(16, triton.next_power_of_2(a.group * qmax))
-    max_kv = block_table.shape[1] * views.page_size
-    num_sms = _sm_count(device)
-    splits = choose_num_splits(batch, views.num_kv_heads, max_kv, decode_config(views.head_dim).block_n, num_sms)
-    cfg = decode_config(views.head_dim, block_m, splits * views.num_kv_heads * batch, num_sms)
-    split = splits > 1
-    fast = _fast(device)
-    dot_fp32 = interpreting() and query.dtype == torch.bfloat16
-    k_ptr = isinstance(a.k_scale, torch.Tensor)
-    v_ptr = isinstance(a.v_scale, torch.Tensor)
+    device = query.device
+    qmax, splits, split = d.qmax, d.splits, d.splits > 1
     if split:
         rows = batch * qmax
-        part_o = torch.empty(rows, a.num_qo_heads, splits, views.head_dim, dtype=torch.float32, device=device)
-        part_lse = torch.empty(rows, a.num_qo_heads, splits, dtype=torch.float32, device=device)
+        part_o = torch.empty(rows, d.num_qo_heads, splits, d.head_dim, dtype=torch.float32, device=device)
+        part_lse = torch.empty(rows, d.num_qo_heads, splits, dtype=torch.float32, device=device)
     else:
-        part_o = part_lse = a.out  # unused
-    lse = a.lse if a.lse is not None else a.out
-    sinks = a.sinks if a.sinks is not None else a.out
+        part_o = part_lse = out  # unused
+    lse_arg = lse if lse is not None else out
+    sinks_arg = sinks if sinks is not None else out
     qsl_arg = qsl if qsl is not None else seq_lens
-    cl = _cache_launch(views)
-    _decode_kernel[(splits, views.num_kv_heads, batch)](
-        query, a.out, lse, part_o, part_lse,
-        *cl.tensors, block_table, seq_lens, qsl_arg, sinks,
-        a.k_scale, a.v_scale, a.sm_scale_log2, a.softcap if a.softcap else 1.0, a.window,
-        splits, a.group, a.num_qo_heads, views.page_size, _page_shift(views.page_size),
-        query.stride(0), query.stride(1), a.out.stride(0), a.out.stride(1), a.num_qo_heads,
-        *cl.strides, block_table.stride(0),
-        HEAD_DIM=views.head_dim, BLOCK_M=block_m, BLOCK_N=cfg.block_n, QMAX=qmax,
-        VARLEN=qsl is not None, CAUSAL=causal and qmax > 1, HAS_WINDOW=a.window > 0,
-        HAS_SOFTCAP=a.softcap > 0, HAS_SINKS=a.sinks is not None, RETURN_LSE=a.lse is not None,
-        SPLIT=split, K_SCALE_PTR=k_ptr, V_SCALE_PTR=v_ptr, FAST=fast, DOT_FP32=dot_fp32,
-        DATA_ALIGN=cl.data_align, SF_ALIGN=cl.sf_align, PAGE_POW2=_page_shift(views.page_size) >= 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    page_shift = _page_shift(d.page_size)
+    _decode_kernel[(splits, d.num_kv_heads, batch)](
+        query, out, lse_arg, part_o, part_lse,
+        *cache, block_table, seq_lens, qsl_arg, sinks_arg,
+        k_scale, v_scale, d.sm_scale_log2, d.softcap if d.softcap else 1.0, d.window,
+        splits, d.group, d.num_qo_heads, d.page_size, page_shift,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1), d.num_qo_heads,
+        *d.strides, block_table.stride(0),
+        HEAD_DIM=d.head_dim, BLOCK_M=d.block_m, BLOCK_N=d.cfg.block_n, QMAX=qmax,
+        VARLEN=qsl is not None, CAUSAL=causal and qmax > 1, HAS_WINDOW=d.window > 0,
+        HAS_SOFTCAP=d.softcap > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse,
+        SPLIT=split, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr, FAST=d.fast, DOT_FP32=d.dot_fp32,
+        DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
+        num_warps=d.cfg.num_warps, num_stages=d.cfg.num_stages,
+    )  # fmt: skip
     if split:
-        block_h = min(triton.next_power_of_2(a.num_qo_heads), max(1, 4096 // views.head_dim))
-        _decode_reduce_kernel[(batch * qmax, triton.cdiv(a.num_qo_heads, block_h))](
-            part_o, part_lse, a.out, lse, qsl_arg, sinks,
-            splits, a.num_qo_heads, a.out.stride(0), a.out.stride(1), a.num_qo_heads,
-            HEAD_DIM=views.head_dim, QMAX=qmax, VARLEN=qsl is not None, HAS_SINKS=a.sinks is not None,
-            RETURN_LSE=a.lse is not None, BLOCK_H=block_h, num_warps=4,
-        )
+        block_h = min(triton.next_power_of_2(d.num_qo_heads), max(1, 4096 // d.head_dim))
+        _decode_reduce_kernel[(batch * qmax, triton.cdiv(d.num_qo_heads, block_h))](
+            part_o, part_lse, out, lse_arg, qsl_arg, sinks_arg,
+            splits, d.num_qo_heads, out.stride(0), out.stride(1), d.num_qo_heads,
+            HEAD_DIM=d.head_dim, QMAX=qmax, VARLEN=qsl is not None, HAS_SINKS=d.has_sinks,
+            RETURN_LSE=d.return_lse, BLOCK_H=block_h, num_warps=4,
+        )  # fmt: skip
+
+
+# The decode host path's cache: what full validation established for one argument signature.
+_decode_cache: dict[tuple, _DecodeLaunch] = {}
+_DECODE_CACHE_MAX = 512
+_HOST_INF = float("inf")
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    return (t.dtype, t.shape, t.stride(), t.get_device())
+
+
+def _cache_pair(arg) -> tuple[tuple, torch.Tensor, torch.Tensor] | None:
+    """(signature, K, V) of a 4-D tuple/list pair or a 5-D stacked tensor; None otherwise (such
+    arguments take the validating path every call)."""
+    t = type(arg)
+    if t is torch.Tensor:
+        if arg.dim() != 5:
+            return None
+        k, v = arg[:, 0], arg[:, 1]
+    elif (t is tuple or t is list) and len(arg) == 2:
+        k, v = arg
+        if type(k) is not torch.Tensor or type(v) is not torch.Tensor or k.dim() != 4 or v.dim() != 4:
+            return None
+    else:
+        return None
+    # base-address alignment is part of the signature: it picks the kernel's vector widths
+    return (t, _meta(k), _meta(v), k.data_ptr() % 16, v.data_ptr() % 16), k, v
+
+
+def _scale_meta(x) -> object:
+    if type(x) is float:
+        return float if 0.0 < x < _HOST_INF else None
+    if type(x) is torch.Tensor:
+        return (x.dtype, x.numel(), x.get_device())
+    return None
+
+
+def _opt_meta(t) -> object:
+    return None if t is None else (_meta(t) if type(t) is torch.Tensor else object())
+
+
+def _knobs() -> tuple:
+    """Everything besides the arguments that a launch depends on (tuning constants, overrides)."""
+    return (
+        SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_TILES, SPLIT_MAX, DECODE_WIDE_WARPS,
+        tuple(_DECODE_CONFIGS.items()), tuple(sorted(_overrides.items())), interpreting(),
+    )  # fmt: skip
 
 
 def _result(a: _Args) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -1013,6 +1124,38 @@ def decode(
     torch.Tensor or (torch.Tensor, torch.Tensor)
         ``out`` (``query``'s shape and dtype), and ``lse`` when ``return_lse``.
     """
+    kc, sc = _cache_pair(paged_kv_cache), _cache_pair(kv_cache_sf)
+    key = None
+    if kc is not None and sc is not None and type(query) is torch.Tensor:
+        ks_meta, vs_meta = _scale_meta(k_scale), _scale_meta(v_scale)
+        if ks_meta is not None and vs_meta is not None and type(block_table) is torch.Tensor:
+            key = (
+                _meta(query), kc[0], sc[0], _meta(block_table), _opt_meta(seq_lens), ks_meta, vs_meta,
+                # with their types: True == 1 and 1 == 1.0 hash alike, and bools are refused
+                type(sm_scale), sm_scale, kv_layout, type(q_len_per_req), q_len_per_req,
+                type(sliding_window), sliding_window, type(logits_soft_cap), logits_soft_cap,
+                _opt_meta(sinks), _opt_meta(out), bool(return_lse), _knobs(),
+            )  # fmt: skip
+            try:
+                d = _decode_cache.get(key)
+            except TypeError:  # an unhashable argument: the validating path reports it
+                key = d = None
+            if d is not None:  # validated before: same metadata, other tensors
+                o = torch.empty_like(query, memory_format=torch.contiguous_format) if out is None else out
+                lse = (
+                    torch.empty(query.shape[0], d.num_qo_heads, dtype=torch.float32, device=query.device)
+                    if return_lse
+                    else None
+                )
+                if block_table.shape[0]:
+                    sf_k, sf_v = sc[1], sc[2]
+                    if sf_k.dtype != torch.uint8:
+                        sf_k, sf_v = sf_k.view(torch.uint8), sf_v.view(torch.uint8)
+                    _run_decode(
+                        d, query, o, lse, [kc[1], kc[2], sf_k, sf_v], block_table, seq_lens, None,
+                        sinks.contiguous() if sinks is not None else None, k_scale, v_scale, True,
+                    )  # fmt: skip
+                return (o, lse) if lse is not None else o
     views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
     if isinstance(q_len_per_req, bool) or not isinstance(q_len_per_req, int) or not 1 <= q_len_per_req <= 64:
         raise ValueError(f"decode: q_len_per_req must be an int in 1..64, got {q_len_per_req!r}")
@@ -1028,7 +1171,18 @@ def decode(
         )
     if batch == 0:
         return _result(a)
-    _launch_decode_path(a, query, block_table, seq_lens, None, q_len_per_req, True)
+    cl = _cache_launch(views)
+    d = _decode_launch(a, query, block_table, q_len_per_req, cl)
+    _run_decode(
+        d, query, a.out, a.lse, cl.tensors, block_table, seq_lens, None, a.sinks, a.k_scale,
+        a.v_scale, True,
+    )  # fmt: skip
+    if key is not None and not any(
+        isinstance(sc, torch.Tensor) and sc.device != views.device for sc in (k_scale, v_scale)
+    ):  # (a host tensor scale is read on the host every call: never cached)
+        if len(_decode_cache) >= _DECODE_CACHE_MAX:
+            _decode_cache.clear()
+        _decode_cache[key] = d
     return _result(a)
 
 
