@@ -8,7 +8,9 @@ what is needed and the way out. The cache arguments themselves are validated by
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import Any
 
 import torch
 
@@ -22,11 +24,40 @@ __all__ = [
     "resolve_scale",
     "check_append_inputs",
     "check_dequant_inputs",
+    "sm_count",
+    "tensor_meta",
+    "scale_meta",
 ]
 
 INPUT_DTYPES = (torch.float16, torch.bfloat16)
 # The kernels index slots, rows and pages with 32-bit integers (byte offsets are 64-bit).
 MAX_INDEX = 2**31 - 1
+_INF = float("inf")
+
+
+@functools.lru_cache(maxsize=16)
+def sm_count(device: torch.device) -> int:
+    """Multiprocessor count of a CUDA device (cached per device); 4 elsewhere (the interpreter)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return 4
+
+
+def tensor_meta(t: torch.Tensor) -> tuple:
+    """A tensor's metadata as a hashable key part (dtype, shape, strides, device index): what the
+    launch caches of the kernels' host paths key on, read without creating device objects."""
+    return (t.dtype, t.shape, t.stride(), t.get_device())
+
+
+def scale_meta(x: Any) -> object:
+    """Key part of a global scale for those caches: ``float`` for a positive finite Python float, the
+    metadata of a tensor, or None (an int, a non-finite or non-positive value, anything else: such
+    calls take the validating path, which converts or rejects them)."""
+    if type(x) is float:
+        return float if 0.0 < x < _INF else None
+    if type(x) is torch.Tensor:
+        return (x.dtype, x.numel(), x.get_device())
+    return None
 
 
 def interpreting() -> bool:

@@ -49,6 +49,9 @@ from nvfp4compat.kernels.validate import (
     default_fast_math,
     interpreting,
     resolve_scale,
+    scale_meta,
+    sm_count,
+    tensor_meta,
 )
 
 __all__ = [
@@ -133,9 +136,8 @@ def _quantize_store(
     if not LEAN:
         x = nvfp4.flush_denormal(x)
     absx = tl.abs(x)
-    amax = tl.max(
-        absx, axis=1
-    )  # tl.max is maxnum: NaN ignored, as fmaxf does (GPU and interpreter)
+    # tl.max is maxnum: NaN ignored, as fmaxf does (GPU and interpreter)
+    amax = tl.max(absx, axis=1)
 
     six_gs = 6.0 * gs
     if FAST_MATH:
@@ -324,18 +326,9 @@ class ScaleError(ValueError):
     """A device-side global scale was not finite or not > 0 (see :func:`check_scale_errors`)."""
 
 
-_sm_counts: dict[torch.device, int] = {}
-
-
 def _num_sms(device: torch.device) -> int:
-    """Multiprocessor count of a CUDA device (cached); 1 elsewhere (the interpreter)."""
-    if device.type != "cuda":
-        return 1
-    n = _sm_counts.get(device)
-    if n is None:
-        n = torch.cuda.get_device_properties(device).multi_processor_count
-        _sm_counts[device] = n
-    return n
+    """Multiprocessor count of a CUDA device; 1 elsewhere (the interpreter)."""
+    return sm_count(device) if device.type == "cuda" else 1
 
 
 def _fp8_cvt(device: torch.device) -> bool:
@@ -495,11 +488,7 @@ class _Launch:
 
 
 _launches: dict[tuple, _Launch] = {}
-_HOST_INF = float("inf")
-
-
-def _tensor_key(t) -> tuple:
-    return (t.dtype, t.shape, t.stride(), t.get_device())
+_tensor_key = tensor_meta
 
 
 def _pair_key(arg) -> tuple | None:
@@ -530,25 +519,9 @@ def _fast_key(
     ck, fk = _pair_key(cache), _pair_key(sf)
     if ck is None or fk is None:
         return None
-    tks, tvs = type(k_scale), type(v_scale)
-    sk: object
-    sv: object
-    if tks is torch.Tensor:
-        sk = (k_scale.dtype, k_scale.numel(), k_scale.get_device())
-    elif tks is float:
-        if not 0.0 < k_scale < _HOST_INF:
-            return None  # the slow path raises the error
-        sk = float
-    else:
-        return None
-    if tvs is torch.Tensor:
-        sv = (v_scale.dtype, v_scale.numel(), v_scale.get_device())
-    elif tvs is float:
-        if not 0.0 < v_scale < _HOST_INF:
-            return None
-        sv = float
-    else:
-        return None
+    sk, sv = scale_meta(k_scale), scale_meta(v_scale)
+    if sk is None or sv is None:
+        return None  # the validating path converts or rejects such scales
     return (
         key.dtype, ksh[1], ksh[2], key.stride(), key.get_device(),
         value.dtype, vsh[1], vsh[2], value.stride(), value.get_device(),
@@ -632,9 +605,8 @@ def _launch(
         kd, vd = cache.select(1, 0), cache.select(1, 1)
     else:
         kd, vd = cache
-    if (
-        type(sf) is torch.Tensor
-    ):  # the kernel reads the scale pointers as bytes, whatever their dtype
+    # (the kernel reads the scale pointers as bytes, whatever their dtype: no uint8 views here)
+    if type(sf) is torch.Tensor:
         kf, vf = sf.select(1, 0), sf.select(1, 1)
     else:
         kf, vf = sf

@@ -21,7 +21,6 @@ fp16/bf16 MMA operands (``e2m1 * sf``, exact in both), and the global scales are
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,7 +32,13 @@ import triton.language as tl
 
 from nvfp4compat.kernels.layout import CacheViews, normalize_cache
 from nvfp4compat.kernels.triton import attention_nvfp4 as fp4
-from nvfp4compat.kernels.validate import interpreting, resolve_scale
+from nvfp4compat.kernels.validate import (
+    interpreting,
+    resolve_scale,
+    scale_meta,
+    sm_count,
+    tensor_meta,
+)
 
 __all__ = [
     "decode",
@@ -675,11 +680,7 @@ def prefill_config(head_dim: int) -> PrefillConfig:
     return _overrides.get("prefill") or _PREFILL_CONFIGS[head_dim]
 
 
-@functools.lru_cache(maxsize=16)
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).multi_processor_count)
-    return 4
+_sm_count = sm_count  # (benchmarks read it under this name)
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, block_n: int, num_sms: int) -> int:
@@ -890,7 +891,7 @@ def _cache_launch(views: CacheViews) -> _CacheLaunch:
 @dataclass(frozen=True)
 class _DecodeLaunch:
     """What a decode launch derives from the arguments' metadata (no tensors): the cached part of
-    :func:`decode`'s host path, keyed by :func:`_decode_key`."""
+    :func:`decode`'s host path, keyed there by the arguments' metadata and options."""
 
     num_kv_heads: int
     head_dim: int
@@ -1010,11 +1011,7 @@ def _run_decode(
 # The decode host path's cache: what full validation established for one argument signature.
 _decode_cache: dict[tuple, _DecodeLaunch] = {}
 _DECODE_CACHE_MAX = 512
-_HOST_INF = float("inf")
-
-
-def _meta(t: torch.Tensor) -> tuple:
-    return (t.dtype, t.shape, t.stride(), t.get_device())
+_meta = tensor_meta
 
 
 def _cache_pair(arg) -> tuple[tuple, torch.Tensor, torch.Tensor] | None:
@@ -1033,14 +1030,6 @@ def _cache_pair(arg) -> tuple[tuple, torch.Tensor, torch.Tensor] | None:
         return None
     # base-address alignment is part of the signature: it picks the kernel's vector widths
     return (t, _meta(k), _meta(v), k.data_ptr() % 16, v.data_ptr() % 16), k, v
-
-
-def _scale_meta(x) -> object:
-    if type(x) is float:
-        return float if 0.0 < x < _HOST_INF else None
-    if type(x) is torch.Tensor:
-        return (x.dtype, x.numel(), x.get_device())
-    return None
 
 
 def _opt_meta(t) -> object:
@@ -1127,7 +1116,7 @@ def decode(
     kc, sc = _cache_pair(paged_kv_cache), _cache_pair(kv_cache_sf)
     key = None
     if kc is not None and sc is not None and type(query) is torch.Tensor:
-        ks_meta, vs_meta = _scale_meta(k_scale), _scale_meta(v_scale)
+        ks_meta, vs_meta = scale_meta(k_scale), scale_meta(v_scale)
         if ks_meta is not None and vs_meta is not None and type(block_table) is torch.Tensor:
             key = (
                 _meta(query), kc[0], sc[0], _meta(block_table), _opt_meta(seq_lens), ks_meta, vs_meta,

@@ -43,12 +43,9 @@ def e2m1_encode_low(v):
     zero low byte, so the byte is exactly ``code_lo | code_hi << 4`` without masking either.
     """
     w = tl.minimum(tl.maximum(tl.abs(v), 0.0), 6.0)
+    # 2^23 + rint(2w) (codes 0..4), 2^23 + 2 + rint(w) (4..6), 2^23 + 4 + rint(w/2) (6, 7)
     p = tl.where(
-        w < 2.0,
-        w * 2.0 + 8388608.0,  # 2^23 + rint(2w): codes 0..4
-        tl.where(
-            w < 4.0, w + 8388610.0, w * 0.5 + 8388612.0
-        ),  # 2^23 + 2 + rint(w), 2^23 + 4 + rint(w/2)
+        w < 2.0, w * 2.0 + 8388608.0, tl.where(w < 4.0, w + 8388610.0, w * 0.5 + 8388612.0)
     )
     sign = (v.to(tl.uint32, bitcast=True) >> 31).to(tl.int32, bitcast=True)
     return p.to(tl.int32, bitcast=True) + (sign << 3)
