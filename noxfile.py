@@ -14,12 +14,20 @@ Sessions are generated from the capability matrix, never hand-listed:
 0.26.0/0.31.0/0.33.0). CPU torch: ``torch==2.13.0`` is installed first in every session so that nothing
 pulls a multi-GB CUDA build; set ``NVFP4COMPAT_TORCH_SPEC`` (e.g. ``"torch==2.13.0 --index-url
 https://download.pytorch.org/whl/cpu"``) where the local CPU wheel is not on the machine.
+
+Disk: every session's venv carries its own torch, triton and (for the FlashInfer/vLLM sessions) the real
+release, 2-4 GB each; all nine CI venvs together need about 20 GB. So each session deletes its venv
+when it ends, pass or fail, unless it was asked to reuse it (``nox -r``) or ``NVFP4COMPAT_KEEP_VENVS=1``
+is set: ``nox -t ci`` then needs the largest single venv (about 4 GB) plus pip's download cache.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import nox
@@ -52,11 +60,30 @@ def _vllm_versions() -> list[str]:
 FLASHINFER = {r["version"]: r for r in _flashinfer_releases()}
 
 
+def _pruned(func: Callable[..., None]) -> Callable[..., None]:
+    """Delete the session's venv when the session ends (see the module docstring for when it is kept)."""
+
+    @functools.wraps(func)
+    def run(session: nox.Session, **kwargs: str) -> None:
+        try:
+            func(session, **kwargs)
+        finally:
+            venv = session.virtualenv
+            location = getattr(venv, "location", None)
+            keep = getattr(venv, "reuse_existing", False) or os.environ.get("NVFP4COMPAT_KEEP_VENVS") == "1"
+            if location and not keep and (Path(location) / "pyvenv.cfg").is_file():
+                session.log(f"removing {location} to free disk (keep it: nox -r, or NVFP4COMPAT_KEEP_VENVS=1)")
+                shutil.rmtree(location, ignore_errors=True)
+
+    return run
+
+
 def _base(session: nox.Session) -> None:
     session.install(*TORCH_SPEC)
 
 
 @nox.session(tags=["ci"])
+@_pruned
 def tests(session: nox.Session) -> None:
     """CPU test suite: unit tests, Triton kernels in the interpreter, AOT builds for SM80-SM120."""
     _base(session)
@@ -72,6 +99,7 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"])
+@_pruned
 def lint(session: nox.Session) -> None:
     """ruff on the package and tests, mypy on the package."""
     session.install("-e", ".[lint]")
@@ -80,6 +108,7 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"])
+@_pruned
 def wheel(session: nox.Session) -> None:
     """Build the wheel, install it alone in this venv, and query the bundled matrix from it."""
     session.install("build")
@@ -97,6 +126,7 @@ def wheel(session: nox.Session) -> None:
     "version",
     [nox.param(v, id=v, tags=["ci"] if v in CI_FLASHINFER else []) for v in FLASHINFER],
 )
+@_pruned
 def flashinfer(session: nox.Session, version: str) -> None:
     """Install one real FlashInfer release the CPU-importable way, then verify the matrix against it."""
     release = FLASHINFER[version]
@@ -124,6 +154,7 @@ def flashinfer(session: nox.Session, version: str) -> None:
     "version",
     [nox.param(v, id=v, tags=["ci"] if v in CI_VLLM else []) for v in _vllm_versions()],
 )
+@_pruned
 def vllm(session: nox.Session, version: str) -> None:
     """Install one real vLLM release over CPU torch (``--no-deps`` + pinned extras) and test the plugin."""
     _base(session)
