@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 from _attention_helpers import (
     DEVICE,
     FI_D64_REFUSAL,
@@ -22,6 +24,7 @@ from _attention_helpers import (
 from nvfp4compat.kernels import get_kernel
 from nvfp4compat.kernels import reference_attention as ra
 from nvfp4compat.kernels.layout import normalize_cache
+from nvfp4compat.kernels.triton import attention as _att
 
 bf16, fp16 = torch.bfloat16, torch.float16
 
@@ -167,18 +170,19 @@ def _run_ptx(text: str, regs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return regs
 
 
-@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "bf16-bitwise"])
 def test_fast_decoder_ptx_bit_exact(dtype):
     """The inline PTX (the exact text the kernels ship) gives ``e2m1 * sf`` for every byte x scale.
 
     Inputs as Triton packs them (``pack=4``): ``$4`` = four cache bytes, ``$5``/``$6`` = the scales of
     bytes (0, 1)/(2, 3) as 16-bit pairs; outputs ``$0``/``$1`` = lo plane (even elements of bytes 0-3),
     ``$2``/``$3`` = hi plane. Scales are every E4M3 byte 0..126 in the kernels' encodings: fp16
-    ``(b & 0x7F) << 7`` (``sf * 2^-8``), bf16 ``sf`` itself.
+    ``(b & 0x7F) << 7`` (``sf * 2^-8``), bf16 ``sf`` itself, and for the bf16 bit-placement decoder
+    ``sf * 2^118`` (its planes are ``e2m1 * sf * 2^-8``, through the bf16 subnormal pattern of 0.5).
     """
     from nvfp4compat.kernels.triton import attention_nvfp4 as fp4
 
-    text = fp4._ASM_F16_TEXT if dtype == "fp16" else fp4._ASM_BF16_TEXT
+    text = {"fp16": fp4._ASM_F16_TEXT, "bf16": fp4._ASM_BF16_TEXT, "bf16-bitwise": fp4._ASM_BF16_BITWISE_TEXT}[dtype]
     e2m1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
     sf_bytes = np.arange(127, dtype=np.uint32)
     e, m = sf_bytes >> 3, sf_bytes & 7
@@ -187,10 +191,14 @@ def test_fast_decoder_ptx_bit_exact(dtype):
         sf_bits = (sf_bytes << 7).astype(np.uint32)
         want_scale = 2.0**-8
         assert np.array_equal(sf_bits.astype(np.uint16).view(np.float16).astype(np.float64), sf * want_scale)
-    else:
+    elif dtype == "bf16":
         sf_bits = (sf.astype(np.float32).view(np.uint32) >> 16).astype(np.uint32)
         want_scale = 1.0
         assert np.array_equal(_bf16_bits_to_f64(sf_bits), sf)
+    else:
+        sf_bits = ((sf * 2.0**118).astype(np.float32).view(np.uint32) >> 16).astype(np.uint32)
+        want_scale = 2.0**-8
+        assert np.array_equal(_bf16_bits_to_f64(sf_bits), sf * 2.0**118)
     # every byte value at every one of the four positions, with four different scales per word
     rng = np.random.default_rng(0)
     n = 256 * 127
@@ -216,29 +224,84 @@ def test_fast_decoder_ptx_bit_exact(dtype):
             assert np.array_equal(np.signbit(got), np.signbit(want)), f"{dtype} {plane} sign, position {pos}"
 
 
-@pytest.mark.parametrize("dtype", [fp16, bf16], ids=["fp16", "bf16"])
+@triton.jit
+def _planes_kernel(byte_ptr, sfb_ptr, lo_ptr, hi_ptr, FAST: tl.constexpr, DTYPE: tl.constexpr):
+    """64 rows of head_dim 128 per program through the attention kernels' own tile decoder."""
+    rows = tl.program_id(0) * 64 + tl.arange(0, 64)
+    cols = tl.arange(0, 64)
+    lo, hi = _att._load_planes(byte_ptr, rows * 64, sfb_ptr, rows * 8, rows >= 0, 128, 64, False, FAST, DTYPE, True)
+    out = rows[:, None] * 64 + cols[None, :]
+    tl.store(lo_ptr + out, lo)
+    tl.store(hi_ptr + out, hi)
+
+
+@pytest.mark.parametrize(
+    "dtype,decoder",
+    [(fp16, "table"), (bf16, "table"), (bf16, "bitwise"), (fp16, "portable"), (bf16, "portable")],
+    ids=["fp16-table", "bf16-table", "bf16-bitwise", "fp16-portable", "bf16-portable"],
+)
+def test_decoders_bit_exact_in_a_kernel(dtype, decoder):
+    """Each decoder inside a compiled kernel (``_load_planes``, what attention runs) gives exactly
+    ``e2m1 * sf`` (times ``2^-8`` where the kernels fold ``2^8`` into the global scales), signed zeros
+    included, for every byte value with every E4M3 scale 0..126.
+
+    On a GPU this is the hardware proof of the inline PTX (the CPU proof of its text is
+    ``test_fast_decoder_ptx_bit_exact``); under the interpreter the stand-ins run.
+    """
+    att = _att
+    n_rows = 4096  # 32,768 scale blocks of 8 bytes: 32 byte phases x 127 scales cover every pair
+    byte = (torch.arange(n_rows * 64) % 256).to(torch.uint8).reshape(n_rows, 64)
+    sfb = (torch.arange(n_rows * 8) % 127).to(torch.uint8).reshape(n_rows, 8)
+    lo = torch.empty(n_rows, 64, dtype=dtype, device=DEVICE)
+    hi = torch.empty_like(lo)
+    fast = att.DECODERS[decoder]
+    _planes_kernel[(n_rows // 64,)](byte.to(DEVICE), sfb.to(DEVICE), lo, hi, FAST=fast,
+                                   DTYPE=tl.float16 if dtype == fp16 else tl.bfloat16)
+    e2m1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
+    e, m = (sfb >> 3).double(), (sfb & 7).double()
+    sf = torch.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * 2.0 ** (e - 7)).repeat_interleave(8, dim=1)
+    folded = 2.0**-8 if fast != att.DECODERS["portable"] and (dtype == fp16 or decoder == "bitwise") else 1.0
+    for got, nib in ((lo, byte & 15), (hi, byte >> 4)):
+        want = e2m1[nib.long()] * sf * folded
+        got64 = got.cpu().double()
+        assert torch.equal(got64, want), f"{(got64 != want).sum().item()} values differ"
+        assert torch.equal(torch.signbit(got64), torch.signbit(want))
+    # the byte/scale pairs really were all covered
+    pairs = byte.flatten().int() * 128 + sfb.repeat_interleave(8, 1).flatten().int()
+    assert torch.unique(pairs).numel() == 256 * 127
+
+
+FAST_DECODERS = [
+    pytest.param(fp16, "table", id="fp16"),
+    pytest.param(bf16, "table", id="bf16"),
+    pytest.param(bf16, "bitwise", id="bf16-bitwise"),
+]
+
+
+@pytest.mark.parametrize("dtype,decoder", FAST_DECODERS)
 @pytest.mark.parametrize("splits", [1, 3])
-def test_fast_decoder_path_decode(dtype, splits):
+def test_fast_decoder_path_decode(dtype, decoder, splits):
     """The fast-decoder path (what CUDA runs) end to end, split and single-pass, on an HND cache.
 
     Under the interpreter the PTX is replaced by a plain-Triton stand-in with the same values, so this
-    checks the scale plumbing around it: the fp16 decoder yields ``e2m1 * sf * 2^-8`` and every output
-    path must fold the ``2^8`` back (the split-KV merge once did not: outputs came out 256x small).
+    checks the scale plumbing around it: the fp16 decoder and the bf16 bit-placement decoder yield
+    ``e2m1 * sf * 2^-8`` and every output path must fold the ``2^8`` back (the split-KV merge once did
+    not: outputs came out 256x small).
     """
     from nvfp4compat.kernels.triton import attention as att
 
-    with att.override_configs(fast_decode=True, num_splits=splits):
+    with att.override_configs(decoder=decoder, num_splits=splits):
         r = run_case("triton", "decode", seq_lens=[70, 9, 130], num_qo_heads=8, num_kv_heads=2, head_dim=64,
                      page_size=32, layout="HND", dtype=dtype, return_lse=True, use_sinks=True, seed=splits)
     r.check()
 
 
-@pytest.mark.parametrize("dtype", [fp16, bf16], ids=["fp16", "bf16"])
-def test_fast_decoder_path_mixed_prefill(dtype):
+@pytest.mark.parametrize("dtype,decoder", FAST_DECODERS)
+def test_fast_decoder_path_mixed_prefill(dtype, decoder):
     """Fast-decoder path through a mixed batch: prefill tiles plus decode rows merged from 3 splits."""
     from nvfp4compat.kernels.triton import attention as att
 
-    with att.override_configs(fast_decode=True, num_splits=3):
+    with att.override_configs(decoder=decoder, num_splits=3):
         r = run_case("triton", "prefill", seq_lens=[50, 7, 90], q_lens=[20, 2, 1], num_qo_heads=4,
                      num_kv_heads=1, head_dim=64, page_size=16, layout="HND-stacked", dtype=dtype,
                      return_lse=True)

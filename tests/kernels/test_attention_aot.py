@@ -5,7 +5,7 @@
 A compile takes 1-15 s per variant and target on a CI core, so the default tier builds the core
 variants (bf16 decode with the split merge on every target; prefill on one target per MMA family)
 and the full tier builds every shipped variant (``attention.aot_variants()``: every head_dim x
-dtype, every feature flag, split/single pass, tensor/float scales, both decoders) for every target.
+dtype, every feature flag, split/single pass, tensor/float scales, all three decoders) for every target.
 It takes ~15-25 minutes on one core, so it runs only when asked for:
 
     NVFP4COMPAT_AOT_FULL=1 pytest -m slow tests/kernels/test_attention_aot.py
@@ -31,6 +31,9 @@ CORE = [
     ("attention_decode_reduce", "bf16-d128", DEFAULT_CCS),
     # one target per MMA lowering: mma.sync (SM80), wgmma (SM90), tcgen05 (SM100)
     ("attention_prefill", "bf16-d128", (80, 90, 100)),
+    # the opt-in bf16 bit-placement decoder (fma.rn.bf16x2 on subnormal patterns: SM80+)
+    ("attention_decode", "bf16-d128-bitwise", DEFAULT_CCS),
+    ("attention_prefill", "bf16-d128-bitwise", (80, 90)),
 ]
 
 _CHILD = r"""
@@ -79,7 +82,7 @@ def _compile(want: list[tuple[str, str | None, tuple[int, ...]]], jobs: int = 2)
 
 def test_attention_is_an_aot_provider():
     from nvfp4compat.kernels.aot import PROVIDERS
-    from nvfp4compat.kernels.triton.attention import aot_variants
+    from nvfp4compat.kernels.triton.attention import DECODERS, aot_variants
 
     assert "nvfp4compat.kernels.triton.attention" in PROVIDERS
     variants = aot_variants()
@@ -89,7 +92,9 @@ def test_attention_is_an_aot_provider():
     for hd in (64, 128, 256, 512):
         for dt in ("bf16", "fp16"):
             assert any(v.constexprs["HEAD_DIM"] == hd and v.signature["q_ptr"] == f"*{dt}" for v in decode)
-    assert {v.constexprs["FAST"] for v in decode} == {True, False}
+    assert {v.constexprs["FAST"] for v in decode} == set(DECODERS.values())
+    for vs in (decode, variants["attention_prefill"]):
+        assert {v.constexprs["FAST"] for v in vs} == set(DECODERS.values())
     for flag in ("HAS_WINDOW", "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE", "SPLIT", "VARLEN", "PAGE_POW2"):
         assert {v.constexprs[flag] for v in decode} == {True, False}, flag
     for k, vs in variants.items():

@@ -107,15 +107,17 @@ def test_gpu_prefill_all_features(impl):
 
 
 @pytest.mark.parametrize("op", ["decode", "prefill"])
-@pytest.mark.parametrize("dtype", [bf16, fp16])
-def test_gpu_fast_decoder_matches_portable(op, dtype):
-    """The inline-PTX E2M1 decoder and the portable one produce the same attention."""
+@pytest.mark.parametrize("dtype,decoder", [(bf16, "table"), (fp16, "table"), (bf16, "bitwise")],
+                         ids=["bf16-table", "fp16-table", "bf16-bitwise"])
+def test_gpu_fast_decoder_matches_portable(op, dtype, decoder):
+    """The inline-PTX E2M1 decoders and the portable one produce the same attention."""
     from nvfp4compat.kernels.triton import attention as att
 
     kw = dict(seq_lens=[3000, 513, 64], q_lens=[200, 1, 64] if op == "prefill" else None, num_qo_heads=16,
               num_kv_heads=4, head_dim=128, dtype=dtype, return_lse=True, device="cuda", seed=11)
-    fast = run_case("triton", op, **kw)
-    with att.override_configs(fast_decode=False):
+    with att.override_configs(decoder=decoder):
+        fast = run_case("triton", op, **kw)
+    with att.override_configs(decoder="portable"):
         slow = run_case("triton", op, case=fast.case, query=fast.query, **kw)
     fast.check()
     slow.check()

@@ -108,9 +108,11 @@ def _load_planes(
     if FAST:
         if DTYPE == tl.float16:  # noqa: SIM300 (DTYPE is a constexpr, not a constant)
             sf = fp4.scales_f16_scaled(sfb)  # sf * 2^-8: the caller folds 2^8 into the scales
+        elif FAST == 2:
+            sf = fp4.scales_bf16_biased(sfb)  # planes come out e2m1 * sf * 2^-8, folded like fp16's
         else:
             sf = fp4.scales_f32(sfb).to(DTYPE)
-        lo, hi = fp4.planes_fast(byte, fp4.broadcast_scales(sf, D2, D16, BLOCK_N))
+        lo, hi = fp4.planes_fast(byte, fp4.broadcast_scales(sf, D2, D16, BLOCK_N), FAST == 2)
     else:
         sf = fp4.scales_f32(sfb)
         lo, hi = fp4.planes_portable(byte, fp4.broadcast_scales(sf, D2, D16, BLOCK_N), DTYPE)
@@ -255,7 +257,8 @@ def _scales(
 ):
     """Global scales (device pointers or numbers) -> (qk_scale2, softcap_pre, softcap_post, v_scale).
 
-    The fp16 fast decoder produces ``e2m1 * sf * 2^-8``: its ``2^8`` is folded in here.
+    The fp16 fast decoder and the bf16 bit-placement decoder (``FAST == 2``) produce
+    ``e2m1 * sf * 2^-8``: their ``2^8`` is folded in here.
     """
     if K_SCALE_PTR:
         ks = tl.load(k_scale)
@@ -265,7 +268,7 @@ def _scales(
         vs = tl.load(v_scale)
     else:
         vs = v_scale
-    if FAST and q_ptr.dtype.element_ty == tl.float16:
+    if FAST == 2 or (FAST and q_ptr.dtype.element_ty == tl.float16):
         ks = ks * 256.0
         vs = vs * 256.0
     qk_scale2 = sm_scale_log2 * ks  # (q . k_e2m1*sf) * sm_scale * k_scale * log2(e)
@@ -628,6 +631,10 @@ SPLIT_MIN_TILES = 3
 SPLIT_MAX = 128
 
 _overrides: dict[str, Any] = {}
+# E2M1 decoders by name -> the kernels' FAST constexpr (see attention_nvfp4).
+DECODERS: dict[str, int] = {
+    "portable": fp4.DECODER_PORTABLE, "table": fp4.DECODER_TABLE, "bitwise": fp4.DECODER_BITWISE,
+}
 
 
 @contextlib.contextmanager
@@ -636,15 +643,19 @@ def override_configs(
     decode: DecodeConfig | None = None,
     prefill: PrefillConfig | None = None,
     num_splits: int | None = None,
-    fast_decode: bool | None = None,
+    decoder: str | None = None,
 ) -> Iterator[None]:
     """Force tile configs, the split count or the decoder choice inside the block (benchmark sweeps).
 
-    ``fast_decode=False`` runs the portable E2M1 decoder on the GPU instead of the inline-PTX one;
-    ``fast_decode=True`` under the interpreter runs the fast path with a stand-in for the PTX.
+    ``decoder`` is one of :data:`DECODERS`: ``"portable"`` (plain-Triton integer decode, the
+    interpreter's default), ``"table"`` (FlashInfer's ``prmt`` table in inline PTX, the CUDA default)
+    or ``"bitwise"`` (bf16 bit placement; fp16 keeps the table). Forcing an inline-PTX decoder under
+    the interpreter runs a plain-Triton stand-in with the same values.
     """
+    if decoder is not None and decoder not in DECODERS:
+        raise ValueError(f"override_configs: decoder must be one of {sorted(DECODERS)}, got {decoder!r}")
     saved = dict(_overrides)
-    for key, val in (("decode", decode), ("prefill", prefill), ("num_splits", num_splits), ("fast", fast_decode)):
+    for key, val in (("decode", decode), ("prefill", prefill), ("num_splits", num_splits), ("decoder", decoder)):
         if val is not None:
             _overrides[key] = val
     try:
@@ -702,17 +713,17 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, block_n: i
     return int(max(1, min(want, max_by_len, SPLIT_MAX)))
 
 
-def _fast(device: torch.device) -> bool:
-    """Whether the kernels use the fast (inline-PTX) E2M1 decoder.
+def _fast(device: torch.device) -> int:
+    """The kernels' ``FAST`` constexpr: which E2M1 decoder they compile (:data:`DECODERS`).
 
-    Default: on for CUDA launches, off under the interpreter. ``override_configs(fast_decode=...)``
-    forces either; forced on under the interpreter, the fast path runs with a plain-Triton stand-in
-    for the PTX (same values), so CPU tests cover its scale handling.
+    Default: the inline-PTX table decoder for CUDA launches, the portable one under the interpreter.
+    ``override_configs(decoder=...)`` forces any; an inline-PTX decoder forced under the interpreter
+    runs with a plain-Triton stand-in for the PTX (same values), so CPU tests cover its scale handling.
     """
-    forced = _overrides.get("fast")
+    forced = _overrides.get("decoder")
     if forced is not None:
-        return bool(forced)
-    return device.type == "cuda" and not interpreting()
+        return DECODERS[forced]
+    return DECODERS["table"] if device.type == "cuda" and not interpreting() else DECODERS["portable"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -902,7 +913,7 @@ class _DecodeLaunch:
     block_m: int
     splits: int
     cfg: DecodeConfig
-    fast: bool
+    fast: int
     dot_fp32: bool
     k_ptr: bool
     v_ptr: bool
@@ -1326,8 +1337,8 @@ def _pointer_attrs(sig: dict[str, str]) -> dict[Any, Any]:
     return {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
 
 
-_FEATURES_OFF = {"HAS_WINDOW": False, "HAS_SOFTCAP": False, "HAS_SINKS": False, "RETURN_LSE": False}
-_FEATURES_ON = {"HAS_WINDOW": True, "HAS_SOFTCAP": True, "HAS_SINKS": True, "RETURN_LSE": True}
+_FEATURES_OFF: dict[str, Any] = {"HAS_WINDOW": False, "HAS_SOFTCAP": False, "HAS_SINKS": False, "RETURN_LSE": False}
+_FEATURES_ON: dict[str, Any] = {"HAS_WINDOW": True, "HAS_SOFTCAP": True, "HAS_SINKS": True, "RETURN_LSE": True}
 
 
 def aot_variants() -> dict[str, list[Any]]:
@@ -1335,7 +1346,8 @@ def aot_variants() -> dict[str, list[Any]]:
 
     Every head_dim x dtype with the default features; every feature flag on alone and all together;
     q_len 1 and 8 (rows 16 and 64 with GQA 8); split and single-pass decode; tensor and float scales;
-    the inline-PTX decoder (what CUDA runs) and, once per kernel, the portable decoder (the fallback).
+    the inline-PTX table decoder (what CUDA runs) and, once per kernel, the portable decoder (the
+    fallback) and the opt-in bf16 bit-placement decoder.
     Each decode variant uses the config :func:`decode_config` picks for its launch: head_dim 128 at
     2 warps for 16 rows, and the widened 4-warp config for 64 rows and for latency-bound grids.
     """
@@ -1346,14 +1358,14 @@ def aot_variants() -> dict[str, list[Any]]:
     red: list[AotVariant] = []
 
     def add_decode(label: str, dtype: str, hd: int, *, qmax: int = 1, group: int = 4, varlen: bool = False,
-                   split: bool = True, fast: bool = True, ptr: bool = True, combined: bool = False,
-                   pow2: bool = True, latency: bool = False, **features: bool) -> None:
+                   split: bool = True, decoder: str = "table", ptr: bool = True, combined: bool = False,
+                   pow2: bool = True, latency: bool = False, **features: Any) -> None:
         block_m = max(16, triton.next_power_of_2(group * qmax))
         # the launch config decode() picks: latency=True is a grid smaller than the GPU
         cfg = decode_config(hd, block_m, 1 if latency else None, 2 if latency else None)
         c: dict[str, Any] = {"HEAD_DIM": hd, "BLOCK_M": block_m,
                              "BLOCK_N": cfg.block_n, "QMAX": qmax, "VARLEN": varlen, "CAUSAL": qmax > 1,
-                             "SPLIT": split, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr, "FAST": fast,
+                             "SPLIT": split, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr, "FAST": DECODERS[decoder],
                              "DOT_FP32": False, "DATA_ALIGN": 8 if combined else 16,
                              "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2}
         c.update(_FEATURES_OFF)
@@ -1361,11 +1373,11 @@ def aot_variants() -> dict[str, list[Any]]:
         sig = _decode_signature(dtype, ptr, ptr)
         dec.append(AotVariant(label, sig, c, cfg.num_warps, cfg.num_stages, _pointer_attrs(sig)))
 
-    def add_prefill(label: str, dtype: str, hd: int, *, causal: bool = True, fast: bool = True,
-                    ptr: bool = True, combined: bool = False, pow2: bool = True, **features: bool) -> None:
+    def add_prefill(label: str, dtype: str, hd: int, *, causal: bool = True, decoder: str = "table",
+                    ptr: bool = True, combined: bool = False, pow2: bool = True, **features: Any) -> None:
         cfg = _PREFILL_CONFIGS[hd]
         c: dict[str, Any] = {"HEAD_DIM": hd, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-                             "CAUSAL": causal, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr, "FAST": fast,
+                             "CAUSAL": causal, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr, "FAST": DECODERS[decoder],
                              "DOT_FP32": False, "DATA_ALIGN": 8 if combined else 16,
                              "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2}
         c.update(_FEATURES_OFF)
@@ -1387,16 +1399,20 @@ def aot_variants() -> dict[str, list[Any]]:
     add_decode("bf16-d128-combined", "bf16", 128, combined=True)
     add_decode("bf16-d128-page-any", "bf16", 128, pow2=False)
     add_decode("bf16-d128-all-single", "bf16", 128, split=False, **_FEATURES_ON)
-    add_decode("bf16-d256-portable", "bf16", 256, fast=False, **_FEATURES_ON)
-    add_decode("fp16-d128-portable", "fp16", 128, fast=False)
+    add_decode("bf16-d256-portable", "bf16", 256, decoder="portable", **_FEATURES_ON)
+    add_decode("fp16-d128-portable", "fp16", 128, decoder="portable")
+    add_decode("bf16-d128-bitwise", "bf16", 128, decoder="bitwise")
+    add_decode("bf16-d64-q4-bitwise-all", "bf16", 64, qmax=4, decoder="bitwise", **_FEATURES_ON)
     for feat in ("HAS_WINDOW", "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE"):
-        add_prefill(f"bf16-d128-{feat.lower()}", "bf16", 128, **{feat: True})
+        on: dict[str, Any] = {feat: True}
+        add_prefill(f"bf16-d128-{feat.lower()}", "bf16", 128, **on)
     add_prefill("fp16-d256-all", "fp16", 256, **_FEATURES_ON)
     add_prefill("bf16-d128-noncausal-floatscale", "bf16", 128, causal=False, ptr=False)
     add_prefill("fp16-d128-combined", "fp16", 128, combined=True)
     add_prefill("bf16-d128-page-any", "bf16", 128, pow2=False)
-    add_prefill("bf16-d128-portable", "bf16", 128, fast=False, **_FEATURES_ON)
-    add_prefill("fp16-d512-portable", "fp16", 512, fast=False)
+    add_prefill("bf16-d128-portable", "bf16", 128, decoder="portable", **_FEATURES_ON)
+    add_prefill("fp16-d512-portable", "fp16", 512, decoder="portable")
+    add_prefill("bf16-d128-bitwise", "bf16", 128, decoder="bitwise")
 
     red_sig_base = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "o_ptr": "*bf16", "lse_ptr": "*fp32",
                     "qsl_ptr": "*i32", "sinks_ptr": "*fp32", "num_splits": "i32",
