@@ -16,7 +16,7 @@ pulls a multi-GB CUDA build; set ``NVFP4COMPAT_TORCH_SPEC`` (e.g. ``"torch==2.13
 https://download.pytorch.org/whl/cpu"``) where the local CPU wheel is not on the machine.
 
 Disk: every session's venv carries its own torch, triton and (for the FlashInfer/vLLM sessions) the real
-release, 2-4 GB each; all nine CI venvs together need about 20 GB. So each session deletes its venv
+release, 2-4 GB each; all nine CI venvs together need about 19 GB. So each session deletes its venv
 when it ends, pass or fail, unless it was asked to reuse it (``nox -r``) or ``NVFP4COMPAT_KEEP_VENVS=1``
 is set: ``nox -t ci`` then needs the largest single venv (about 4 GB) plus pip's download cache.
 """
