@@ -237,8 +237,8 @@ def _planes_kernel(byte_ptr, sfb_ptr, lo_ptr, hi_ptr, FAST: tl.constexpr, DTYPE:
 
 @pytest.mark.parametrize(
     "dtype,decoder",
-    [(fp16, "table"), (bf16, "table"), (bf16, "bitwise"), (fp16, "portable"), (bf16, "portable")],
-    ids=["fp16-table", "bf16-table", "bf16-bitwise", "fp16-portable", "bf16-portable"],
+    [(fp16, "table"), (bf16, "table"), (bf16, "bitwise"), (fp16, "bitwise"), (fp16, "portable"), (bf16, "portable")],
+    ids=["fp16-table", "bf16-table", "bf16-bitwise", "fp16-bitwise-is-table", "fp16-portable", "bf16-portable"],
 )
 def test_decoders_bit_exact_in_a_kernel(dtype, decoder):
     """Each decoder inside a compiled kernel (``_load_planes``, what attention runs) gives exactly
