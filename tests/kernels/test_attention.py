@@ -21,7 +21,7 @@ from _attention_helpers import (
     run_case,
 )
 
-from nvfp4compat.kernels import get_kernel
+from nvfp4compat.kernels import get_kernel, reference
 from nvfp4compat.kernels import reference_attention as ra
 from nvfp4compat.kernels.layout import normalize_cache
 from nvfp4compat.kernels.triton import attention as _att
@@ -248,21 +248,19 @@ def test_decoders_bit_exact_in_a_kernel(dtype, decoder):
     On a GPU this is the hardware proof of the inline PTX (the CPU proof of its text is
     ``test_fast_decoder_ptx_bit_exact``); under the interpreter the stand-ins run.
     """
-    att = _att
     n_rows = 4096  # 32,768 scale blocks of 8 bytes: 32 byte phases x 127 scales cover every pair
     byte = (torch.arange(n_rows * 64) % 256).to(torch.uint8).reshape(n_rows, 64)
     sfb = (torch.arange(n_rows * 8) % 127).to(torch.uint8).reshape(n_rows, 8)
     lo = torch.empty(n_rows, 64, dtype=dtype, device=DEVICE)
     hi = torch.empty_like(lo)
-    fast = att.DECODERS[decoder]
+    fast = _att.DECODERS[decoder]
     _planes_kernel[(n_rows // 64,)](byte.to(DEVICE), sfb.to(DEVICE), lo, hi, FAST=fast,
                                    DTYPE=tl.float16 if dtype == fp16 else tl.bfloat16)
-    e2m1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
-    e, m = (sfb >> 3).double(), (sfb & 7).double()
-    sf = torch.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * 2.0 ** (e - 7)).repeat_interleave(8, dim=1)
-    folded = 2.0**-8 if fast != att.DECODERS["portable"] and (dtype == fp16 or decoder == "bitwise") else 1.0
+    # the oracle: the reference codec's E4M3 and E2M1 decoders
+    sf = reference.e4m3_decode(sfb).double().repeat_interleave(8, dim=1)
+    folded = 2.0**-8 if fast != _att.DECODERS["portable"] and (dtype == fp16 or decoder == "bitwise") else 1.0
     for got, nib in ((lo, byte & 15), (hi, byte >> 4)):
-        want = e2m1[nib.long()] * sf * folded
+        want = reference.e2m1_decode(nib).double() * sf * folded
         got64 = got.cpu().double()
         assert torch.equal(got64, want), f"{(got64 != want).sum().item()} values differ"
         assert torch.equal(torch.signbit(got64), torch.signbit(want))

@@ -33,6 +33,7 @@ int32 error flag, read by :func:`check_scale_errors`.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -337,15 +338,10 @@ def _fp8_cvt(device: torch.device) -> bool:
     return device.type == "cuda" and not interpreting() and _capability(device) >= (8, 9)
 
 
-_capabilities: dict[torch.device, tuple[int, int]] = {}
-
-
+@functools.lru_cache(maxsize=16)
 def _capability(device: torch.device) -> tuple[int, int]:
-    cap = _capabilities.get(device)
-    if cap is None:
-        cap = torch.cuda.get_device_capability(device)
-        _capabilities[device] = cap
-    return cap
+    """A CUDA device's compute capability (cached per device, as :func:`sm_count` caches its SMs)."""
+    return torch.cuda.get_device_capability(device)
 
 
 _flags: dict[torch.device, torch.Tensor] = {}
@@ -488,18 +484,17 @@ class _Launch:
 
 
 _launches: dict[tuple, _Launch] = {}
-_tensor_key = tensor_meta
 
 
 def _pair_key(arg) -> tuple | None:
     """Signature of a K/V pair given as one stacked tensor or a 2-sequence of tensors."""
     t = type(arg)
     if t is torch.Tensor:
-        return _tensor_key(arg)
+        return tensor_meta(arg)
     if (t is tuple or t is list) and len(arg) == 2:
         a, b = arg
         if type(a) is torch.Tensor and type(b) is torch.Tensor:
-            return (_tensor_key(a), _tensor_key(b), a.data_ptr() == b.data_ptr())
+            return (tensor_meta(a), tensor_meta(b), a.data_ptr() == b.data_ptr())
     return None
 
 

@@ -957,14 +957,16 @@ def _launch_decode_path(
     qsl: torch.Tensor | None,
     qmax: int,
     causal: bool,
-) -> None:
-    """Launch the split-KV decode kernel (+ merge) for ``batch`` requests of at most ``qmax`` rows."""
+) -> _DecodeLaunch:
+    """Launch the split-KV decode kernel (+ merge) for ``batch`` requests of at most ``qmax`` rows;
+    returns what the launch derived (``decode()`` caches it)."""
     cl = _cache_launch(a.views)
     d = _decode_launch(a, query, block_table, qmax, cl)
     _run_decode(
         d, query, a.out, a.lse, cl.tensors, block_table, seq_lens, qsl, a.sinks, a.k_scale,
         a.v_scale, causal,
     )  # fmt: skip
+    return d
 
 
 def _run_decode(
@@ -1022,7 +1024,6 @@ def _run_decode(
 # The decode host path's cache: what full validation established for one argument signature.
 _decode_cache: dict[tuple, _DecodeLaunch] = {}
 _DECODE_CACHE_MAX = 512
-_meta = tensor_meta
 
 
 def _cache_pair(arg) -> tuple[tuple, torch.Tensor, torch.Tensor] | None:
@@ -1040,11 +1041,11 @@ def _cache_pair(arg) -> tuple[tuple, torch.Tensor, torch.Tensor] | None:
     else:
         return None
     # base-address alignment is part of the signature: it picks the kernel's vector widths
-    return (t, _meta(k), _meta(v), k.data_ptr() % 16, v.data_ptr() % 16), k, v
+    return (t, tensor_meta(k), tensor_meta(v), k.data_ptr() % 16, v.data_ptr() % 16), k, v
 
 
 def _opt_meta(t) -> object:
-    return None if t is None else (_meta(t) if type(t) is torch.Tensor else object())
+    return None if t is None else (tensor_meta(t) if type(t) is torch.Tensor else object())
 
 
 def _knobs() -> tuple:
@@ -1130,7 +1131,8 @@ def decode(
         ks_meta, vs_meta = scale_meta(k_scale), scale_meta(v_scale)
         if ks_meta is not None and vs_meta is not None and type(block_table) is torch.Tensor:
             key = (
-                _meta(query), kc[0], sc[0], _meta(block_table), _opt_meta(seq_lens), ks_meta, vs_meta,
+                tensor_meta(query), kc[0], sc[0], tensor_meta(block_table), _opt_meta(seq_lens),
+                ks_meta, vs_meta,
                 # with their types: True == 1 and 1 == 1.0 hash alike, and bools are refused
                 type(sm_scale), sm_scale, kv_layout, type(q_len_per_req), q_len_per_req,
                 type(sliding_window), sliding_window, type(logits_soft_cap), logits_soft_cap,
@@ -1171,12 +1173,7 @@ def decode(
         )
     if batch == 0:
         return _result(a)
-    cl = _cache_launch(views)
-    d = _decode_launch(a, query, block_table, q_len_per_req, cl)
-    _run_decode(
-        d, query, a.out, a.lse, cl.tensors, block_table, seq_lens, None, a.sinks, a.k_scale,
-        a.v_scale, True,
-    )  # fmt: skip
+    d = _launch_decode_path(a, query, block_table, seq_lens, None, q_len_per_req, True)
     if key is not None and not any(
         isinstance(sc, torch.Tensor) and sc.device != views.device for sc in (k_scale, v_scale)
     ):  # (a host tensor scale is read on the host every call: never cached)
