@@ -376,17 +376,63 @@ def test_registry_routes_to_the_triton_module():
         assert fn.__name__ == op
 
 
-def test_choose_num_splits_heuristic():
-    from nvfp4compat.kernels.triton.attention import choose_num_splits
+def test_decode_work_split_sizes():
+    """One wave of programs per launch; the grid bound and the merge slots hold for any lengths."""
+    from nvfp4compat.kernels.triton import attention as att
 
-    # Few (request, kv head) pairs and a long context: split so one wave (4 programs x 132 SMs) is full.
-    assert choose_num_splits(8, 8, 32768, 64, 132) == 8
-    # Enough pairs to fill the wave: no split, the merge kernel is skipped.
-    assert choose_num_splits(64, 8, 4096, 64, 132) == 1
-    assert choose_num_splits(512, 8, 4096, 64, 132) == 1
-    # Short context: ceil(tiles / SPLIT_MIN_TILES) splits at most (B=1 L=1K: 16 tiles -> 6, measured best).
-    assert choose_num_splits(1, 8, 1024, 64, 132) == 6
-    assert choose_num_splits(1, 1, 64, 64, 132) == 1
+    # 4 programs per SM: 132 SMs, 8 KV heads -> 66 chunks per head; 1 KV head -> 528.
+    assert att.decode_programs(8, 132) == (66, att.SPLIT_MIN_TILES)
+    assert att.decode_programs(1, 132) == (528, att.SPLIT_MIN_TILES)
+    with att.override_configs(num_splits=5):
+        assert att.decode_programs(8, 132) == (5, 1)
+    # chunks <= programs + batch, and <= batch * cdiv(max_tiles, min_tiles); slots < 2 * programs
+    assert att.decode_grid(16, 66, 2, 256) == (82, 82)
+    assert att.decode_grid(1, 66, 2, 128) == (64, 64)
+    assert att.decode_grid(128, 66, 2, 32) == (194, 132)
+    assert att.decode_grid(3, 1, 1, 0) == (3, 2)
+
+
+def _chunk_plan(tiles: list[int], programs: int, min_tiles: int) -> list[tuple[int, int]]:
+    """The kernel's chunking, in Python: (request, chunk index) per chunk, in chunk order."""
+    c = max(-(-sum(tiles) // programs), min_tiles)
+    return [(b, j) for b, t in enumerate(tiles) for j in range(-(-t // c))]
+
+
+@pytest.mark.parametrize("programs", [1, 2, 5, 64])
+def test_decode_chunking_never_exceeds_its_grid(programs):
+    """Random length mixes: the Python model of the kernel's chunking stays inside decode_grid's bounds."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    rng = np.random.default_rng(programs)
+    for _ in range(200):
+        batch = int(rng.integers(1, 40))
+        max_tiles = int(rng.integers(1, 300))
+        tiles = [int(x) for x in rng.integers(0, max_tiles + 1, size=batch)]
+        for min_tiles in (1, 2, 3):
+            chunks, slots = att.decode_grid(batch, programs, min_tiles, max_tiles)
+            plan = _chunk_plan(tiles, programs, min_tiles)
+            assert len(plan) <= chunks
+            multi = [b for b in set(b for b, _ in plan) if sum(1 for x, _ in plan if x == b) > 1]
+            assert sum(1 for b, _ in plan if b in multi) <= slots
+
+
+@pytest.mark.parametrize("splits", [1, 3, 9])
+def test_decode_ragged_batch_matches_reference(splits):
+    """A ragged batch (one long request, short ones, an empty one) over every split regime: single-chunk
+    requests written directly, multi-chunk ones merged, the empty one zero; with q_len 2 and a window."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    with att.override_configs(decode=att.DecodeConfig(16, 4, 1), num_splits=splits):
+        r = run_case(
+            "triton", "decode", seq_lens=[300, 2, 17, 0, 45, 2], q_len_per_req=1, num_qo_heads=4,
+            num_kv_heads=2, head_dim=64, dtype=fp16, return_lse=True, use_sinks=True, seed=splits,
+        )
+        r.check()
+        r = run_case(
+            "triton", "decode", seq_lens=[260, 3, 40], q_len_per_req=2, num_qo_heads=4, num_kv_heads=1,
+            head_dim=64, dtype=fp16, return_lse=True, sliding_window=50, seed=splits + 1,
+        )
+        r.check()
 
 
 def test_decode_config_widens_narrow_configs():

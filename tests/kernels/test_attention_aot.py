@@ -5,7 +5,7 @@
 A compile takes 1-15 s per variant and target on a CI core, so the default tier builds the core
 variants (bf16 decode with the split merge on every target; prefill on one target per MMA family)
 and the full tier builds every shipped variant (``attention.aot_variants()``: every head_dim x
-dtype, every feature flag, split/single pass, tensor/float scales, all three decoders) for every target.
+dtype, every feature flag, batch blocks of the on-device work split, tensor/float scales, all three decoders) for every target.
 It takes ~15-25 minutes on one core, so it runs only when asked for:
 
     NVFP4COMPAT_AOT_FULL=1 pytest -m slow tests/kernels/test_attention_aot.py
@@ -95,7 +95,7 @@ def test_attention_is_an_aot_provider():
     assert {v.constexprs["FAST"] for v in decode} == set(DECODERS.values())
     for vs in (decode, variants["attention_prefill"]):
         assert {v.constexprs["FAST"] for v in vs} == set(DECODERS.values())
-    for flag in ("HAS_WINDOW", "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE", "SPLIT", "VARLEN", "PAGE_POW2"):
+    for flag in ("HAS_WINDOW", "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE", "VARLEN", "PAGE_POW2"):
         assert {v.constexprs[flag] for v in decode} == {True, False}, flag
     for k, vs in variants.items():
         assert len({v.label for v in vs}) == len(vs), k

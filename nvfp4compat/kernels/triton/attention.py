@@ -47,7 +47,8 @@ __all__ = [
     "PrefillConfig",
     "decode_config",
     "prefill_config",
-    "choose_num_splits",
+    "decode_programs",
+    "decode_grid",
     "override_configs",
     "aot_kernels",
 ]
@@ -319,38 +320,119 @@ def _finish(
 
 
 @triton.jit
+def _request_tiles(
+    bs, ok, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+    BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
+):
+    """KV tiles of requests ``bs`` (masked by ``ok``): ``cdiv(kv_hi - kv_lo, BLOCK_N)``, 0 for requests
+    the decode kernel does not serve (varlen rows with no or more than ``QMAX`` query tokens).
+
+    Every bound is clamped the way the kernel body clamps it (``seq_len`` to ``[0, max_kv]``, the
+    row's pages; ``query_start_loc`` to ``[0, num_tokens]`` and non-decreasing), in int64 so that no
+    hostile value wraps: the work split and the tile loop agree for any metadata.
+    """
+    seq_len = tl.load(seq_lens_ptr + bs, mask=ok, other=0).to(tl.int64)
+    seq_len = tl.maximum(seq_len, 0)
+    if VARLEN:
+        q0 = tl.minimum(tl.maximum(tl.load(qsl_ptr + bs, mask=ok, other=0), 0), num_tokens)
+        q1 = tl.minimum(tl.maximum(tl.load(qsl_ptr + bs + 1, mask=ok, other=0), q0), num_tokens)
+        q_len = (q1 - q0).to(tl.int64)
+        live = ok & (q_len > 0) & (q_len <= QMAX)
+    else:
+        q_len = QMAX
+        live = ok
+    kv_hi = tl.minimum(seq_len, max_kv)
+    if HAS_WINDOW:
+        kv_lo = tl.maximum(seq_len - q_len - window + 1, 0)
+    else:
+        kv_lo = seq_len * 0
+    tiles = (tl.maximum(kv_hi - kv_lo, 0) + BLOCK_N - 1) // BLOCK_N
+    return tl.where(live, tiles, 0).to(tl.int32)
+
+
+@triton.jit
+def _chunk_size(
+    batch, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+    BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    BATCH_BLOCK: tl.constexpr,
+):
+    """Tiles per work chunk: ``max(cdiv(total tiles of the batch, programs), min_tiles)``."""
+    total = 0
+    for b0 in range(0, batch, BATCH_BLOCK):
+        bs = b0 + tl.arange(0, BATCH_BLOCK)
+        total += tl.sum(
+            _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                           BLOCK_N, QMAX, VARLEN, HAS_WINDOW), 0
+        )
+    return tl.maximum(tl.cdiv(total, programs), min_tiles)
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
     k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,
     k_scale, v_scale, sm_scale_log2, softcap, window,
-    num_splits, group, num_qo_heads, page_size, page_shift,
+    batch, programs, min_tiles, group, num_qo_heads, page_size, page_shift, max_pages, num_tokens,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_lt,
     stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
     stride_bt,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QMAX: tl.constexpr,
     VARLEN: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr, SPLIT: tl.constexpr,
+    HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr, BATCH_BLOCK: tl.constexpr,
     K_SCALE_PTR: tl.constexpr, V_SCALE_PTR: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
     DATA_ALIGN: tl.constexpr, SF_ALIGN: tl.constexpr, PAGE_POW2: tl.constexpr,
 ):
-    """Split-KV decode: program (split, kv head, request) over ``G * QMAX`` rows.
+    """Length-balanced split-KV decode: program (work chunk ``c``, kv head) over ``G * QMAX`` rows.
+
+    The batch's KV tiles (of every request the kernel serves, counted from the real ``seq_lens`` on
+    the device) are cut into chunks of ``C = max(cdiv(total, programs), min_tiles)`` tiles that never
+    cross a request: request ``b`` gets ``cdiv(tiles_b, C)`` chunks, numbered in request order, and
+    chunk ``c`` is this program's (programs past the last chunk return at once). So a long request
+    gets many programs and a short one few, every program does about the same work, and the grid
+    (``programs + batch`` chunks at most) is fixed on the host without reading a length: safe under
+    CUDA graphs. A request of one chunk writes its output directly; the chunks of a longer request
+    write normalized partials (``v_scale`` applied) and base-2 LSEs into slots
+    ``[s_b, s_b + chunks_b)`` (numbered over multi-chunk requests only: fewer than ``2 * programs``)
+    that :func:`_decode_reduce_kernel` merges.
 
     ``VARLEN``: the request's queries are ``qsl[b]..qsl[b+1]`` (requests with more than ``QMAX`` or no
-    query tokens are skipped: the prefill kernel owns them); otherwise ``QMAX`` rows per request.
-    ``SPLIT``: write normalized partial outputs ``part_o [B*QMAX, Hq, S, D]`` (``v_scale`` applied)
-    and base-2 LSEs ``part_lse [B*QMAX, Hq, S]`` for :func:`_decode_reduce_kernel`; else write the
-    output directly.
+    query tokens get no tiles: the prefill kernel owns them); otherwise ``QMAX`` rows per request.
     """
-    split = tl.program_id(0)
+    c = tl.program_id(0)
     kvh = tl.program_id(1)
-    b = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + b)
+    max_kv = max_pages.to(tl.int64) * page_size
+    C = _chunk_size(batch, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                    BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
+    # Find this chunk's request b, its index j within b, b's chunk count and b's first partial slot.
+    base = 0
+    base_m = 0
+    b = -1
+    j = 0
+    n_chunks = 0
+    slot0 = 0
+    for b0 in range(0, batch, BATCH_BLOCK):
+        bs = b0 + tl.arange(0, BATCH_BLOCK)
+        tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                               BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
+        ch = tl.cdiv(tiles, C)
+        lo = base + tl.cumsum(ch, 0) - ch
+        multi = tl.where(ch > 1, ch, 0)
+        lo_m = base_m + tl.cumsum(multi, 0) - multi
+        hit = (c >= lo) & (c < lo + ch)
+        b = tl.maximum(b, tl.max(tl.where(hit, bs, -1), 0))
+        j += tl.sum(tl.where(hit, c - lo, 0), 0)
+        n_chunks += tl.sum(tl.where(hit, ch, 0), 0)
+        slot0 += tl.sum(tl.where(hit, lo_m, 0), 0)
+        base += tl.sum(ch, 0)
+        base_m += tl.sum(multi, 0)
+    if b < 0:
+        return
+
+    seq_len = tl.maximum(tl.load(seq_lens_ptr + b).to(tl.int64), 0)
     if VARLEN:
-        q_start = tl.load(qsl_ptr + b)
-        q_len = tl.load(qsl_ptr + b + 1) - q_start
-        if (q_len > QMAX) | (q_len <= 0):  # the prefill kernel owns longer requests
-            return
+        q_start = tl.minimum(tl.maximum(tl.load(qsl_ptr + b), 0), num_tokens)
+        q_len = tl.minimum(tl.maximum(tl.load(qsl_ptr + b + 1), q_start), num_tokens) - q_start
     else:
         q_start = b * QMAX
         q_len = QMAX
@@ -366,24 +448,27 @@ def _decode_kernel(
         k_scale, v_scale, sm_scale_log2, softcap, q_ptr, K_SCALE_PTR, V_SCALE_PTR, FAST
     )
 
-    # Keys this request's rows can see: [kv_lo, seq_len).
+    # Keys this request's rows can see: [kv_lo, kv_hi), kv_hi clamped to the block-table row. The
+    # bounds are worked out in int64 (hostile lengths must not wrap) and are int32 once clamped.
+    kv_hi = tl.minimum(seq_len, max_kv)
     if HAS_WINDOW:
-        kv_lo = tl.maximum(seq_len - q_len - window + 1, 0)
+        kv_lo = tl.minimum(tl.maximum(seq_len - q_len - window + 1, 0), kv_hi)
         full_lo = seq_len - window  # visible to every row from here on
     else:
-        kv_lo = 0
-        full_lo = 0
-    kv_hi = seq_len
+        kv_lo = seq_len * 0
+        full_lo = seq_len * 0
     if CAUSAL:
-        full_hi = seq_len - q_len + 1  # keys <= the first row's position
+        full_hi = tl.minimum(seq_len - q_len + 1, kv_hi)  # keys <= the first row's position
     else:
-        full_hi = seq_len
+        full_hi = kv_hi
     n_tiles = tl.cdiv(kv_hi - kv_lo, BLOCK_N)
-    per_split = tl.cdiv(n_tiles, num_splits)
-    t_begin = tl.minimum(split * per_split, n_tiles)
-    t_end = tl.minimum(t_begin + per_split, n_tiles)
+    t_begin = tl.minimum(j * C, n_tiles)
+    t_end = tl.minimum(t_begin + C, n_tiles)
     n_mask_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo - kv_lo, BLOCK_N), 0), n_tiles)
-    n_full_end = tl.maximum((full_hi - kv_lo) // BLOCK_N, 0)
+    n_full_end = tl.minimum(tl.maximum((full_hi - kv_lo) // BLOCK_N, 0), n_tiles)
+    qpos = qpos.to(tl.int32)
+    kv_lo = kv_lo.to(tl.int32)
+    kv_hi = kv_hi.to(tl.int32)
 
     acc_lo = tl.zeros((BLOCK_M, HEAD_DIM // 2), dtype=tl.float32)
     acc_hi = tl.zeros((BLOCK_M, HEAD_DIM // 2), dtype=tl.float32)
@@ -391,7 +476,8 @@ def _decode_kernel(
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc_lo, acc_hi, m_i, l_i = _attend_range(
         acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos,
-        kv_lo, kv_hi, t_begin, t_end, n_mask_lo, n_full_end,
+        kv_lo, kv_hi, t_begin.to(tl.int32), t_end.to(tl.int32), n_mask_lo.to(tl.int32),
+        n_full_end.to(tl.int32),
         window, qk_scale2, softcap_pre, softcap_post,
         bt_ptr + b.to(tl.int64) * stride_bt, page_size, page_shift,
         k_ptr + kvh * (stride_kh * DATA_ALIGN), v_ptr + kvh * (stride_vh * DATA_ALIGN),
@@ -401,7 +487,12 @@ def _decode_kernel(
         HEAD_DIM, BLOCK_N, CAUSAL, HAS_WINDOW and (QMAX > 1), HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_ALIGN >= 4,
     )
 
-    if SPLIT:
+    if n_chunks == 1:
+        _finish(
+            acc_lo, acc_hi, m_i, l_i, vs, head, row_ok, tok, o_ptr, lse_ptr, sinks_ptr,
+            stride_ot, stride_oh, stride_lt, HEAD_DIM, HAS_SINKS, RETURN_LSE,
+        )
+    else:
         # The partial output carries `vs` (v_scale with the fp16 fast decoder's 2^8 folded in, from
         # `_scales`), so the merge kernel never needs to know which decoder produced it.
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -410,26 +501,26 @@ def _decode_kernel(
         o = tl.reshape(
             tl.join(acc_lo * o_scale[:, None], acc_hi * o_scale[:, None]), (BLOCK_M, HEAD_DIM)
         )
-        prow = ((b * QMAX + t).to(tl.int64) * num_qo_heads + head) * num_splits + split
+        prow = ((slot0 + j).to(tl.int64) * num_qo_heads + head) * QMAX + t
         offs_d = tl.arange(0, HEAD_DIM)
         tl.store(part_o_ptr + prow[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
         tl.store(part_lse_ptr + prow, lse2, mask=row_ok)
-    else:
-        _finish(
-            acc_lo, acc_hi, m_i, l_i, vs, head, row_ok, tok, o_ptr, lse_ptr, sinks_ptr,
-            stride_ot, stride_oh, stride_lt, HEAD_DIM, HAS_SINKS, RETURN_LSE,
-        )
 
 
 @triton.jit
 def _decode_reduce_kernel(
-    part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, qsl_ptr, sinks_ptr,
-    num_splits, num_qo_heads, stride_ot, stride_oh, stride_lt,
-    HEAD_DIM: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_SINKS: tl.constexpr,
-    RETURN_LSE: tl.constexpr, BLOCK_H: tl.constexpr,
+    part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,
+    batch, programs, min_tiles, window, max_pages, page_size, num_tokens,
+    num_qo_heads, stride_ot, stride_oh, stride_lt,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BATCH_BLOCK: tl.constexpr,
 ):
-    """Merge the splits of rows ``(b * QMAX + t)`` for ``BLOCK_H`` query heads per program.
+    """Merge the chunks of rows ``(b * QMAX + t)`` for ``BLOCK_H`` query heads per program.
 
+    It recomputes the decode kernel's chunking (same arguments, same integer arithmetic) to find
+    request ``b``'s chunk count and first partial slot. A request of one chunk was written by the
+    decode kernel itself; one of no chunk (no visible key) gets zeros (the sinks alone in the LSE).
     The partial outputs already carry ``v_scale`` (and any decoder scale, see :func:`_scales`): the
     merge only weighs them by their LSEs and adds the sinks.
     """
@@ -438,24 +529,38 @@ def _decode_reduce_kernel(
     b = row // QMAX
     t = row % QMAX
     if VARLEN:
-        q_start = tl.load(qsl_ptr + b)
-        q_len = tl.load(qsl_ptr + b + 1) - q_start
+        q_start = tl.minimum(tl.maximum(tl.load(qsl_ptr + b), 0), num_tokens)
+        q_len = tl.minimum(tl.maximum(tl.load(qsl_ptr + b + 1), q_start), num_tokens) - q_start
     else:
         q_start = b * QMAX
         q_len = QMAX
     if (q_len > QMAX) | (t >= q_len):
         return
+    max_kv = max_pages.to(tl.int64) * page_size
+    C = _chunk_size(batch, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                    BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
+    slot0 = 0
+    n_chunks = 0
+    for b0 in range(0, batch, BATCH_BLOCK):
+        bs = b0 + tl.arange(0, BATCH_BLOCK)
+        tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                               BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
+        ch = tl.cdiv(tiles, C)
+        slot0 += tl.sum(tl.where((bs < b) & (ch > 1), ch, 0), 0)
+        n_chunks += tl.sum(tl.where(bs == b, ch, 0), 0)
+    if n_chunks == 1:
+        return
     tok = q_start + t
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = heads < num_qo_heads
     offs_d = tl.arange(0, HEAD_DIM)
-    base = (row.to(tl.int64) * num_qo_heads + heads) * num_splits
     m = tl.full((BLOCK_H,), float("-inf"), tl.float32)
     l_sum = tl.zeros((BLOCK_H,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_H, HEAD_DIM), dtype=tl.float32)
-    for s in range(num_splits):
-        lse_s = tl.load(part_lse_ptr + base + s, mask=h_ok, other=float("-inf"))
-        o_s = tl.load(part_o_ptr + (base + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=h_ok[:, None], other=0.0)
+    for s in range(n_chunks):
+        prow = ((slot0 + s).to(tl.int64) * num_qo_heads + heads) * QMAX + t
+        lse_s = tl.load(part_lse_ptr + prow, mask=h_ok, other=float("-inf"))
+        o_s = tl.load(part_o_ptr + prow[:, None] * HEAD_DIM + offs_d[None, :], mask=h_ok[:, None], other=0.0)
         m_new = tl.maximum(m, lse_s)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m - m_safe)
@@ -622,13 +727,14 @@ _PREFILL_CONFIGS: dict[int, PrefillConfig] = {
     256: PrefillConfig(block_m=64, block_n=32, num_warps=8, num_stages=2),
     512: PrefillConfig(block_m=32, block_n=16, num_warps=8, num_stages=2),
 }
-# Split-KV heuristic knobs (see choose_num_splits). 4 programs per SM are resident for both decode
-# configs of head_dim 128 on SM90 (registers: 244 x 64 threads at 2 warps, 128 x 128 at 4; 32 KB of
-# shared memory each). SPLIT_MIN_TILES = 3 gives 6 splits at B=1 L=1K, the measured best there
-# (0.0158 ms; 4 splits 0.0164, 8 splits 0.0163).
+# Work-split knobs (see decode_programs). The batch's KV tiles are cut into about
+# SPLIT_TARGET_PROGRAMS_PER_SM * num_sms equal chunks (one wave of resident programs: 4 per SM for the
+# head_dim 128 decode configs on SM90, 244 registers x 64 threads or 128 x 128, 32 KB shared memory
+# each), never smaller than SPLIT_MIN_TILES tiles, so that the partial results stay cheap to merge.
 SPLIT_TARGET_PROGRAMS_PER_SM = 4
-SPLIT_MIN_TILES = 3
-SPLIT_MAX = 128
+SPLIT_MIN_TILES = 2
+# Requests scanned per step of the kernels' on-device prefix over the batch (a power of two).
+BATCH_BLOCK_MAX = 1024
 
 _overrides: dict[str, Any] = {}
 # E2M1 decoders by name -> the kernels' FAST constexpr (see attention_nvfp4).
@@ -694,23 +800,32 @@ def prefill_config(head_dim: int) -> PrefillConfig:
 _sm_count = sm_count  # (benchmarks read it under this name)
 
 
-def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, block_n: int, num_sms: int) -> int:
-    """How many KV splits a decode launch uses.
+def decode_programs(num_kv_heads: int, num_sms: int) -> tuple[int, int]:
+    """``(programs per KV head, min tiles per chunk)`` of a decode launch.
 
-    ``batch * num_kv_heads`` programs serve every (request, KV head); splitting the KV range multiplies
-    that by ``S``. ``SPLIT_TARGET_PROGRAMS_PER_SM * num_sms`` is one full wave of resident programs (4
-    per SM for the head_dim 128 decode configs on SM90: 244 registers x 64 threads or 128 x 128, 32 KB
-    shared memory), so ``S = floor(wave / pairs)`` keeps every program of the launch resident at once:
-    no second, mostly idle wave. The longest possible request (``max_kv_len`` is the block-table bound:
-    the real lengths live on the device and are never read on the host) is cut into at most
-    ``ceil(tiles / SPLIT_MIN_TILES)`` splits of ``block_n``-key tiles. ``S == 1`` skips the merge kernel.
+    The work split happens on the device (:func:`_decode_kernel`): the batch's real KV tiles are cut
+    into chunks of ``max(cdiv(total, programs), min_tiles)`` tiles, so a launch runs about
+    ``programs * num_kv_heads`` equal programs: ``SPLIT_TARGET_PROGRAMS_PER_SM * num_sms`` in all, one
+    wave of resident programs, whatever the lengths. ``override_configs(num_splits=P)`` forces
+    ``P`` programs per KV head and chunks of any size (``min_tiles`` 1): ``P = 1`` gives every request
+    one chunk, i.e. no split.
     """
     if "num_splits" in _overrides:
-        return max(1, int(_overrides["num_splits"]))
-    pairs = max(1, batch * num_kv_heads)
-    want = (SPLIT_TARGET_PROGRAMS_PER_SM * num_sms) // pairs
-    max_by_len = max(1, math.ceil(math.ceil(max_kv_len / block_n) / SPLIT_MIN_TILES))
-    return int(max(1, min(want, max_by_len, SPLIT_MAX)))
+        return max(1, int(_overrides["num_splits"])), 1
+    return max(1, -(-SPLIT_TARGET_PROGRAMS_PER_SM * num_sms // max(1, num_kv_heads))), SPLIT_MIN_TILES
+
+
+def decode_grid(batch: int, programs: int, min_tiles: int, max_tiles: int) -> tuple[int, int]:
+    """``(chunks, partial slots)``: the decode grid's chunk count and the merge buffer's slot count.
+
+    Chunks never exceed ``programs + batch`` (``sum(cdiv(t_b, C)) <= total / C + batch`` with
+    ``C >= total / programs``) nor ``batch * cdiv(max_tiles, min_tiles)``; requests of two or more
+    chunks have more than ``C`` tiles each, so there are fewer than ``programs`` of them and their
+    chunks, the only ones that write partials, number fewer than ``2 * programs``.
+    """
+    per_request = -(-max(1, max_tiles) // min_tiles)
+    chunks = max(1, min(programs + batch, batch * per_request))
+    return chunks, max(1, min(chunks, 2 * programs))
 
 
 def _fast(device: torch.device) -> int:
@@ -811,7 +926,7 @@ def _check_common(
                 f"{name}: sliding_window must be a positive int (keys j with i - W < j <= i) or None, "
                 f"got {sliding_window!r}"
             )
-        window = min(int(sliding_window), 2**31 - 1)
+        window = min(int(sliding_window), 2**30)  # wider is no window: int32 math stays exact
     softcap = 0.0
     if logits_soft_cap is not None and logits_soft_cap != 0:
         if not (isinstance(logits_soft_cap, (int, float)) and logits_soft_cap > 0 and math.isfinite(logits_soft_cap)):
@@ -911,7 +1026,12 @@ class _DecodeLaunch:
     group: int
     qmax: int
     block_m: int
-    splits: int
+    programs: int
+    min_tiles: int
+    chunks: int
+    slots: int
+    batch_block: int
+    max_pages: int
     cfg: DecodeConfig
     fast: int
     dot_fp32: bool
@@ -934,13 +1054,18 @@ def _decode_launch(
     device = views.device
     batch = block_table.shape[0]
     block_m = max(16, triton.next_power_of_2(a.group * qmax))
-    max_kv = block_table.shape[1] * views.page_size
     num_sms = _sm_count(device)
-    splits = choose_num_splits(batch, views.num_kv_heads, max_kv, decode_config(views.head_dim).block_n, num_sms)
+    programs, min_tiles = decode_programs(views.num_kv_heads, num_sms)
+    cfg0 = decode_config(views.head_dim)
+    max_tiles = -(-block_table.shape[1] * views.page_size // cfg0.block_n)
+    chunks, slots = decode_grid(batch, programs, min_tiles, max_tiles)
     return _DecodeLaunch(
         num_kv_heads=views.num_kv_heads, head_dim=views.head_dim, page_size=views.page_size,
-        num_qo_heads=a.num_qo_heads, group=a.group, qmax=qmax, block_m=block_m, splits=splits,
-        cfg=decode_config(views.head_dim, block_m, splits * views.num_kv_heads * batch, num_sms),
+        num_qo_heads=a.num_qo_heads, group=a.group, qmax=qmax, block_m=block_m, programs=programs,
+        min_tiles=min_tiles, chunks=chunks, slots=slots,
+        batch_block=min(BATCH_BLOCK_MAX, triton.next_power_of_2(max(1, batch))),
+        max_pages=block_table.shape[1],
+        cfg=decode_config(views.head_dim, block_m, chunks * views.num_kv_heads, num_sms),
         fast=_fast(device), dot_fp32=interpreting() and query.dtype == torch.bfloat16,
         k_ptr=isinstance(a.k_scale, torch.Tensor), v_ptr=isinstance(a.v_scale, torch.Tensor),
         sm_scale_log2=a.sm_scale_log2, softcap=a.softcap, window=a.window,
@@ -986,39 +1111,38 @@ def _run_decode(
     """The launches of one decode call, from its :class:`_DecodeLaunch` and the call's tensors."""
     batch = block_table.shape[0]
     device = query.device
-    qmax, splits, split = d.qmax, d.splits, d.splits > 1
-    if split:
-        rows = batch * qmax
-        part_o = torch.empty(rows, d.num_qo_heads, splits, d.head_dim, dtype=torch.float32, device=device)
-        part_lse = torch.empty(rows, d.num_qo_heads, splits, dtype=torch.float32, device=device)
-    else:
-        part_o = part_lse = out  # unused
+    qmax = d.qmax
+    part_o = torch.empty(d.slots, d.num_qo_heads, qmax, d.head_dim, dtype=torch.float32, device=device)
+    part_lse = torch.empty(d.slots, d.num_qo_heads, qmax, dtype=torch.float32, device=device)
     lse_arg = lse if lse is not None else out
     sinks_arg = sinks if sinks is not None else out
     qsl_arg = qsl if qsl is not None else seq_lens
     page_shift = _page_shift(d.page_size)
-    _decode_kernel[(splits, d.num_kv_heads, batch)](
+    softcap = d.softcap if d.softcap else 1.0
+    _decode_kernel[(d.chunks, d.num_kv_heads)](
         query, out, lse_arg, part_o, part_lse,
         *cache, block_table, seq_lens, qsl_arg, sinks_arg,
-        k_scale, v_scale, d.sm_scale_log2, d.softcap if d.softcap else 1.0, d.window,
-        splits, d.group, d.num_qo_heads, d.page_size, page_shift,
+        k_scale, v_scale, d.sm_scale_log2, softcap, d.window,
+        batch, d.programs, d.min_tiles, d.group, d.num_qo_heads, d.page_size, page_shift, d.max_pages,
+        query.shape[0],
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), d.num_qo_heads,
         *d.strides, block_table.stride(0),
         HEAD_DIM=d.head_dim, BLOCK_M=d.block_m, BLOCK_N=d.cfg.block_n, QMAX=qmax,
         VARLEN=qsl is not None, CAUSAL=causal and qmax > 1, HAS_WINDOW=d.window > 0,
         HAS_SOFTCAP=d.softcap > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse,
-        SPLIT=split, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr, FAST=d.fast, DOT_FP32=d.dot_fp32,
-        DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
+        BATCH_BLOCK=d.batch_block, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr, FAST=d.fast,
+        DOT_FP32=d.dot_fp32, DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
         num_warps=d.cfg.num_warps, num_stages=d.cfg.num_stages,
     )  # fmt: skip
-    if split:
-        block_h = min(triton.next_power_of_2(d.num_qo_heads), max(1, 4096 // d.head_dim))
-        _decode_reduce_kernel[(batch * qmax, triton.cdiv(d.num_qo_heads, block_h))](
-            part_o, part_lse, out, lse_arg, qsl_arg, sinks_arg,
-            splits, d.num_qo_heads, out.stride(0), out.stride(1), d.num_qo_heads,
-            HEAD_DIM=d.head_dim, QMAX=qmax, VARLEN=qsl is not None, HAS_SINKS=d.has_sinks,
-            RETURN_LSE=d.return_lse, BLOCK_H=block_h, num_warps=4,
-        )  # fmt: skip
+    block_h = min(triton.next_power_of_2(d.num_qo_heads), max(1, 4096 // d.head_dim))
+    _decode_reduce_kernel[(batch * qmax, triton.cdiv(d.num_qo_heads, block_h))](
+        part_o, part_lse, out, lse_arg, seq_lens, qsl_arg, sinks_arg,
+        batch, d.programs, d.min_tiles, d.window, d.max_pages, d.page_size, query.shape[0],
+        d.num_qo_heads, out.stride(0), out.stride(1), d.num_qo_heads,
+        HEAD_DIM=d.head_dim, BLOCK_N=d.cfg.block_n, QMAX=qmax, VARLEN=qsl is not None,
+        HAS_WINDOW=d.window > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse, BLOCK_H=block_h,
+        BATCH_BLOCK=d.batch_block, num_warps=4,
+    )  # fmt: skip
 
 
 # The decode host path's cache: what full validation established for one argument signature.
@@ -1051,7 +1175,7 @@ def _opt_meta(t) -> object:
 def _knobs() -> tuple:
     """Everything besides the arguments that a launch depends on (tuning constants, overrides)."""
     return (
-        SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_TILES, SPLIT_MAX, DECODE_WIDE_WARPS,
+        SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_TILES, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
         tuple(_DECODE_CONFIGS.items()), tuple(sorted(_overrides.items())), interpreting(),
     )  # fmt: skip
 
@@ -1297,15 +1421,16 @@ def _decode_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
     sig.update(_cache_sig())
     sig.update({"k_scale": "*fp32" if k_ptr else "fp32", "v_scale": "*fp32" if v_ptr else "fp32",
                 "sm_scale_log2": "fp32", "softcap": "fp32", "window": "i32",
-                "num_splits": "i32", "group": "i32", "num_qo_heads": "i32", "page_size": "i32",
-                "page_shift": "i32"})
+                "batch": "i32", "programs": "i32", "min_tiles": "i32", "group": "i32",
+                "num_qo_heads": "i32", "page_size": "i32", "page_shift": "i32", "max_pages": "i32",
+                "num_tokens": "i32"})
     for name in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_lt",
                  "stride_kp", "stride_kt", "stride_kh", "stride_vp", "stride_vt", "stride_vh",
                  "stride_ksp", "stride_kst", "stride_ksh", "stride_vsp", "stride_vst", "stride_vsh",
                  "stride_bt"):
         sig[name] = "i64" if name.endswith("p") else "i32"
     for name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "QMAX", "VARLEN", "CAUSAL", "HAS_WINDOW",
-                 "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE", "SPLIT", "K_SCALE_PTR", "V_SCALE_PTR",
+                 "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE", "BATCH_BLOCK", "K_SCALE_PTR", "V_SCALE_PTR",
                  "FAST", "DOT_FP32", "DATA_ALIGN", "SF_ALIGN", "PAGE_POW2"):
         sig[name] = "constexpr"
     return sig
@@ -1342,7 +1467,7 @@ def aot_variants() -> dict[str, list[Any]]:
     """The covering set of shipped variants per kernel, as ``AotVariant`` lists (see ``aot.py``).
 
     Every head_dim x dtype with the default features; every feature flag on alone and all together;
-    q_len 1 and 8 (rows 16 and 64 with GQA 8); split and single-pass decode; tensor and float scales;
+    q_len 1 and 8 (rows 16 and 64 with GQA 8); batch blocks 1-1024 of the on-device work split; tensor and float scales;
     the inline-PTX table decoder (what CUDA runs) and, once per kernel, the portable decoder (the
     fallback) and the opt-in bf16 bit-placement decoder.
     Each decode variant uses the config :func:`decode_config` picks for its launch: head_dim 128 at
@@ -1355,14 +1480,14 @@ def aot_variants() -> dict[str, list[Any]]:
     red: list[AotVariant] = []
 
     def add_decode(label: str, dtype: str, hd: int, *, qmax: int = 1, group: int = 4, varlen: bool = False,
-                   split: bool = True, decoder: str = "table", ptr: bool = True, combined: bool = False,
+                   batch_block: int = 8, decoder: str = "table", ptr: bool = True, combined: bool = False,
                    pow2: bool = True, latency: bool = False, **features: Any) -> None:
         block_m = max(16, triton.next_power_of_2(group * qmax))
         # the launch config decode() picks: latency=True is a grid smaller than the GPU
         cfg = decode_config(hd, block_m, 1 if latency else None, 2 if latency else None)
         c: dict[str, Any] = {"HEAD_DIM": hd, "BLOCK_M": block_m,
                              "BLOCK_N": cfg.block_n, "QMAX": qmax, "VARLEN": varlen, "CAUSAL": qmax > 1,
-                             "SPLIT": split, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr, "FAST": DECODERS[decoder],
+                             "BATCH_BLOCK": batch_block, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr, "FAST": DECODERS[decoder],
                              "DOT_FP32": False, "DATA_ALIGN": 8 if combined else 16,
                              "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2}
         c.update(_FEATURES_OFF)
@@ -1386,16 +1511,16 @@ def aot_variants() -> dict[str, list[Any]]:
         for hd in (64, 128, 256, 512):
             add_decode(f"{dtype}-d{hd}", dtype, hd)
             add_prefill(f"{dtype}-d{hd}", dtype, hd)
-    add_decode("bf16-d128-single", "bf16", 128, split=False)
+    add_decode("bf16-d128-batch1024", "bf16", 128, batch_block=1024)
     add_decode("bf16-d128-latency", "bf16", 128, latency=True)
-    add_decode("fp16-d128-latency-single", "fp16", 128, latency=True, split=False)
+    add_decode("fp16-d128-latency-batch1", "fp16", 128, latency=True, batch_block=1)
     add_decode("bf16-d128-floatscale", "bf16", 128, ptr=False)
     add_decode("bf16-d128-q8-g8", "bf16", 128, qmax=8, group=8)
     add_decode("fp16-d64-q4-all", "fp16", 64, qmax=4, **_FEATURES_ON)
     add_decode("bf16-d128-varlen", "bf16", 128, qmax=4, varlen=True)
     add_decode("bf16-d128-combined", "bf16", 128, combined=True)
     add_decode("bf16-d128-page-any", "bf16", 128, pow2=False)
-    add_decode("bf16-d128-all-single", "bf16", 128, split=False, **_FEATURES_ON)
+    add_decode("bf16-d128-all-batch256", "bf16", 128, batch_block=256, **_FEATURES_ON)
     add_decode("bf16-d256-portable", "bf16", 256, decoder="portable", **_FEATURES_ON)
     add_decode("fp16-d128-portable", "fp16", 128, decoder="portable")
     add_decode("bf16-d128-bitwise", "bf16", 128, decoder="bitwise")
@@ -1412,19 +1537,24 @@ def aot_variants() -> dict[str, list[Any]]:
     add_prefill("bf16-d128-bitwise", "bf16", 128, decoder="bitwise")
 
     red_sig_base = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "o_ptr": "*bf16", "lse_ptr": "*fp32",
-                    "qsl_ptr": "*i32", "sinks_ptr": "*fp32", "num_splits": "i32",
-                    "num_qo_heads": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_lt": "i32"}
-    for name in ("HEAD_DIM", "QMAX", "VARLEN", "HAS_SINKS", "RETURN_LSE", "BLOCK_H"):
+                    "seq_lens_ptr": "*i32", "qsl_ptr": "*i32", "sinks_ptr": "*fp32", "batch": "i32",
+                    "programs": "i32", "min_tiles": "i32", "window": "i32", "max_pages": "i32",
+                    "page_size": "i32", "num_tokens": "i32", "num_qo_heads": "i32", "stride_ot": "i32",
+                    "stride_oh": "i32", "stride_lt": "i32"}
+    for name in ("HEAD_DIM", "BLOCK_N", "QMAX", "VARLEN", "HAS_WINDOW", "HAS_SINKS", "RETURN_LSE", "BLOCK_H",
+                 "BATCH_BLOCK"):
         red_sig_base[name] = "constexpr"
     for dtype in ("bf16", "fp16"):
         for hd in (64, 128, 256, 512):
             sig = dict(red_sig_base, o_ptr=f"*{dtype}")
-            c = {"HEAD_DIM": hd, "QMAX": 1, "VARLEN": False, "HAS_SINKS": hd == 64, "RETURN_LSE": hd == 64,
-                 "BLOCK_H": min(32, 4096 // hd)}
+            c = {"HEAD_DIM": hd, "BLOCK_N": _DECODE_CONFIGS[hd].block_n, "QMAX": 1, "VARLEN": False,
+                 "HAS_WINDOW": hd == 64, "HAS_SINKS": hd == 64, "RETURN_LSE": hd == 64,
+                 "BLOCK_H": min(32, 4096 // hd), "BATCH_BLOCK": 8}
             red.append(AotVariant(f"{dtype}-d{hd}", sig, c, 4, 1, _pointer_attrs(sig)))
     red.append(AotVariant("bf16-d128-varlen", red_sig_base,
-                          {"HEAD_DIM": 128, "QMAX": 4, "VARLEN": True, "HAS_SINKS": True, "RETURN_LSE": True,
-                           "BLOCK_H": 32}, 4, 1, _pointer_attrs(red_sig_base)))
+                          {"HEAD_DIM": 128, "BLOCK_N": 64, "QMAX": 4, "VARLEN": True, "HAS_WINDOW": False,
+                           "HAS_SINKS": True, "RETURN_LSE": True, "BLOCK_H": 32, "BATCH_BLOCK": 1024}, 4, 1,
+                          _pointer_attrs(red_sig_base)))
     return {"attention_decode": dec, "attention_decode_reduce": red, "attention_prefill": pre}
 
 
