@@ -26,6 +26,8 @@ checks every error against 1e-2 and exits 1 otherwise (timings under the interpr
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -53,12 +55,23 @@ class Shape:
 
 
 def _full_shapes() -> list[Shape]:
+    # The decode and prefill tables of the performance issues: uniform, ragged and single-request
+    # decode batches, GQA 4/5/8, pages of 16 and 32; prompt prefill, chunked prefill, a mixed batch.
+    ragged = (1024, 30720, 4096, 16384, 2048, 24576, 8192, 12288)
+    dec = "<= 0.40x FlashInfer bf16 TC decode"
     return [
-        Shape("decode B=8 L=32768", "decode", (32768,) * 8, (1,) * 8, target="<= 0.40x FlashInfer bf16 TC decode"),
-        Shape("decode B=64 L=4096", "decode", (4096,) * 64, (1,) * 64, target="<= 0.40x FlashInfer bf16 TC decode"),
-        Shape("decode B=1 L=1024", "decode", (1024,), (1,), target="<= 1.0x FlashInfer bf16 TC decode"),
-        Shape("prefill B=4 q=kv=4096 causal", "prefill", (4096,) * 4, (4096,) * 4, target="<= 1.3x FlashInfer bf16 FA3 prefill"),
-        Shape("mixed 4x512 prefill + 60 decodes @8K", "prefill", (8192,) * 64, (512,) * 4 + (1,) * 60),
+        Shape("decode 16 x 16K", "decode", (16384,) * 16, (1,) * 16, target=dec),
+        Shape("decode 128 x 2K", "decode", (2048,) * 128, (1,) * 128, target=dec),
+        Shape("decode ragged 8 x 1K-30K", "decode", ragged, (1,) * 8, target="<= 0.45x FlashInfer bf16 TC decode"),
+        Shape("decode 1 x 8K", "decode", (8192,), (1,), target="<= 1.0x FlashInfer bf16 TC decode"),
+        Shape("decode 4 x 32K 40/8 heads page 32", "decode", (32768,) * 4, (1,) * 4, num_qo_heads=40,
+              page_size=32, target=dec),
+        Shape("decode 32 x 8K 64/8 heads", "decode", (8192,) * 32, (1,) * 32, num_qo_heads=64, target=dec),
+        Shape("prefill 2 x 8K causal", "prefill", (8192,) * 2, (8192,) * 2, target="<= 0.90x FlashInfer bf16 FA3"),
+        Shape("prefill 6 x 1K chunks on 16K", "prefill", (17408,) * 6, (1024,) * 6,
+              target="<= 0.90x FlashInfer bf16 FA3"),
+        Shape("mixed 2 x 2K chunks + 100 decodes @4K", "prefill", (4096,) * 102, (2048,) * 2 + (1,) * 100,
+              target="no regression"),
     ]
 
 
@@ -243,10 +256,29 @@ def _err(out, ref) -> float:
 # ------------------------------------------------------------------------------------------ runs
 
 
-def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv) -> list[Row]:
+@contextlib.contextmanager
+def _overrides(att: Any, over: dict[str, Any]):
+    """``override_configs`` for the config keys, plus ``knobs``: module constants of the attention
+    module (e.g. ``SPLIT_TARGET_PROGRAMS_PER_SM``) set for the block and restored after it."""
+    over = dict(over)
+    knobs = over.pop("knobs", {})
+    saved = {k: getattr(att, k) for k in knobs}
+    try:
+        for k, v in knobs.items():
+            setattr(att, k, v)
+        with att.override_configs(**over):
+            yield
+    finally:
+        for k, v in saved.items():
+            setattr(att, k, v)
+
+
+def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
+                 impl: str = "triton NVFP4") -> list[Row]:
     import torch
 
-    from nvfp4compat.kernels.triton import attention as att
+    if att is None:
+        from nvfp4compat.kernels.triton import attention as att
 
     s = case.shape
     rows: list[Row] = []
@@ -256,24 +288,26 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv) -> list[Row]:
     if s.kind == "decode":
         def run():
             return att.decode(case.q, *args, ks, vs, sm_scale=case.sm_scale)
-        sms = att._sm_count(case.q.device)
-        splits0 = att.choose_num_splits(len(s.seq_lens), s.num_kv_heads, case.block_table.shape[1] * s.page_size,
-                                        att.decode_config(s.head_dim).block_n, sms)
-        # the config decode() launches (BLOCK_M 16 here: 32 q / 8 KV heads, one query token)
-        base = att.decode_config(s.head_dim, 16, splits0 * len(s.seq_lens) * s.num_kv_heads, sms)
-        variants: list[tuple[str, dict[str, Any]]] = [(f"default {base} splits={splits0}", {})]
+        if hasattr(att, "decode_programs"):
+            sms = att._sm_count(case.q.device)
+            programs0, min_tiles0 = att.decode_programs(s.num_kv_heads, sms)
+            max_tiles = -(-case.block_table.shape[1] * s.page_size // att.decode_config(s.head_dim).block_n)
+            chunks0, _ = att.decode_grid(len(s.seq_lens), programs0, min_tiles0, max_tiles)
+            # the config decode() launches (BLOCK_M 16 for GQA <= 16 and one query token)
+            base = att.decode_config(s.head_dim, 16, chunks0 * s.num_kv_heads, sms)
+            default_label = f"default {base} programs/head={programs0}"
+        else:  # a baseline module (--baseline): its own heuristics, not swept
+            base, default_label, sweep = None, "default", False
+        variants: list[tuple[str, dict[str, Any]]] = [(default_label, {})]
         if sweep:
-            for cfg in (att.DecodeConfig(64, 4, 3), att.DecodeConfig(64, 2, 4), att.DecodeConfig(64, 2, 2),
-                        att.DecodeConfig(128, 2, 3), att.DecodeConfig(128, 4, 3), att.DecodeConfig(32, 2, 3)):
+            for cfg in (att.DecodeConfig(64, 2, 3, 168), att.DecodeConfig(64, 2, 3, 128), att.DecodeConfig(32, 2, 3),
+                        att.DecodeConfig(32, 2, 4), att.DecodeConfig(64, 4, 3), att.DecodeConfig(128, 4, 3)):
                 if cfg != base:
                     variants.append((f"{cfg}", {"decode": cfg}))
-            seen = {splits0}
-            for f in (0.5, 0.75, 1.5, 2.0):
-                n = max(1, round(splits0 * f))
-                if n not in seen:
-                    seen.add(n)
-                    variants.append((f"default tiles, splits={n}", {"num_splits": n}))
-            variants.append(("portable E2M1 decoder", {"decoder": "portable"}))
+            for w in (2, 6, 8):
+                variants.append((f"default tiles, {w} programs/SM", {"knobs": {"SPLIT_TARGET_PROGRAMS_PER_SM": w}}))
+            variants.append(("default tiles, 8 programs/SM, maxnreg 128",
+                             {"knobs": {"SPLIT_TARGET_PROGRAMS_PER_SM": 8}, "decode": att.DecodeConfig(64, 2, 3, 128)}))
             # the opt-in bf16 bit-placement decoder (docs/attention.md), not the default until timed
             variants.append(("bitwise bf16 E2M1 decoder", {"decoder": "bitwise"}))
     else:
@@ -295,20 +329,21 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv) -> list[Row]:
 
     if quick:  # CPU smoke: the default and one override, to exercise the sweep path
         if s.kind == "decode":
-            variants = variants[:1] + [("default tiles, splits=3", {"num_splits": 3})]
+            variants = variants[:1] + [("default tiles, 3 programs/head", {"num_splits": 3}),
+                                       ("2 programs/SM", {"knobs": {"SPLIT_TARGET_PROGRAMS_PER_SM": 2}})]
         else:
             variants = variants[:1] + [(f"{att.PrefillConfig(64, 32, 4, 2)}", {"prefill": att.PrefillConfig(64, 32, 4, 2)})]
     for label, over in variants:
         try:
-            with att.override_configs(**over):
+            with _overrides(att, over):
                 out = run()
                 torch.cuda.synchronize() if case.q.is_cuda else None
                 err = _err(out, ref_nv)
                 graph, eager, note = _time(run, quick)
         except Exception as exc:  # noqa: BLE001 - a config that fails to build is reported, not fatal
-            rows.append(Row(s.name, "triton NVFP4", label, None, None, None, note=f"FAILED: {type(exc).__name__}: {str(exc)[:200]}"))
+            rows.append(Row(s.name, impl, label, None, None, None, note=f"FAILED: {type(exc).__name__}: {str(exc)[:200]}"))
             continue
-        rows.append(Row(s.name, "triton NVFP4", label, graph, eager, err, note=note, extra={"override": {k: str(v) for k, v in over.items()}}))
+        rows.append(Row(s.name, impl, label, graph, eager, err, note=note, extra={"override": {k: str(v) for k, v in over.items()}}))
     return rows
 
 
@@ -378,9 +413,10 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def _table(rows: list[Row], case: Case) -> str:
     base = next((r for r in rows if r.impl.endswith("bf16 TC decode") or r.impl.endswith("bf16 FA3 prefill")), None)
+    fp8 = next((r for r in rows if r.impl.endswith("fp8 e4m3 TC decode")), None)
     lines = [
-        "| impl | config | ms (graph) | ms (eager) | x FlashInfer bf16 | NVFP4 GB/s | % of 4.3 TB/s | rel L2 | note |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| impl | config | ms (graph) | ms (eager) | x FlashInfer bf16 | x FlashInfer fp8 | NVFP4 GB/s | % of 4.3 TB/s | rel L2 | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r.ms is not None and base is not None and base.ms is not None and r is not base:
@@ -390,9 +426,12 @@ def _table(rows: list[Row], case: Case) -> str:
         if r.ms is not None and "NVFP4" in r.impl:
             r.gbs = case.nvfp4_bytes / (r.ms * 1e-3) / 1e9
         pct = None if r.gbs is None else 100 * r.gbs / COPY_CEILING_GBS
+        vs_fp8 = None if (fp8 is None or fp8.ms is None or r.ms is None) else r.ms / fp8.ms
+        r.extra["vs_fp8"] = vs_fp8
         lines.append(
             f"| {r.impl} | {r.config} | {_fmt(r.ms_graph, '.4f')} | {_fmt(r.ms_eager, '.4f')} | "
-            f"{_fmt(r.vs_bf16, '.2f')} | {_fmt(r.gbs, '.0f')} | {_fmt(pct, '.0f')} | {_fmt(r.rel_l2, '.2e')} | {r.note} |"
+            f"{_fmt(r.vs_bf16, '.2f')} | {_fmt(vs_fp8, '.2f')} | {_fmt(r.gbs, '.0f')} | {_fmt(pct, '.0f')} | "
+            f"{_fmt(r.rel_l2, '.2e')} | {r.note} |"
         )
     return "\n".join(lines)
 
@@ -405,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default=None, help="comma-separated substrings selecting shapes (e.g. 'B=8,prefill')")
     ap.add_argument("--json", default=None, help="also write every row to this JSON file")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--baseline", default=None,
+                    help="path of an earlier attention.py (e.g. `git show <rev>:nvfp4compat/kernels/triton/attention.py`) "
+                         "timed in the same run as 'triton NVFP4 baseline'")
     args = ap.parse_args(argv)
 
     if args.quick:
@@ -417,6 +459,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("bench_attention: no CUDA GPU; use --quick for the CPU smoke run\n")
         return 2
     shapes = _quick_shapes() if args.quick else _full_shapes()
+    baseline = None
+    if args.baseline:
+        spec = importlib.util.spec_from_file_location("nvfp4compat.kernels.triton._bench_baseline", args.baseline)
+        assert spec is not None and spec.loader is not None, args.baseline
+        baseline = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = baseline  # dataclasses look their module up there
+        spec.loader.exec_module(baseline)
     if args.shapes:
         keys = [k.strip() for k in args.shapes.split(",") if k.strip()]
         shapes = [s for s in shapes if any(k in s.name for k in keys)]
@@ -440,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
             refs["bf16"] = case.reference("bf16")
             refs["fp8"] = case.reference("fp8")
         rows = _triton_rows(case, args.quick, sweep=not args.no_sweep, ref_nv=refs["nvfp4"])
+        if baseline is not None:
+            rows += _triton_rows(case, args.quick, False, refs["nvfp4"], att=baseline, impl="triton NVFP4 baseline")
         if not args.quick and not args.no_flashinfer:
             rows += _flashinfer_rows(case, refs)
         print(f"## {shape.name} ({shape.num_qo_heads} q / {shape.num_kv_heads} kv heads, head_dim {shape.head_dim}, "
@@ -448,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_table(rows, case))
         print(f"\n({time.perf_counter() - t0:.1f} s)\n")
         for r in rows:
-            if r.impl.startswith("triton") and (r.rel_l2 is None or r.rel_l2 > TOL):
+            if r.impl == "triton NVFP4" and (r.rel_l2 is None or r.rel_l2 > TOL):
                 ok = False
                 print(f"ERROR: {r.impl} [{r.config}] relative L2 {r.rel_l2} exceeds {TOL} or failed: {r.note}")
         all_rows += rows
@@ -461,14 +512,14 @@ def main(argv: list[str] | None = None) -> int:
     print("| shape | best config | ms | x FlashInfer bf16 | default config ms |")
     print("|---|---|---|---|---|")
     for shape in shapes:
-        tri = [r for r in all_rows if r.shape == shape.name and r.impl.startswith("triton") and r.ms is not None]
+        tri = [r for r in all_rows if r.shape == shape.name and r.impl == "triton NVFP4" and r.ms is not None]
         if not tri:
             continue
         best = min(tri, key=lambda r: r.ms if r.ms is not None else math.inf)
         print(f"| {shape.name} | {best.config} | {best.ms:.4f} | {_fmt(best.vs_bf16, '.2f')} | {tri[0].ms:.4f} |")
     print("\nTo adopt a winner: edit _DECODE_CONFIGS / _PREFILL_CONFIGS (tile configs per head_dim), "
           "DECODE_WIDE_WARPS (warps of latency-bound or BLOCK_M > 16 decode launches) and "
-          "SPLIT_TARGET_PROGRAMS_PER_SM / SPLIT_MIN_TILES (split count) in nvfp4compat/kernels/triton/attention.py.")
+          "SPLIT_TARGET_PROGRAMS_PER_SM / SPLIT_MIN_TILES (work split) in nvfp4compat/kernels/triton/attention.py.")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"env": env, "rows": [asdict(r) for r in all_rows]}, f, indent=1)

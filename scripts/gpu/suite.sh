@@ -7,6 +7,9 @@
 #   bench-codec append + dequant benchmarks side by side with FlashInfer 0.7.2.post1
 #   attention   GPU attention tests + attention-level needle retrieval (FlashInfer 0.7.2.post1)
 #   bench-attn  attention benchmarks side by side with FlashInfer 0.7.2.post1
+#   decode      GPU decode tests, the decode benchmark with its sweep and the previous kernel
+#               (.gpu/att_baseline.py, from `git show REV:nvfp4compat/kernels/triton/attention.py`)
+#               in the same run, and Nsight Compute counters of the default decode
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/nvfp4compat-gpu}
@@ -55,6 +58,17 @@ for stage in "$@"; do
     bench-attn)
       use_fi 0.7.2.post1 && step bench-decode python3 benchmarks/bench_attention.py --shapes decode --json "$OUT/bench_decode.json"
       step bench-prefill python3 benchmarks/bench_attention.py --shapes prefill,mixed --json "$OUT/bench_prefill.json" ;;
+    decode)
+      use_fi 0.7.2.post1 && step attention-decode python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/kernels/test_gpu_attention.py -k "decode and not flashinfer"
+      base=(); [ -f .gpu/att_baseline.py ] && base=(--baseline .gpu/att_baseline.py)
+      step bench-decode python3 benchmarks/bench_attention.py --shapes decode "${base[@]}" --json "$OUT/bench_decode.json"
+      for shape in "decode 16 x 16K" "decode 1 x 8K"; do
+        tag=$(echo "$shape" | tr -c 'A-Za-z0-9\n' '_')
+        step "ncu-$tag" ncu --clock-control none --kernel-name regex:_decode_kernel --launch-skip 2 --launch-count 1 \
+          --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+          python3 benchmarks/profile_attention.py --shape "$shape"
+      done ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

@@ -684,11 +684,13 @@ def _prefill_kernel(
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Tile config of the decode kernel: keys per tile, warps, pipeline stages."""
+    """Tile config of the decode kernel: keys per tile, warps, pipeline stages and an optional
+    register cap per thread (``maxnreg``: more resident programs, at the risk of spills)."""
 
     block_n: int
     num_warps: int
     num_stages: int
+    maxnreg: int | None = None
 
 
 @dataclass(frozen=True)
@@ -733,7 +735,9 @@ _PREFILL_CONFIGS: dict[int, PrefillConfig] = {
 # each), never smaller than SPLIT_MIN_TILES tiles, so that the partial results stay cheap to merge.
 SPLIT_TARGET_PROGRAMS_PER_SM = 4
 SPLIT_MIN_TILES = 2
-# Requests scanned per step of the kernels' on-device prefix over the batch (a power of two).
+# Requests scanned per step of the kernels' on-device prefix over the batch: 128 for batches up to
+# 128, else 1024 (two compiled variants for every batch size; one step up to 1024 requests).
+BATCH_BLOCK_SMALL = 128
 BATCH_BLOCK_MAX = 1024
 
 _overrides: dict[str, Any] = {}
@@ -788,7 +792,7 @@ def decode_config(
     cfg = _DECODE_CONFIGS[head_dim]
     latency_bound = num_programs is not None and num_sms is not None and num_programs < num_sms
     if cfg.num_warps < DECODE_WIDE_WARPS and (block_m > 16 or latency_bound):
-        cfg = DecodeConfig(cfg.block_n, DECODE_WIDE_WARPS, cfg.num_stages)
+        cfg = DecodeConfig(cfg.block_n, DECODE_WIDE_WARPS, cfg.num_stages, cfg.maxnreg)
     return cfg
 
 
@@ -1063,7 +1067,7 @@ def _decode_launch(
         num_kv_heads=views.num_kv_heads, head_dim=views.head_dim, page_size=views.page_size,
         num_qo_heads=a.num_qo_heads, group=a.group, qmax=qmax, block_m=block_m, programs=programs,
         min_tiles=min_tiles, chunks=chunks, slots=slots,
-        batch_block=min(BATCH_BLOCK_MAX, triton.next_power_of_2(max(1, batch))),
+        batch_block=BATCH_BLOCK_SMALL if batch <= BATCH_BLOCK_SMALL else BATCH_BLOCK_MAX,
         max_pages=block_table.shape[1],
         cfg=decode_config(views.head_dim, block_m, chunks * views.num_kv_heads, num_sms),
         fast=_fast(device), dot_fp32=interpreting() and query.dtype == torch.bfloat16,
@@ -1132,7 +1136,7 @@ def _run_decode(
         HAS_SOFTCAP=d.softcap > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse,
         BATCH_BLOCK=d.batch_block, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr, FAST=d.fast,
         DOT_FP32=d.dot_fp32, DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
-        num_warps=d.cfg.num_warps, num_stages=d.cfg.num_stages,
+        num_warps=d.cfg.num_warps, num_stages=d.cfg.num_stages, maxnreg=d.cfg.maxnreg,
     )  # fmt: skip
     block_h = min(triton.next_power_of_2(d.num_qo_heads), max(1, 4096 // d.head_dim))
     _decode_reduce_kernel[(batch * qmax, triton.cdiv(d.num_qo_heads, block_h))](
@@ -1175,7 +1179,7 @@ def _opt_meta(t) -> object:
 def _knobs() -> tuple:
     """Everything besides the arguments that a launch depends on (tuning constants, overrides)."""
     return (
-        SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_TILES, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
+        SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_TILES, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
         tuple(_DECODE_CONFIGS.items()), tuple(sorted(_overrides.items())), interpreting(),
     )  # fmt: skip
 
@@ -1480,7 +1484,7 @@ def aot_variants() -> dict[str, list[Any]]:
     red: list[AotVariant] = []
 
     def add_decode(label: str, dtype: str, hd: int, *, qmax: int = 1, group: int = 4, varlen: bool = False,
-                   batch_block: int = 8, decoder: str = "table", ptr: bool = True, combined: bool = False,
+                   batch_block: int = 128, decoder: str = "table", ptr: bool = True, combined: bool = False,
                    pow2: bool = True, latency: bool = False, **features: Any) -> None:
         block_m = max(16, triton.next_power_of_2(group * qmax))
         # the launch config decode() picks: latency=True is a grid smaller than the GPU
@@ -1513,14 +1517,14 @@ def aot_variants() -> dict[str, list[Any]]:
             add_prefill(f"{dtype}-d{hd}", dtype, hd)
     add_decode("bf16-d128-batch1024", "bf16", 128, batch_block=1024)
     add_decode("bf16-d128-latency", "bf16", 128, latency=True)
-    add_decode("fp16-d128-latency-batch1", "fp16", 128, latency=True, batch_block=1)
+    add_decode("fp16-d128-latency-batch128", "fp16", 128, latency=True, batch_block=128)
     add_decode("bf16-d128-floatscale", "bf16", 128, ptr=False)
     add_decode("bf16-d128-q8-g8", "bf16", 128, qmax=8, group=8)
     add_decode("fp16-d64-q4-all", "fp16", 64, qmax=4, **_FEATURES_ON)
     add_decode("bf16-d128-varlen", "bf16", 128, qmax=4, varlen=True)
     add_decode("bf16-d128-combined", "bf16", 128, combined=True)
     add_decode("bf16-d128-page-any", "bf16", 128, pow2=False)
-    add_decode("bf16-d128-all-batch256", "bf16", 128, batch_block=256, **_FEATURES_ON)
+    add_decode("bf16-d128-all-batch1024", "bf16", 128, batch_block=1024, **_FEATURES_ON)
     add_decode("bf16-d256-portable", "bf16", 256, decoder="portable", **_FEATURES_ON)
     add_decode("fp16-d128-portable", "fp16", 128, decoder="portable")
     add_decode("bf16-d128-bitwise", "bf16", 128, decoder="bitwise")
@@ -1549,7 +1553,7 @@ def aot_variants() -> dict[str, list[Any]]:
             sig = dict(red_sig_base, o_ptr=f"*{dtype}")
             c = {"HEAD_DIM": hd, "BLOCK_N": _DECODE_CONFIGS[hd].block_n, "QMAX": 1, "VARLEN": False,
                  "HAS_WINDOW": hd == 64, "HAS_SINKS": hd == 64, "RETURN_LSE": hd == 64,
-                 "BLOCK_H": min(32, 4096 // hd), "BATCH_BLOCK": 8}
+                 "BLOCK_H": min(32, 4096 // hd), "BATCH_BLOCK": 128}
             red.append(AotVariant(f"{dtype}-d{hd}", sig, c, 4, 1, _pointer_attrs(sig)))
     red.append(AotVariant("bf16-d128-varlen", red_sig_base,
                           {"HEAD_DIM": 128, "BLOCK_N": 64, "QMAX": 4, "VARLEN": True, "HAS_WINDOW": False,

@@ -1,0 +1,70 @@
+"""Run one attention shape of ``bench_attention.py`` a few times, for a profiler to attach to.
+
+On a GPU, under Nsight Compute (the hardware counters behind BENCHMARKS.md's occupancy, register
+and DRAM figures)::
+
+    ncu --clock-control none --kernel-name regex:_decode_kernel --launch-skip 2 --launch-count 1 \\
+        --section SpeedOfLight --section Occupancy --section LaunchStats \\
+        python3 benchmarks/profile_attention.py --shape "decode 16 x 16K"
+
+``--decode-config BLOCK_N,WARPS,STAGES[,MAXNREG]`` and ``--programs-per-sm W`` select a variant of
+the Triton decode; ``--impl baseline --baseline FILE`` runs an earlier attention.py instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_attention as ba  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", required=True, help="a shape name of bench_attention.py (substring)")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--decode-config", default=None)
+    ap.add_argument("--programs-per-sm", type=int, default=None)
+    ap.add_argument("--baseline", default=None, help="an earlier attention.py to run instead")
+    args = ap.parse_args(argv)
+    import torch
+
+    shapes = [s for s in ba._full_shapes() if args.shape in s.name]
+    if len(shapes) != 1:
+        sys.stderr.write(f"profile_attention: {args.shape!r} matches {[s.name for s in shapes]}; need exactly one\n")
+        return 2
+    shape = shapes[0]
+    if args.baseline:
+        spec = importlib.util.spec_from_file_location("nvfp4compat.kernels.triton._bench_baseline", args.baseline)
+        assert spec is not None and spec.loader is not None
+        att = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = att
+        spec.loader.exec_module(att)
+    else:
+        from nvfp4compat.kernels.triton import attention as att
+    over: dict = {}
+    if args.decode_config:
+        parts = [int(x) for x in args.decode_config.split(",")]
+        over["decode"] = att.DecodeConfig(*parts)
+    if args.programs_per_sm:
+        over["knobs"] = {"SPLIT_TARGET_PROGRAMS_PER_SM": args.programs_per_sm}
+    case = ba.Case(shape, torch.device("cuda"), 0, fp8=False)
+    args_ = (case.nv_data, case.nv_sf, case.block_table, case.seq_lens)
+    ks, vs = case.nv_scales
+    with ba._overrides(att, over):
+        for _ in range(args.iters):
+            if shape.kind == "decode":
+                att.decode(case.q, *args_, ks, vs, sm_scale=case.sm_scale)
+            else:
+                att.prefill(case.q, *args_, case.qsl, ks, vs, sm_scale=case.sm_scale)
+        torch.cuda.synchronize()
+    print(f"profile_attention: {shape.name} x {args.iters} done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
