@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import math
@@ -290,7 +291,7 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
             return att.decode(case.q, *args, ks, vs, sm_scale=case.sm_scale)
         if hasattr(att, "decode_programs"):
             sms = att._sm_count(case.q.device)
-            programs0, min_tiles0 = att.decode_programs(s.num_kv_heads, sms)
+            programs0, min_tiles0 = att.decode_programs(att.decode_config(s.head_dim), s.num_kv_heads, sms)
             max_tiles = -(-case.block_table.shape[1] * s.page_size // att.decode_config(s.head_dim).block_n)
             chunks0, _ = att.decode_grid(len(s.seq_lens), programs0, min_tiles0, max_tiles)
             # the config decode() launches (BLOCK_M 16 for GQA <= 16 and one query token)
@@ -300,14 +301,16 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
             base, default_label, sweep = None, "default", False
         variants: list[tuple[str, dict[str, Any]]] = [(default_label, {})]
         if sweep:
-            for cfg in (att.DecodeConfig(64, 2, 3, 168), att.DecodeConfig(64, 2, 3, 128), att.DecodeConfig(32, 2, 3),
-                        att.DecodeConfig(32, 2, 4), att.DecodeConfig(64, 4, 3), att.DecodeConfig(128, 4, 3)):
+            for cfg in (att.DecodeConfig(64, 2, 3, None, 4), att.DecodeConfig(64, 2, 3, 168, 5),
+                        att.DecodeConfig(128, 4, 2, None, 3), att.DecodeConfig(128, 8, 3, None, 2),
+                        att.DecodeConfig(128, 8, 3, 128, 2), att.DecodeConfig(64, 4, 3, None, 3),
+                        att.DecodeConfig(256, 8, 3, None, 1)):
                 if cfg != base:
                     variants.append((f"{cfg}", {"decode": cfg}))
-            for w in (2, 6, 8):
-                variants.append((f"default tiles, {w} programs/SM", {"knobs": {"SPLIT_TARGET_PROGRAMS_PER_SM": w}}))
-            variants.append(("default tiles, 8 programs/SM, maxnreg 128",
-                             {"knobs": {"SPLIT_TARGET_PROGRAMS_PER_SM": 8}, "decode": att.DecodeConfig(64, 2, 3, 128)}))
+            for w in (2, 4):
+                variants.append((f"default tiles, {w} programs/SM", {"decode": dataclasses.replace(base, programs_per_sm=w)}))
+            for tok in (128, 512):
+                variants.append((f"default tiles, chunks >= {tok} keys", {"knobs": {"SPLIT_MIN_CHUNK_TOKENS": tok}}))
             # the opt-in bf16 bit-placement decoder (docs/attention.md), not the default until timed
             variants.append(("bitwise bf16 E2M1 decoder", {"decoder": "bitwise"}))
     else:

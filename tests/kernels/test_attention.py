@@ -380,12 +380,15 @@ def test_decode_work_split_sizes():
     """One wave of programs per launch; the grid bound and the merge slots hold for any lengths."""
     from nvfp4compat.kernels.triton import attention as att
 
-    # 4 programs per SM: 132 SMs, 8 KV heads -> 66 chunks per head; 1 KV head -> 528.
-    assert att.decode_programs(8, 132) == (66, att.SPLIT_MIN_TILES)
-    assert att.decode_programs(1, 132) == (528, att.SPLIT_MIN_TILES)
+    cfg = att.DecodeConfig(128, 4, 3, programs_per_sm=3)
+    # 3 programs per SM: 132 SMs, 8 KV heads -> 50 chunks per head; 1 KV head -> 396.
+    assert att.decode_programs(cfg, 8, 132) == (50, att.SPLIT_MIN_CHUNK_TOKENS // 128)
+    assert att.decode_programs(cfg, 1, 132) == (396, att.SPLIT_MIN_CHUNK_TOKENS // 128)
+    # a config without the figure takes SPLIT_TARGET_PROGRAMS_PER_SM
+    assert att.decode_programs(att.DecodeConfig(64, 2, 3), 8, 132)[0] == -(-att.SPLIT_TARGET_PROGRAMS_PER_SM * 132 // 8)
     with att.override_configs(num_splits=5):
-        assert att.decode_programs(8, 132) == (5, 1)
-    # chunks <= programs + batch, and <= batch * cdiv(max_tiles, min_tiles); slots < 2 * programs
+        assert att.decode_programs(cfg, 8, 132) == (5, 1)
+    # chunks <= programs + batch, and <= batch * cdiv(max_tiles, min_tiles); slots <= 2 * programs
     assert att.decode_grid(16, 66, 2, 256) == (82, 82)
     assert att.decode_grid(1, 66, 2, 128) == (64, 64)
     assert att.decode_grid(128, 66, 2, 32) == (194, 132)
@@ -393,9 +396,22 @@ def test_decode_work_split_sizes():
 
 
 def _chunk_plan(tiles: list[int], programs: int, min_tiles: int) -> list[tuple[int, int]]:
-    """The kernel's chunking, in Python: (request, chunk index) per chunk, in chunk order."""
-    c = max(-(-sum(tiles) // programs), min_tiles)
-    return [(b, j) for b, t in enumerate(tiles) for j in range(-(-t // c))]
+    """The kernel's chunking (_request_chunks), in Python: (request, chunk index) per chunk, in order."""
+    total = max(1, sum(tiles))
+    plan = []
+    for b, t in enumerate(tiles):
+        n = 0 if t == 0 else min(max((2 * t * programs + total) // (2 * total), 1), max(t // min_tiles, 1))
+        plan += [(b, j) for j in range(n)]
+    return plan
+
+
+def test_decode_chunking_balances_uniform_batches():
+    """A uniform batch gets equal chunks that fill one wave: no tail of remainder chunks."""
+    for batch, tiles, programs in ((16, 128, 50), (128, 16, 50), (1, 64, 50), (4, 256, 50)):
+        plan = _chunk_plan([tiles] * batch, programs, 2)
+        per = {b: sum(1 for x, _ in plan if x == b) for b in range(batch)}
+        assert len(set(per.values())) == 1
+        assert len(plan) <= max(programs + batch // 2, batch)
 
 
 @pytest.mark.parametrize("programs", [1, 2, 5, 64])
@@ -435,22 +451,29 @@ def test_decode_ragged_batch_matches_reference(splits):
         r.check()
 
 
-def test_decode_config_widens_narrow_configs():
-    """head_dim 128 decodes with 2 warps only at BLOCK_M 16 on a launch that fills the GPU."""
+def test_decode_config_widens_narrow_configs(monkeypatch):
+    """A 2-warp decode config is widened to 4 warps for BLOCK_M > 16 and latency-bound launches."""
     from nvfp4compat.kernels.triton import attention as att
 
-    assert att.decode_config(128) == att.DecodeConfig(64, 2, 3)
-    assert att.decode_config(128, 16, 512, 132) == att.DecodeConfig(64, 2, 3)  # B=8 L=32K, B=64 L=4K
-    assert att.decode_config(128, 16, 48, 132) == att.DecodeConfig(64, 4, 3)  # B=1 L=1K: latency-bound
+    assert att.decode_config(128) == att.DecodeConfig(128, 4, 3, programs_per_sm=3)
+    assert att.decode_config(128, 64, 1, 132) == att.DecodeConfig(128, 4, 3, programs_per_sm=3)  # already wide
+    monkeypatch.setitem(att._DECODE_CONFIGS, 128, att.DecodeConfig(64, 2, 3))
+    assert att.decode_config(128, 16, 512, 132) == att.DecodeConfig(64, 2, 3)  # fills the GPU
+    assert att.decode_config(128, 16, 48, 132) == att.DecodeConfig(64, 4, 3)  # latency-bound
     assert att.decode_config(128, 64, 512, 132) == att.DecodeConfig(64, 4, 3)  # q_len 8 x GQA 8: no spills
     assert att.decode_config(512, 16, 1, 132) == att.DecodeConfig(16, 8, 2)  # never narrowed
     with att.override_configs(decode=att.DecodeConfig(32, 2, 1)):
         assert att.decode_config(128, 64, 1, 132) == att.DecodeConfig(32, 2, 1)
-    # the AOT set builds exactly the configs launches use
-    shipped = {(v.constexprs["HEAD_DIM"], v.constexprs["BLOCK_M"], v.num_warps, v.num_stages)
+
+
+def test_aot_set_builds_the_launch_configs():
+    from nvfp4compat.kernels.triton import attention as att
+
+    shipped = {(v.constexprs["HEAD_DIM"], v.constexprs["BLOCK_M"], v.constexprs["BLOCK_N"], v.num_warps, v.num_stages)
                for v in att.aot_variants()["attention_decode"]}
-    assert (128, 16, 2, 3) in shipped and (128, 16, 4, 3) in shipped and (128, 64, 4, 3) in shipped
-    assert (128, 64, 2, 3) not in shipped
+    for block_m in (16, 64):
+        cfg = att.decode_config(128, block_m, 512, 132)
+        assert (128, block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) in shipped
 
 
 def _cache(layout="NHD", head_dim=64):

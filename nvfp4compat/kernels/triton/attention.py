@@ -351,20 +351,31 @@ def _request_tiles(
 
 
 @triton.jit
-def _chunk_size(
-    batch, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+def _total_tiles(
+    batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
     BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BATCH_BLOCK: tl.constexpr,
 ):
-    """Tiles per work chunk: ``max(cdiv(total tiles of the batch, programs), min_tiles)``."""
-    total = 0
+    """KV tiles of the whole batch (int64; at least 1 so that it can divide)."""
+    total = tl.zeros((), tl.int64)
     for b0 in range(0, batch, BATCH_BLOCK):
         bs = b0 + tl.arange(0, BATCH_BLOCK)
         total += tl.sum(
             _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                           BLOCK_N, QMAX, VARLEN, HAS_WINDOW), 0
+                           BLOCK_N, QMAX, VARLEN, HAS_WINDOW).to(tl.int64), 0
         )
-    return tl.maximum(tl.cdiv(total, programs), min_tiles)
+    return tl.maximum(total, 1)
+
+
+@triton.jit
+def _request_chunks(tiles, total, programs, min_tiles):
+    """Chunks of requests with ``tiles`` KV tiles: their share of ``programs``,
+    ``round(tiles * programs / total)``, at least 1 (0 for no tiles) and at most
+    ``tiles // min_tiles``. A request's chunks split its tiles evenly."""
+    t64 = tiles.to(tl.int64)
+    share = (2 * t64 * programs + total) // (2 * total)
+    n = tl.minimum(tl.maximum(share, 1), tl.maximum(t64 // min_tiles, 1))
+    return tl.where(tiles > 0, n, 0).to(tl.int32)
 
 
 @triton.jit
@@ -386,14 +397,15 @@ def _decode_kernel(
     """Length-balanced split-KV decode: program (work chunk ``c``, kv head) over ``G * QMAX`` rows.
 
     The batch's KV tiles (of every request the kernel serves, counted from the real ``seq_lens`` on
-    the device) are cut into chunks of ``C = max(cdiv(total, programs), min_tiles)`` tiles that never
-    cross a request: request ``b`` gets ``cdiv(tiles_b, C)`` chunks, numbered in request order, and
-    chunk ``c`` is this program's (programs past the last chunk return at once). So a long request
-    gets many programs and a short one few, every program does about the same work, and the grid
-    (``programs + batch`` chunks at most) is fixed on the host without reading a length: safe under
-    CUDA graphs. A request of one chunk writes its output directly; the chunks of a longer request
+    the device) are shared out over about ``programs`` chunks that never cross a request: request
+    ``b`` gets its share ``round(tiles_b * programs / total)`` (at least 1, at most
+    ``tiles_b // min_tiles``, :func:`_request_chunks`) and splits its tiles evenly over them; chunks
+    are numbered in request order and chunk ``c`` is this program's (programs past the last chunk
+    return at once). So a long request gets many programs and a short one few, every program does
+    about the same work, and the grid (``programs + batch`` chunks at most) is fixed on the host
+    without reading a length: safe under CUDA graphs. A request of one chunk writes its output directly; the chunks of a longer request
     write normalized partials (``v_scale`` applied) and base-2 LSEs into slots
-    ``[s_b, s_b + chunks_b)`` (numbered over multi-chunk requests only: fewer than ``2 * programs``)
+    ``[s_b, s_b + chunks_b)`` (numbered over multi-chunk requests only: at most ``2 * programs``)
     that :func:`_decode_reduce_kernel` merges.
 
     ``VARLEN``: the request's queries are ``qsl[b]..qsl[b+1]`` (requests with more than ``QMAX`` or no
@@ -402,8 +414,8 @@ def _decode_kernel(
     c = tl.program_id(0)
     kvh = tl.program_id(1)
     max_kv = max_pages.to(tl.int64) * page_size
-    C = _chunk_size(batch, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                    BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
+    total = _total_tiles(batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                         BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
     # Find this chunk's request b, its index j within b, b's chunk count and b's first partial slot.
     base = 0
     base_m = 0
@@ -415,7 +427,7 @@ def _decode_kernel(
         bs = b0 + tl.arange(0, BATCH_BLOCK)
         tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                                BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
-        ch = tl.cdiv(tiles, C)
+        ch = _request_chunks(tiles, total, programs, min_tiles)
         lo = base + tl.cumsum(ch, 0) - ch
         multi = tl.where(ch > 1, ch, 0)
         lo_m = base_m + tl.cumsum(multi, 0) - multi
@@ -462,8 +474,8 @@ def _decode_kernel(
     else:
         full_hi = kv_hi
     n_tiles = tl.cdiv(kv_hi - kv_lo, BLOCK_N)
-    t_begin = tl.minimum(j * C, n_tiles)
-    t_end = tl.minimum(t_begin + C, n_tiles)
+    t_begin = (j.to(tl.int64) * n_tiles) // n_chunks
+    t_end = ((j + 1).to(tl.int64) * n_tiles) // n_chunks
     n_mask_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo - kv_lo, BLOCK_N), 0), n_tiles)
     n_full_end = tl.minimum(tl.maximum((full_hi - kv_lo) // BLOCK_N, 0), n_tiles)
     qpos = qpos.to(tl.int32)
@@ -537,15 +549,15 @@ def _decode_reduce_kernel(
     if (q_len > QMAX) | (t >= q_len):
         return
     max_kv = max_pages.to(tl.int64) * page_size
-    C = _chunk_size(batch, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                    BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
+    total = _total_tiles(batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                         BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
     slot0 = 0
     n_chunks = 0
     for b0 in range(0, batch, BATCH_BLOCK):
         bs = b0 + tl.arange(0, BATCH_BLOCK)
         tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                                BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
-        ch = tl.cdiv(tiles, C)
+        ch = _request_chunks(tiles, total, programs, min_tiles)
         slot0 += tl.sum(tl.where((bs < b) & (ch > 1), ch, 0), 0)
         n_chunks += tl.sum(tl.where(bs == b, ch, 0), 0)
     if n_chunks == 1:
@@ -691,6 +703,9 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     maxnreg: int | None = None
+    # resident programs per SM (registers and shared memory of the compiled kernel on SM90): the
+    # work split sizes one wave with it; None = SPLIT_TARGET_PROGRAMS_PER_SM
+    programs_per_sm: int | None = None
 
 
 @dataclass(frozen=True)
@@ -704,15 +719,15 @@ class PrefillConfig:
 
 
 # Decode tile configs per head_dim, for BLOCK_M = 16 rows (GQA group x q_len <= 16) on a launch that
-# fills the GPU. head_dim 128 is measured (H200, triton 3.6.0, bf16, 32 q / 8 KV heads, page 16;
-# docs/attention.md "Measured configs"): (64, 2, 3) took 0.2792 ms at B=8 L=32K and 0.2738 ms at
-# B=64 L=4K against 0.3805 / 0.2912 ms for (64, 4, 3). The other head dims are not measured: they keep
-# the 4-warp configs (tiles of the same 8K elements); at 2 warps they compile to 254-255 registers on
-# SM90, with no headroom for the feature flags. `decode_config` widens narrow configs where 2 warps
-# lose (see DECODE_WIDE_WARPS).
+# fills the GPU. head_dim 128 is measured (H200, triton 3.6.0, bf16, page 16; BENCHMARKS.md, "Decode"):
+# 128-key tiles on 4 warps (168 registers, 59 KB shared memory: 3 programs per SM) beat 64-key tiles
+# on 2 warps (245 registers: 4 programs per SM) on every uniform, ragged and single-request batch but
+# one (page 32, GQA 5: within 12%). The other head dims are not measured: they keep tiles of the same
+# 8K elements on 4 warps; `decode_config` widens narrow configs where 2 warps lose (see
+# DECODE_WIDE_WARPS).
 _DECODE_CONFIGS: dict[int, DecodeConfig] = {
     64: DecodeConfig(block_n=128, num_warps=4, num_stages=3),
-    128: DecodeConfig(block_n=64, num_warps=2, num_stages=3),
+    128: DecodeConfig(block_n=128, num_warps=4, num_stages=3, programs_per_sm=3),
     256: DecodeConfig(block_n=32, num_warps=4, num_stages=3),
     512: DecodeConfig(block_n=16, num_warps=8, num_stages=2),
 }
@@ -729,12 +744,11 @@ _PREFILL_CONFIGS: dict[int, PrefillConfig] = {
     256: PrefillConfig(block_m=64, block_n=32, num_warps=8, num_stages=2),
     512: PrefillConfig(block_m=32, block_n=16, num_warps=8, num_stages=2),
 }
-# Work-split knobs (see decode_programs). The batch's KV tiles are cut into about
-# SPLIT_TARGET_PROGRAMS_PER_SM * num_sms equal chunks (one wave of resident programs: 4 per SM for the
-# head_dim 128 decode configs on SM90, 244 registers x 64 threads or 128 x 128, 32 KB shared memory
-# each), never smaller than SPLIT_MIN_TILES tiles, so that the partial results stay cheap to merge.
+# Work-split knobs (see decode_programs). The batch's KV tiles are shared out over one wave of
+# resident programs: DecodeConfig.programs_per_sm per SM (SPLIT_TARGET_PROGRAMS_PER_SM where a config
+# does not say), in chunks of at least SPLIT_MIN_CHUNK_TOKENS keys.
 SPLIT_TARGET_PROGRAMS_PER_SM = 4
-SPLIT_MIN_TILES = 2
+SPLIT_MIN_CHUNK_TOKENS = 256
 # Requests scanned per step of the kernels' on-device prefix over the batch: 128 for batches up to
 # 128, else 1024 (two compiled variants for every batch size; one step up to 1024 requests).
 BATCH_BLOCK_SMALL = 128
@@ -792,7 +806,7 @@ def decode_config(
     cfg = _DECODE_CONFIGS[head_dim]
     latency_bound = num_programs is not None and num_sms is not None and num_programs < num_sms
     if cfg.num_warps < DECODE_WIDE_WARPS and (block_m > 16 or latency_bound):
-        cfg = DecodeConfig(cfg.block_n, DECODE_WIDE_WARPS, cfg.num_stages, cfg.maxnreg)
+        cfg = DecodeConfig(cfg.block_n, DECODE_WIDE_WARPS, cfg.num_stages, cfg.maxnreg, cfg.programs_per_sm)
     return cfg
 
 
@@ -804,28 +818,29 @@ def prefill_config(head_dim: int) -> PrefillConfig:
 _sm_count = sm_count  # (benchmarks read it under this name)
 
 
-def decode_programs(num_kv_heads: int, num_sms: int) -> tuple[int, int]:
-    """``(programs per KV head, min tiles per chunk)`` of a decode launch.
+def decode_programs(cfg: DecodeConfig, num_kv_heads: int, num_sms: int) -> tuple[int, int]:
+    """``(programs per KV head, min tiles per chunk)`` of a decode launch with tile config ``cfg``.
 
-    The work split happens on the device (:func:`_decode_kernel`): the batch's real KV tiles are cut
-    into chunks of ``max(cdiv(total, programs), min_tiles)`` tiles, so a launch runs about
-    ``programs * num_kv_heads`` equal programs: ``SPLIT_TARGET_PROGRAMS_PER_SM * num_sms`` in all, one
-    wave of resident programs, whatever the lengths. ``override_configs(num_splits=P)`` forces
-    ``P`` programs per KV head and chunks of any size (``min_tiles`` 1): ``P = 1`` gives every request
-    one chunk, i.e. no split.
+    The work split happens on the device (:func:`_decode_kernel`): the batch's real KV tiles are
+    shared out over about ``programs * num_kv_heads`` equal chunks, one wave of resident programs
+    (``cfg.programs_per_sm * num_sms``) whatever the lengths, each of at least
+    ``SPLIT_MIN_CHUNK_TOKENS`` keys so that the partial results stay cheap to merge.
+    ``override_configs(num_splits=P)`` forces ``P`` programs per KV head and chunks of any size
+    (``min_tiles`` 1): ``P = 1`` gives every request one chunk, i.e. no split.
     """
     if "num_splits" in _overrides:
         return max(1, int(_overrides["num_splits"])), 1
-    return max(1, -(-SPLIT_TARGET_PROGRAMS_PER_SM * num_sms // max(1, num_kv_heads))), SPLIT_MIN_TILES
+    wave = (cfg.programs_per_sm or SPLIT_TARGET_PROGRAMS_PER_SM) * num_sms
+    return max(1, -(-wave // max(1, num_kv_heads))), max(1, SPLIT_MIN_CHUNK_TOKENS // cfg.block_n)
 
 
 def decode_grid(batch: int, programs: int, min_tiles: int, max_tiles: int) -> tuple[int, int]:
     """``(chunks, partial slots)``: the decode grid's chunk count and the merge buffer's slot count.
 
-    Chunks never exceed ``programs + batch`` (``sum(cdiv(t_b, C)) <= total / C + batch`` with
-    ``C >= total / programs``) nor ``batch * cdiv(max_tiles, min_tiles)``; requests of two or more
-    chunks have more than ``C`` tiles each, so there are fewer than ``programs`` of them and their
-    chunks, the only ones that write partials, number fewer than ``2 * programs``.
+    Request ``b`` gets ``max(1, round(x_b))`` chunks with ``sum(x_b) = programs``, so chunks never
+    exceed ``programs + batch``, nor ``batch * cdiv(max_tiles, min_tiles)``. Only requests of two
+    or more chunks write partials; they have ``x_b >= 1.5``, so their chunks number at most
+    ``sum(x_b + 1/2) <= 4/3 * programs``: ``2 * programs`` slots always suffice.
     """
     per_request = -(-max(1, max_tiles) // min_tiles)
     chunks = max(1, min(programs + batch, batch * per_request))
@@ -1059,8 +1074,8 @@ def _decode_launch(
     batch = block_table.shape[0]
     block_m = max(16, triton.next_power_of_2(a.group * qmax))
     num_sms = _sm_count(device)
-    programs, min_tiles = decode_programs(views.num_kv_heads, num_sms)
     cfg0 = decode_config(views.head_dim)
+    programs, min_tiles = decode_programs(cfg0, views.num_kv_heads, num_sms)
     max_tiles = -(-block_table.shape[1] * views.page_size // cfg0.block_n)
     chunks, slots = decode_grid(batch, programs, min_tiles, max_tiles)
     return _DecodeLaunch(
@@ -1179,7 +1194,7 @@ def _opt_meta(t) -> object:
 def _knobs() -> tuple:
     """Everything besides the arguments that a launch depends on (tuning constants, overrides)."""
     return (
-        SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_TILES, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
+        SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
         tuple(_DECODE_CONFIGS.items()), tuple(sorted(_overrides.items())), interpreting(),
     )  # fmt: skip
 
