@@ -63,7 +63,7 @@ for stage in "$@"; do
         tests/kernels/test_gpu_attention.py -k "decode and not flashinfer"
       base=(); [ -f .gpu/att_baseline.py ] && base=(--baseline .gpu/att_baseline.py)
       step bench-decode python3 benchmarks/bench_attention.py --shapes decode "${base[@]}" --json "$OUT/bench_decode.json"
-      for shape in "decode 16 x 16K" "decode 1 x 8K"; do
+      for shape in "decode 16 x 16K" "decode ragged" "decode 1 x 8K"; do
         tag=$(echo "$shape" | tr -c 'A-Za-z0-9\n' '_')
         step "ncu-$tag" ncu --clock-control none --kernel-name regex:_decode_kernel --launch-skip 2 --launch-count 1 \
           --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
