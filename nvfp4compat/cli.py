@@ -12,7 +12,8 @@ Subcommands::
 
 Exit codes: 0 ok (``query``/``doctor``: a supported plan), 1 not supported here (an unsupported
 plan, drift in ``verify``, a failed demo, output that cannot be written), 2 bad input (usage), 3
-unverified (``query``/``doctor`` on an arch the matrix does not know). Every failure is one line on
+unverified (``query``/``doctor``: a plan that would serve, on an arch the matrix does not know, so it
+is planned conservatively and not reported as supported). Every failure is one line on
 stderr, never a traceback (``NVFP4COMPAT_DEBUG=1`` re-raises an unexpected error to show one).
 """
 
@@ -140,12 +141,14 @@ def _cmd_query(a: argparse.Namespace) -> int:
 
 
 def _plan_code(plan: Plan) -> int:
-    """0 supported, 1 not supported, 3 unverified: an arch the matrix does not know, even if planned."""
+    """0 supported, 1 not supported, 3 unverified: a plan that would serve, on an arch the matrix does not know."""
     from nvfp4compat.loader import load_matrix
 
+    if not plan.supported:
+        return EXIT_UNSUPPORTED
     if plan.facts.arch is not None and plan.facts.arch not in load_matrix().arches:
         return EXIT_UNVERIFIED
-    return EXIT_OK if plan.supported else EXIT_UNSUPPORTED
+    return EXIT_OK
 
 
 def _cmd_errors(a: argparse.Namespace) -> int:

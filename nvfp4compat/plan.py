@@ -127,10 +127,9 @@ class Plan(_Frozen):
         f = self.facts
         lines: list[str] = []
         arch_unverified = f.arch is not None and any(u.startswith(f"arch {f.arch}:") for u in self.unverified)
+        head = "SUPPORTED" if self.supported else "NOT SUPPORTED"
         if arch_unverified:
-            head = f"UNVERIFIED: {f.arch} is not in the matrix" + ("" if self.supported else "; not supported")
-        else:
-            head = "SUPPORTED" if self.supported else "NOT SUPPORTED"
+            head = ("UNVERIFIED" if self.supported else head) + f" ({f.arch} is not in the matrix)"
         lines.append(f"nvfp4compat {self.nvfp4compat_version} plan: {head}")
         shown = {b.reason for b in self.bindings.values() if b.impl is None}
         if self.reason:

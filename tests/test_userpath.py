@@ -131,7 +131,12 @@ def test_unknown_arch_is_unverified(capsys: pytest.CaptureFixture[str]) -> None:
     for arch in ("sm_999", "sm_91"):
         rc = main(["query", "--arch", arch, "--no-trace"])
         out, _ = capsys.readouterr()
-        assert rc == EXIT_UNVERIFIED == 3 and "UNVERIFIED" in out and "SUPPORTED\n" not in out.splitlines()[0]
+        assert rc == EXIT_UNVERIFIED == 3, (arch, rc)
+        assert out.splitlines()[0].endswith(f"plan: UNVERIFIED ({arch} is not in the matrix)"), out
+    # vLLM 0.26.0 refuses compute capability 99.9 whatever the plugin does: not supported, never rc 0
+    rc = main(["query", "--arch", "sm_999", "--vllm", "0.26.0", "--no-trace"])
+    out, _ = capsys.readouterr()
+    assert rc == 1 and "NOT SUPPORTED (sm_999 is not in the matrix)" in out
     assert main(["query", "--arch", "sm_90", "--no-trace"]) == 0
 
 
