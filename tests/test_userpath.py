@@ -286,3 +286,13 @@ def test_plugin_logs_one_line_when_apply_fails(monkeypatch: pytest.MonkeyPatch, 
     assert len(above_debug) == 1 and above_debug[0].levelname == "WARNING"
     assert "FlashInferImpl" in above_debug[0].getMessage() and above_debug[0].exc_info is None
     monkeypatch.setattr(plugin, "_REGISTERED", False)
+
+
+def test_docs_index_lists_every_document() -> None:
+    index = (REPO / "docs" / "README.md").read_text()
+    for doc in sorted((REPO / "docs").glob("*.md")):
+        if doc.name != "README.md":
+            assert f"]({doc.name})" in index, f"docs/README.md does not list {doc.name}"
+    for doc in (REPO / "docs").glob("*.md"):
+        # "issue N" as a tracker reference ("warps issue 2 x 1577" instructions is not one)
+        assert not re.search(r"\b[Ii]ssues? \d+\b(?!\s*x\b)", doc.read_text()), f"{doc.name} names an issue number"
