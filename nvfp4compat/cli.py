@@ -76,7 +76,11 @@ def _version(text: str) -> str:
 
 
 def _build() -> _Parser:
-    p = _Parser(prog="nvfp4compat", description="NVFP4 KV-cache compatibility for vLLM and FlashInfer: plans, diagnosis, matrix.")
+    p = _Parser(
+        prog="nvfp4compat",
+        description="NVFP4 KV-cache compatibility for vLLM and FlashInfer: plans, diagnosis, matrix.",
+        epilog="exit codes: 0 ok, 1 not supported here, 2 bad input, 3 unverified (an arch the matrix does not know)",
+    )
     from nvfp4compat import __version__
 
     p.add_argument("--version", action="version", version=f"nvfp4compat {__version__}")
