@@ -79,6 +79,7 @@ def _pruned(func: Callable[..., None]) -> Callable[..., None]:
 
 
 def _base(session: nox.Session) -> None:
+    session.log(f"installing CPU torch ({' '.join(TORCH_SPEC)}); pip prints nothing until it is done")
     session.install(*TORCH_SPEC)
 
 
@@ -131,6 +132,7 @@ def flashinfer(session: nox.Session, version: str) -> None:
     """Install one real FlashInfer release the CPU-importable way, then verify the matrix against it."""
     release = FLASHINFER[version]
     _base(session)
+    session.log(f"installing FlashInfer {version} (--no-deps) and the set it imports with on a CPU-only torch")
     session.install("--no-deps", f"flashinfer-python=={version}")
     session.install(*release["cpu_import"]["requirements"])
     session.install(TRITON_SPEC, "-e", ".[test]")
@@ -158,6 +160,7 @@ def flashinfer(session: nox.Session, version: str) -> None:
 def vllm(session: nox.Session, version: str) -> None:
     """Install one real vLLM release over CPU torch (``--no-deps`` + pinned extras) and test the plugin."""
     _base(session)
+    session.log(f"installing vLLM {version} (--no-deps) and its pinned requirements: 2-4 GB, a few minutes")
     session.install("--no-deps", f"vllm=={version}", "-r", str(VLLM_REQS / f"extras-{version}.txt"))
     session.install(TRITON_SPEC, "pytest", "hypothesis", "hatchling", "editables")
     session.install("--no-deps", "--no-build-isolation", "-e", ".")

@@ -4,26 +4,36 @@ Subcommands::
 
     nvfp4compat query --arch sm_90 --flashinfer 0.6.14 --vllm 0.26.0 [--json]
     nvfp4compat doctor [--json] [--explain "<error text>"]
+    nvfp4compat errors
     nvfp4compat matrix [--format markdown|json]
     nvfp4compat verify [--expect-flashinfer X] [--expect-vllm Y]
     nvfp4compat constraints --vllm X --flashinfer Y [--json]
     nvfp4compat demo ...        (nvfp4compat.demo:main, loaded lazily)
 
-Exit codes: 0 ok (``query``/``doctor``: a supported plan), 1 drift (``verify``) or an
-unsupported plan, 2 bad input (one line on stderr).
+Exit codes: 0 ok (``query``/``doctor``: a supported plan), 1 not supported here (an unsupported
+plan, drift in ``verify``, a failed demo, output that cannot be written), 2 bad input (usage), 3
+unverified (``query``/``doctor``: a plan that would serve, on an arch the matrix does not know, so it
+is planned conservatively and not reported as supported). Every failure is one line on
+stderr, never a traceback (``NVFP4COMPAT_DEBUG=1`` re-raises an unexpected error to show one).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-__all__ = ["EXTERNAL_COMMANDS", "main"]
+if TYPE_CHECKING:
+    from nvfp4compat.plan import Plan
+
+__all__ = ["EXIT_OK", "EXIT_UNSUPPORTED", "EXIT_UNVERIFIED", "EXIT_USAGE", "EXTERNAL_COMMANDS", "main"]
+
+EXIT_OK, EXIT_UNSUPPORTED, EXIT_USAGE, EXIT_UNVERIFIED = 0, 1, 2, 3
 
 # Subcommands implemented in other modules, imported only when invoked:
 # name -> (module, function, help). The function receives the remaining argv and returns an exit code.
@@ -66,7 +76,11 @@ def _version(text: str) -> str:
 
 
 def _build() -> _Parser:
-    p = _Parser(prog="nvfp4compat", description="NVFP4 KV-cache compatibility for vLLM and FlashInfer: plans, diagnosis, matrix.")
+    p = _Parser(
+        prog="nvfp4compat",
+        description="NVFP4 KV-cache compatibility for vLLM and FlashInfer: plans, diagnosis, matrix.",
+        epilog="exit codes: 0 ok, 1 not supported here, 2 bad input, 3 unverified (an arch the matrix does not know)",
+    )
     from nvfp4compat import __version__
 
     p.add_argument("--version", action="version", version=f"nvfp4compat {__version__}")
@@ -87,6 +101,8 @@ def _build() -> _Parser:
     q.add_argument("--feature", action="append", default=[], help="required feature (nvfp4_4over6, head_size_64, sinks); repeatable")
     q.add_argument("--json", action="store_true", help="print the plan as JSON")
     q.add_argument("--no-trace", action="store_true", help="omit the trace from the text output")
+
+    sub.add_parser("errors", help="list the known error messages that doctor --explain recognises")
 
     d = sub.add_parser("doctor", help="detect this machine and print its plan, or explain an error message")
     d.add_argument("--explain", metavar="TEXT", help="explain a known error message instead")
@@ -125,7 +141,26 @@ def _cmd_query(a: argparse.Namespace) -> int:
         flashinfer_jit_cache=a.flashinfer_jit_cache, trtllm_gen_usable=a.trtllm, overrides=a.impl, features=a.feature,
     )
     _out(plan.to_json() if a.json else plan.render_text(trace=not a.no_trace))
-    return 0 if plan.supported else 1
+    return _plan_code(plan)
+
+
+def _plan_code(plan: Plan) -> int:
+    """0 supported, 1 not supported, 3 unverified: a plan that would serve, on an arch the matrix does not know."""
+    from nvfp4compat.loader import load_matrix
+
+    if not plan.supported:
+        return EXIT_UNSUPPORTED
+    if plan.facts.arch is not None and plan.facts.arch not in load_matrix().arches:
+        return EXIT_UNVERIFIED
+    return EXIT_OK
+
+
+def _cmd_errors(a: argparse.Namespace) -> int:
+    from nvfp4compat.explain import render_errors
+    from nvfp4compat.loader import load_matrix
+
+    _out(render_errors(load_matrix()))
+    return EXIT_OK
 
 
 def _cmd_doctor(a: argparse.Namespace) -> int:
@@ -146,10 +181,8 @@ def _cmd_doctor(a: argparse.Namespace) -> int:
     if a.json:
         _out(plan.to_json())
     else:
-        if facts.arch is None:
-            _out("No CUDA GPU detected: resolving what can be resolved without an arch (set NVFP4COMPAT_ARCH=sm_90 to plan for one).")
         _out(plan.render_text(trace=not a.no_trace))
-    return 0 if plan.supported else 1
+    return _plan_code(plan)
 
 
 def _cmd_matrix(a: argparse.Namespace) -> int:
@@ -208,6 +241,7 @@ def _cmd_external(name: str, argv: Sequence[str]) -> int:
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "query": _cmd_query,
     "doctor": _cmd_doctor,
+    "errors": _cmd_errors,
     "matrix": _cmd_matrix,
     "verify": _cmd_verify,
     "constraints": _cmd_constraints,
@@ -223,25 +257,45 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args and args[0] in EXTERNAL_COMMANDS:
-            return _cmd_external(args[0], args[1:])
-        ns = _build().parse_args(args)
-        return _COMMANDS[ns.command](ns)
+            rc = _cmd_external(args[0], args[1:])
+        else:
+            ns = _build().parse_args(args)
+            rc = _COMMANDS[ns.command](ns)
+        sys.stdout.flush()  # a full disk or a closed pipe shows here, not at interpreter exit
+        return rc
     except _UsageError as exc:
-        sys.stderr.write(f"{exc}\n")
-        return 2
+        return _fail(str(exc), EXIT_USAGE)
     except (ResolutionError, VersionError) as exc:
-        sys.stderr.write(f"nvfp4compat: error: {exc}\n")
-        return 2
+        return _fail(f"nvfp4compat: error: {exc}", EXIT_USAGE)
     except MatrixError as exc:
-        sys.stderr.write(f"nvfp4compat: the capability matrix is invalid: {exc}\n")
-        return 2
+        return _fail(f"nvfp4compat: the capability matrix is invalid: {exc}", EXIT_USAGE)
     except ValueError as exc:
-        sys.stderr.write(f"nvfp4compat: error: {str(exc).splitlines()[0]}\n")
-        return 2
-    except BrokenPipeError:  # e.g. `nvfp4compat matrix | head`: silence the flush at exit
-        with contextlib.suppress(OSError):
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
-        return 0
+        return _fail(f"nvfp4compat: error: {str(exc).splitlines()[0]}", EXIT_USAGE)
+    except BrokenPipeError:  # e.g. `nvfp4compat matrix | head`
+        return _fail("nvfp4compat: the output was closed before everything was written (broken pipe)", EXIT_UNSUPPORTED)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EIO, errno.EPIPE, errno.EDQUOT, errno.EFBIG):
+            raise
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        return _fail(f"nvfp4compat: cannot write the output: {why}", EXIT_UNSUPPORTED)
+    except KeyboardInterrupt:
+        return _fail("nvfp4compat: interrupted", 130)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, never a traceback
+        if os.environ.get("NVFP4COMPAT_DEBUG"):
+            raise
+        first = (str(exc).splitlines() or [""])[0]
+        return _fail(f"nvfp4compat: internal error: {type(exc).__name__}: {first} "
+                     "(rerun with NVFP4COMPAT_DEBUG=1 for the traceback, and please report it)", EXIT_UNSUPPORTED)
+
+
+def _fail(line: str, code: int) -> int:
+    """Write one line to stderr and silence stdout (a broken or full stdout must not fail again at exit)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+    with contextlib.suppress(OSError):
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    return code
 
 
 def _entry() -> None:  # pragma: no cover - console script shim

@@ -60,15 +60,19 @@ def _say(text: str = "") -> None:
 
 
 def _plan_bindings() -> tuple[dict[str, Any], str]:
-    """``{op: impl}`` from the resolved plan, and the text to print (the plan or why it failed)."""
+    """``{op: impl}`` from the resolved plan, and the text to print (the plan, or why the demo uses Triton)."""
     try:
         import nvfp4compat
 
         plan = nvfp4compat.resolve(nvfp4compat.load_matrix(), nvfp4compat.detect())
     except Exception as exc:  # noqa: BLE001 - the demo reports any planning failure and goes on
         return {}, f"planning failed ({type(exc).__name__}: {exc}); using the bundled Triton kernels"
+    if plan.facts.arch is None:
+        # Nothing to plan without an arch; the demo runs the kernels anyway, interpreted.
+        return {}, ("no GPU here: running the Triton kernels in the interpreter "
+                    "(`nvfp4compat query --arch sm_90` shows the plan for a GPU)")
     bindings: dict[str, Any] = {op: b.impl for op, b in plan.bindings.items()}
-    return bindings, plan.render_text()
+    return bindings, plan.render_text(trace=False)
 
 
 def _choose(op: str, bindings: dict[str, Any], forced: str | None, notes: list[str]) -> tuple[str, Callable[..., Any]]:
@@ -85,7 +89,7 @@ def _choose(op: str, bindings: dict[str, Any], forced: str | None, notes: list[s
             notes.append(f"{op}: the plan binds {want} but it cannot load ({exc}); using triton")
     elif want is not None:
         notes.append(f"{op}: the plan binds {want!r} (vLLM's own path, nothing to call here); using triton")
-    else:
+    elif bindings:
         notes.append(f"{op}: no binding in the plan; using triton")
     try:
         return "triton", get_kernel(op, "triton")
@@ -107,14 +111,19 @@ def _bench(fn: Callable[[], Any]) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; returns 0 when every kernel result is within 1e-2 of its reference."""
-    ap = argparse.ArgumentParser(prog="nvfp4compat demo", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="nvfp4compat demo", description=__doc__.splitlines()[0].replace("``", ""))
     ap.add_argument("--size", choices=sorted(_SIZES), default=None, help="problem size (default: full on a GPU, small on a CPU)")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--impl", choices=("triton", "flashinfer"), default=None, help="force the reader and writer implementation")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(list(argv) if argv is not None else None)
 
-    import torch
+    try:
+        import torch
+    except ImportError as exc:
+        sys.stderr.write(f"nvfp4compat demo: torch is not installed ({exc}); install the torch you run vLLM with "
+                         "(or `pip install torch` for the CPU demo) and run it again\n")
+        return 1
 
     use_cuda = torch.cuda.is_available() if args.device == "auto" else args.device == "cuda"
     if use_cuda and not torch.cuda.is_available():
@@ -141,9 +150,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     bindings, plan_text = _plan_bindings()
     _say(plan_text.rstrip())
     notes: list[str] = []
-    impl_w, write = _choose("write", bindings, args.impl, notes)
-    impl_d, decode = _choose("decode", bindings, args.impl, notes)
-    impl_p, prefill = _choose("prefill", bindings, args.impl, notes)
+    try:
+        impl_w, write = _choose("write", bindings, args.impl, notes)
+        impl_d, decode = _choose("decode", bindings, args.impl, notes)
+        impl_p, prefill = _choose("prefill", bindings, args.impl, notes)
+    except ImportError as exc:
+        why = (str(exc).splitlines() or [type(exc).__name__])[0]
+        sys.stderr.write(f"nvfp4compat demo: --impl {args.impl or 'triton'} cannot load here ({why}); "
+                         "install it or run without --impl\n")
+        return 1
     for note in notes:
         _say(f"note: {note}")
     _say(f"running: write={impl_w}, decode={impl_d}, prefill={impl_p}")

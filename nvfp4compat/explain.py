@@ -8,12 +8,13 @@ the advice never drifts from the matrix.
 from __future__ import annotations
 
 import re
+import string
 from dataclasses import dataclass
 
 from nvfp4compat.resolver import release_span
 from nvfp4compat.spec import ErrorEntry, Matrix
 
-__all__ = ["Explanation", "explain", "render_explanations"]
+__all__ = ["Explanation", "check_placeholders", "explain", "render_errors", "render_explanations"]
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,42 @@ def _placeholders(m: Matrix) -> dict[str, str]:
     }
 
 
+def check_placeholders(m: Matrix) -> Matrix:
+    """Fail at load time when an ``errors.yaml`` cause/fix names a placeholder the matrix cannot fill.
+
+    Called by :func:`nvfp4compat.loader.load_matrix`, so a bad entry is a :class:`MatrixError` naming
+    the file, the entry and the field, instead of a ``KeyError`` when ``--explain`` first matches it.
+    Returns ``m``.
+    """
+    from nvfp4compat.loader import MatrixError
+
+    known = _placeholders(m)
+    for e in m.errors:
+        for field in ("cause", "fix"):
+            text = getattr(e, field)
+            try:
+                names = {name for _, name, _, _ in string.Formatter().parse(text) if name is not None}
+            except ValueError as exc:
+                raise MatrixError(f"errors.yaml: {e.id}: {field}: {exc} (write a literal brace as {{{{ or }}}})") from None
+            bad = sorted(n for n in names if n not in known)
+            if bad:
+                raise MatrixError(
+                    f"errors.yaml: {e.id}: {field}: unknown placeholder(s) {', '.join('{' + n + '}' for n in bad)}; "
+                    f"valid placeholders are {', '.join('{' + n + '}' for n in sorted(known))}"
+                )
+    return m
+
+
+# Longest line matched; a pasted log is matched line by line, so a regex cost stays linear in its size.
+_MAX_LINE = 4096
+
+
 def _matches(entry: ErrorEntry, text: str) -> bool:
     low = text.lower()
     for pat in entry.match:
         if entry.regex:
-            if re.search(pat, text, re.IGNORECASE):
+            rx = re.compile(pat, re.IGNORECASE)
+            if any(rx.search(line[:_MAX_LINE]) for line in text.splitlines()):
                 return True
         elif pat.lower() in low:
             return True
@@ -63,11 +95,21 @@ def explain(m: Matrix, text: str) -> list[Explanation]:
     return out
 
 
+def render_errors(m: Matrix) -> str:
+    """The known error messages (``nvfp4compat errors``): each entry's id, source and what it matches."""
+    lines = [f"{len(m.errors)} known error messages (nvfp4compat doctor --explain \"<text>\" gives cause and fix):"]
+    for e in m.errors:
+        lines.append(f"[{e.id}] from {e.source}")
+        for pat in e.match:
+            lines.append(f"  {'regex' if e.regex else 'text '}: {pat}")
+    return "\n".join(lines)
+
+
 def render_explanations(text: str, found: list[Explanation]) -> str:
     if not found:
         return (
             f"no known NVFP4 error matches {text[:80]!r}. Run `nvfp4compat doctor` for this machine's plan; "
-            "known messages are listed in matrix/errors.yaml."
+            "`nvfp4compat errors` lists the known messages."
         )
     lines = []
     for ex in found:

@@ -170,8 +170,16 @@ def _dist_version(*names: str) -> str | None:
     return None
 
 
-def _truthy(value: str | None) -> bool:
-    return value is not None and value.strip().lower() not in ("", "0", "false", "no", "off")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def _truthy(value: str | None, name: str = ENV_DISABLE_TRITON) -> bool:
+    """An on/off environment variable; anything else is a ValueError naming the accepted values."""
+    v = "" if value is None else value.strip().lower()
+    if v in _TRUE or v in _FALSE:
+        return v in _TRUE
+    raise ValueError(f"{name}={value!r} is not on/off: accepted values are {', '.join(_TRUE)} (on) and "
+                     f"{', '.join(x or repr(x) for x in _FALSE)} (off); fix or unset {name}")
 
 
 def _bound_names(path: Path) -> set[str]:

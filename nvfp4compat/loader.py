@@ -150,7 +150,8 @@ def _load(directory: str) -> Matrix:
             raise MatrixError(f"{fname}: schema_version {data.get('schema_version')!r} is not supported; this nvfp4compat reads schema_version 1")
         raw[key] = data[key]
     try:
-        return Matrix.model_validate(raw)
+        return importlib.import_module("nvfp4compat.explain").check_placeholders(
+            Matrix.model_validate(raw))
     except ValidationError as exc:
         raise MatrixError("capability matrix is invalid:\n" + _format_validation_error(exc, raw)) from None
 

@@ -119,24 +119,56 @@ class Plan(_Frozen):
         return json.dumps(self.model_dump(mode="json"), indent=indent, sort_keys=False)
 
     def render_text(self, *, trace: bool = True) -> str:
-        """A human-readable report: verdict, bindings, vLLM patches, env, warnings and trace."""
+        """A human-readable report: verdict, bindings, vLLM patches, env, warnings and trace.
+
+        Each reason is printed once: the verdict's reason omits what the bindings already say, and
+        the trace points at the binding instead of repeating an unbound op's reason.
+        """
         f = self.facts
         lines: list[str] = []
+        arch_unverified = f.arch is not None and any(u.startswith(f"arch {f.arch}:") for u in self.unverified)
         head = "SUPPORTED" if self.supported else "NOT SUPPORTED"
+        if arch_unverified:
+            head = ("UNVERIFIED" if self.supported else head) + f" ({f.arch} is not in the matrix)"
         lines.append(f"nvfp4compat {self.nvfp4compat_version} plan: {head}")
+        shown = {b.reason for b in self.bindings.values() if b.impl is None}
         if self.reason:
-            lines.append(f"  reason: {self.reason}")
+            rest = self.reason
+            for r in shown:
+                rest = rest.replace(r, "")
+            rest = "; ".join(p.strip() for p in rest.split("; ") if p.strip())
+            if rest:
+                lines.append(f"  reason: {rest}")
+            if shown:
+                lines.append("  (the bindings below say why each op has no implementation)")
         arch = f.arch or "unknown (no GPU)"
         if f.gpu_name:
             arch += f" ({f.gpu_name})"
+        notes = list(f.notes)
+
+        def sourced(label: str, value: str | None) -> str | None:
+            # "<label> not given: <why>" notes from query() become the label's source.
+            for n in notes:
+                if value is not None and n.startswith(f"{label} not given: "):
+                    notes.remove(n)
+                    return f"{value} ({n.split(': ', 1)[1]})"
+            return value
+
+        triton = f.triton
+        if triton == "any":
+            triton = "assumed installed (any release; --no-triton plans without it)"
+        elif triton is None:
+            triton = "not installed"
+        if f.triton_disabled:
+            triton += " (disabled by NVFP4COMPAT_DISABLE_TRITON)"
         lines.append("facts:")
         lines.append(f"  arch: {arch}" + (f" [from {f.arch_source}]" if f.arch_source else ""))
         for label, value in (
             ("cuda", f.cuda),
-            ("torch", f.torch),
-            ("triton", (f.triton or "not installed") + (" (disabled by NVFP4COMPAT_DISABLE_TRITON)" if f.triton_disabled else "")),
-            ("flashinfer", f.flashinfer or "not installed"),
-            ("flashinfer-cubin", f.flashinfer_cubin),
+            ("torch", sourced("torch", f.torch)),
+            ("triton", triton),
+            ("flashinfer", sourced("flashinfer", f.flashinfer) or "not installed"),
+            ("flashinfer-cubin", sourced("flashinfer-cubin", f.flashinfer_cubin)),
             ("flashinfer-jit-cache", f.flashinfer_jit_cache),
             ("vllm", f.vllm or "not installed"),
             ("trtllm-gen usable", {True: "yes", False: "no", None: "unknown"}[f.trtllm_gen_usable]),
@@ -148,18 +180,19 @@ class Plan(_Frozen):
             lines.append(f"  flashinfer probe: {f.flashinfer_probe}")
         if f.flashinfer_import_error:
             lines.append(f"  flashinfer import error: {f.flashinfer_import_error}")
-        for note in f.notes:
+        for note in notes:
             lines.append(f"  note: {note}")
         lines.append("bindings:")
         for op, b in self.bindings.items():
-            opts = f" {b.options}" if b.options else ""
+            opts = "".join(f" {k}={_option(v)}" for k, v in b.options.items())
             lines.append(f"  {op:8s} -> {b.impl or '(none)':10s} [{b.source}] {b.reason}{opts}")
         if self.features:
             lines.append("features: " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in self.features.items()))
         if self.vllm is not None:
             v = self.vllm
             lines.append(f"vllm {v.version}: strategy {v.strategy}; patches: {', '.join(v.patches) or '(none)'}; kv_cache_dtypes: {', '.join(v.kv_cache_dtypes) or '(none)'}")
-            lines.append(f"  {v.reason}")
+            if v.reason not in (self.reason or ""):
+                lines.append(f"  {v.reason}")
         if self.env:
             lines.append("env: " + " ".join(f"{k}={val}" for k, val in self.env.items()))
         for w in self.warnings:
@@ -171,5 +204,13 @@ class Plan(_Frozen):
             for t in self.trace:
                 mark = "+" if t.accepted else "-"
                 where = "/".join(x for x in (t.op, t.impl) if x)
-                lines.append(f"  {mark} {where + ': ' if where else ''}{t.rule}: {t.reason}")
+                why = "no implementation (see bindings)" if t.reason in shown else t.reason
+                lines.append(f"  {mark} {where + ': ' if where else ''}{t.rule}: {why}")
         return "\n".join(lines)
+
+
+def _option(value: Any) -> str:
+    """An option value as ``name=value`` prints it: booleans as true/false, the rest as str()."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

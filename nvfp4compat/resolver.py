@@ -93,6 +93,8 @@ def parse_impl_spec(spec: str | Mapping[str, str] | None, *, source: str = "argu
             raise ResolutionError(f"{source}: unknown op {op!r}; valid ops are {list(OPS)}")
         if impl not in IMPLS:
             raise ResolutionError(f"{source}: unknown implementation {impl!r} for {op}; valid values are {list(IMPLS)}")
+        if op in out:
+            raise ResolutionError(f"{source}: {op} is given twice ({op}={out[op]} and {op}={impl}); name each op once")
         out[op] = impl
     return out
 
@@ -493,18 +495,24 @@ def _way_out(ctx: _Ctx, op: str, impl: str) -> str:
 
 
 def _unbound_reason(ctx: _Ctx, op: str, rejected: list[str]) -> str:
+    f, a = ctx.facts, ctx.arch
+    # Suggest only what can help on this arch: nothing where no NVFP4 path runs at all (SM75, SM110),
+    # FlashInfer only when the installed one lacks the helper, Triton only when it is absent or disabled.
+    dead = f.arch is None or (a is not None and not (a.fa2_nvfp4_read.value or a.triton_kernels.value or a.native_trtllm_path.value)) or (
+        a is None and not _arch_plausible_for_triton(f))
     if op == "write":
         rels = ctx.matrix.releases_with_helper(SLOT_HELPER)
-        f = ctx.facts
         found = f"FlashInfer {f.flashinfer} without {SLOT_HELPER}" if f.flashinfer else "no FlashInfer installed"
-        if f.flashinfer and ctx.helpers and ctx.helpers.get(SLOT_HELPER):
+        has_helper = bool(f.flashinfer and ctx.helpers and ctx.helpers.get(SLOT_HELPER))
+        if has_helper:
             found = f"FlashInfer {f.flashinfer} has {SLOT_HELPER} but it cannot run here"
         tri = next((r for r in rejected if r.startswith("triton:")), "triton: not considered")
-        return (
-            f"{WRITER_REQUIRED}: found {found}; FlashInfer releases that provide it: {release_span(ctx.matrix, rels)} "
-            f"(e.g. pip install --no-deps flashinfer-python=={rels[0]}); or enable the Triton fallback "
-            f"(pip install triton, unset {ENV_DISABLE_TRITON}) [{tri}]"
-        )
+        ways = []
+        if not dead and not has_helper:
+            ways.append(f"FlashInfer releases that provide it: {release_span(ctx.matrix, rels)} (e.g. pip install --no-deps flashinfer-python=={rels[0]})")
+        if not dead and (f.triton is None or f.triton_disabled):
+            ways.append(f"or enable the Triton fallback (pip install triton, unset {ENV_DISABLE_TRITON})")
+        return f"{WRITER_REQUIRED}: found {found} [{tri}]" + "".join(f"; {w}" for w in ways)
     detail = "; ".join(rejected) or "no implementation is listed for this arch"
     return f"no implementation of {op} can run here: {detail}"
 
@@ -802,8 +810,9 @@ def query(
             if flashinfer_cubin is None and rel.pins.flashinfer_cubin is not None:
                 flashinfer_cubin = rel.pins.flashinfer_cubin
                 notes.append(f"flashinfer-cubin not given: assuming vLLM {vllm}'s pin flashinfer-cubin=={flashinfer_cubin}")
-            if torch is None:
+            if torch is None and rel.pins.torch is not None:
                 torch = rel.pins.torch
+                notes.append(f"torch not given: vLLM {vllm} pins torch {torch}")
     tri: str | None
     if triton is True:
         tri = "any"

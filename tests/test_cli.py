@@ -75,7 +75,7 @@ def test_doctor_without_gpu_still_resolves(capsys: pytest.CaptureFixture[str]) -
     rc, out, _ = run(capsys, "doctor", "--no-trace")
     assert "facts:" in out and "bindings:" in out
     if "arch: unknown" in out:
-        assert out.startswith("No CUDA GPU detected") and rc == 1
+        assert "no GPU arch known" in out and rc == 1
 
 
 def test_doctor_with_env_arch(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

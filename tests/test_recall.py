@@ -413,3 +413,14 @@ def test_recall_gap_is_exact_in_points():
     # one miss in 100 is exactly the 1-point target (unrounded float arithmetic gives 1.0000000000000009)
     assert gaps == {8192: 1.0, 2048: 0.0}
     assert gaps[8192] <= 1.0
+
+
+def test_recall_reports_progress_per_length(shipped):
+    """A long recall run says where it is: one line per (mode, length) as it finishes."""
+    from nvfp4compat.recall.evaluate import evaluate_recall
+
+    model, layout, _ = shipped
+    lines: list[str] = []
+    evaluate_recall(model, [64, CPU_LENGTH], ("bf16",), layout=layout, depths=CPU_DEPTHS[:1], n_per_depth=1,
+                    seed=5, progress=lines.append)
+    assert len(lines) == 2 and lines[0].startswith("bf16: 64 tokens") and f"{CPU_LENGTH} tokens" in lines[1], lines

@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         v_scale=args.v_scale,
         nvfp4_4over6=args.four_over_six,
         max_batch_tokens=args.max_batch_tokens,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
     print(format_results(results))
     ok = True

@@ -24,7 +24,7 @@ subnormal (``amax < 6 * 2**-6``) or zero (``amax < 6 * 2**-10``) block scale, or
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -317,6 +317,7 @@ def evaluate_recall(
     v_scale: float = 1.0,
     nvfp4_4over6: bool = False,
     max_batch_tokens: int = 65536,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Exact-match needle recall per KV mode.
 
@@ -337,6 +338,8 @@ def evaluate_recall(
         Cache geometry, global scales and writer option of the ``nvfp4`` modes.
     max_batch_tokens : int
         Prompts per batch = ``max(1, max_batch_tokens // length)``.
+    progress : callable, optional
+        Called with one line per (mode, length) as it finishes: recall so far and elapsed time.
 
     Returns
     -------
@@ -389,6 +392,10 @@ def evaluate_recall(
                 gen = greedy_generate_dense(model, ids, 2, batch_size=bs, device=dev, attn=attn)
             all_prompts += prompts
             generated += gen
+            if progress is not None:
+                hits = task.score(prompts, gen)
+                progress(f"{mode}: {L} tokens, {len(prompts)} prompts: recall {hits['recall'][L]:.0%} "
+                         f"({time.time() - t0:.1f} s so far)")
         res = task.score(all_prompts, generated)
         res["seconds"] = round(time.time() - t0, 2)
         res["config"] = {

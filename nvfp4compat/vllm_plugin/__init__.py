@@ -243,8 +243,9 @@ def register() -> None:
         logger.warning("nvfp4compat: %s; vLLM left untouched", exc)
         _REGISTERED = True  # apply() restored everything; do not retry in this process
         return
-    except Exception:
-        logger.exception("nvfp4compat: applying the plan failed; vLLM left untouched")
+    except Exception as exc:  # e.g. a vLLM whose layout differs from the one the patches expect
+        logger.warning("nvfp4compat: applying the plan failed (%s: %s); vLLM left untouched", type(exc).__name__, exc)
+        logger.debug("nvfp4compat: traceback of the failed apply", exc_info=True)
         _REGISTERED = True
         return
     # the pid tells the processes apart (API, EngineCore, every tensor-parallel worker): a worker
