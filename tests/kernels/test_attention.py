@@ -388,11 +388,11 @@ def test_decode_work_split_sizes():
     assert att.decode_programs(att.DecodeConfig(64, 2, 3), 8, 132)[0] == -(-att.SPLIT_TARGET_PROGRAMS_PER_SM * 132 // 8)
     with att.override_configs(num_splits=5):
         assert att.decode_programs(cfg, 8, 132) == (5, 1)
-    # chunks <= programs + batch, and <= batch * cdiv(max_tiles, min_tiles); slots <= 2 * programs
-    assert att.decode_grid(16, 66, 2, 256) == (82, 82)
+    # chunks <= programs + batch, and <= batch * cdiv(max_tiles, min_tiles); slots <= programs
+    assert att.decode_grid(16, 66, 2, 256) == (82, 66)
     assert att.decode_grid(1, 66, 2, 128) == (64, 64)
-    assert att.decode_grid(128, 66, 2, 32) == (194, 132)
-    assert att.decode_grid(3, 1, 1, 0) == (3, 2)
+    assert att.decode_grid(128, 66, 2, 32) == (194, 66)
+    assert att.decode_grid(3, 1, 1, 0) == (3, 1)
 
 
 def _chunk_plan(tiles: list[int], programs: int, min_tiles: int) -> list[tuple[int, int]]:
@@ -400,7 +400,7 @@ def _chunk_plan(tiles: list[int], programs: int, min_tiles: int) -> list[tuple[i
     total = max(1, sum(tiles))
     plan = []
     for b, t in enumerate(tiles):
-        n = 0 if t == 0 else min(max((2 * t * programs + total) // (2 * total), 1), max(t // min_tiles, 1))
+        n = 0 if t == 0 else min(max(t * programs // total, 1), max(t // min_tiles, 1))
         plan += [(b, j) for j in range(n)]
     return plan
 
@@ -411,7 +411,7 @@ def test_decode_chunking_balances_uniform_batches():
         plan = _chunk_plan([tiles] * batch, programs, 2)
         per = {b: sum(1 for x, _ in plan if x == b) for b in range(batch)}
         assert len(set(per.values())) == 1
-        assert len(plan) <= max(programs + batch // 2, batch)
+        assert len(plan) <= max(programs, batch)
 
 
 @pytest.mark.parametrize("programs", [1, 2, 5, 64])

@@ -31,9 +31,10 @@ CORE = [
     ("attention_decode_reduce", "bf16-d128", DEFAULT_CCS),
     # one target per MMA lowering: mma.sync (SM80), wgmma (SM90), tcgen05 (SM100)
     ("attention_prefill", "bf16-d128", (80, 90, 100)),
-    # the opt-in bf16 bit-placement decoder (fma.rn.bf16x2 on subnormal patterns: SM80+)
-    ("attention_decode", "bf16-d128-bitwise", DEFAULT_CCS),
-    ("attention_prefill", "bf16-d128-bitwise", (80, 90)),
+    # the bf16 table decoder (the default is the bit-placement one: fma.rn.bf16x2 on subnormal
+    # patterns, SM80+)
+    ("attention_decode", "bf16-d128-table", DEFAULT_CCS),
+    ("attention_prefill", "bf16-d128-table", (80, 90)),
 ]
 
 _CHILD = r"""

@@ -369,11 +369,12 @@ def _total_tiles(
 
 @triton.jit
 def _request_chunks(tiles, total, programs, min_tiles):
-    """Chunks of requests with ``tiles`` KV tiles: their share of ``programs``,
-    ``round(tiles * programs / total)``, at least 1 (0 for no tiles) and at most
+    """Chunks of requests with ``tiles`` KV tiles: their share of ``programs`` rounded down,
+    ``floor(tiles * programs / total)`` (never more chunks than one wave of programs: rounding up
+    left a second, mostly idle wave), at least 1 (0 for no tiles) and at most
     ``tiles // min_tiles``. A request's chunks split its tiles evenly."""
     t64 = tiles.to(tl.int64)
-    share = (2 * t64 * programs + total) // (2 * total)
+    share = (t64 * programs) // total
     n = tl.minimum(tl.maximum(share, 1), tl.maximum(t64 // min_tiles, 1))
     return tl.where(tiles > 0, n, 0).to(tl.int32)
 
@@ -398,14 +399,14 @@ def _decode_kernel(
 
     The batch's KV tiles (of every request the kernel serves, counted from the real ``seq_lens`` on
     the device) are shared out over about ``programs`` chunks that never cross a request: request
-    ``b`` gets its share ``round(tiles_b * programs / total)`` (at least 1, at most
+    ``b`` gets its share ``floor(tiles_b * programs / total)`` (at least 1, at most
     ``tiles_b // min_tiles``, :func:`_request_chunks`) and splits its tiles evenly over them; chunks
     are numbered in request order and chunk ``c`` is this program's (programs past the last chunk
     return at once). So a long request gets many programs and a short one few, every program does
     about the same work, and the grid (``programs + batch`` chunks at most) is fixed on the host
     without reading a length: safe under CUDA graphs. A request of one chunk writes its output directly; the chunks of a longer request
     write normalized partials (``v_scale`` applied) and base-2 LSEs into slots
-    ``[s_b, s_b + chunks_b)`` (numbered over multi-chunk requests only: at most ``2 * programs``)
+    ``[s_b, s_b + chunks_b)`` (numbered over multi-chunk requests only: at most ``programs``)
     that :func:`_decode_reduce_kernel` merges.
 
     ``VARLEN``: the request's queries are ``qsl[b]..qsl[b+1]`` (requests with more than ``QMAX`` or no
@@ -748,7 +749,7 @@ _PREFILL_CONFIGS: dict[int, PrefillConfig] = {
 # resident programs: DecodeConfig.programs_per_sm per SM (SPLIT_TARGET_PROGRAMS_PER_SM where a config
 # does not say), in chunks of at least SPLIT_MIN_CHUNK_TOKENS keys.
 SPLIT_TARGET_PROGRAMS_PER_SM = 4
-SPLIT_MIN_CHUNK_TOKENS = 256
+SPLIT_MIN_CHUNK_TOKENS = 512
 # Requests scanned per step of the kernels' on-device prefix over the batch: 128 for batches up to
 # 128, else 1024 (two compiled variants for every batch size; one step up to 1024 requests).
 BATCH_BLOCK_SMALL = 128
@@ -772,8 +773,8 @@ def override_configs(
     """Force tile configs, the split count or the decoder choice inside the block (benchmark sweeps).
 
     ``decoder`` is one of :data:`DECODERS`: ``"portable"`` (plain-Triton integer decode, the
-    interpreter's default), ``"table"`` (FlashInfer's ``prmt`` table in inline PTX, the CUDA default)
-    or ``"bitwise"`` (bf16 bit placement; fp16 keeps the table). Forcing an inline-PTX decoder under
+    interpreter's default), ``"table"`` (FlashInfer's ``prmt`` table in inline PTX) or ``"bitwise"``
+    (bf16 bit placement, the CUDA default; fp16 keeps the table). Forcing an inline-PTX decoder under
     the interpreter runs a plain-Triton stand-in with the same values.
     """
     if decoder is not None and decoder not in DECODERS:
@@ -837,27 +838,29 @@ def decode_programs(cfg: DecodeConfig, num_kv_heads: int, num_sms: int) -> tuple
 def decode_grid(batch: int, programs: int, min_tiles: int, max_tiles: int) -> tuple[int, int]:
     """``(chunks, partial slots)``: the decode grid's chunk count and the merge buffer's slot count.
 
-    Request ``b`` gets ``max(1, round(x_b))`` chunks with ``sum(x_b) = programs``, so chunks never
+    Request ``b`` gets ``max(1, floor(x_b))`` chunks with ``sum(x_b) = programs``, so chunks never
     exceed ``programs + batch``, nor ``batch * cdiv(max_tiles, min_tiles)``. Only requests of two
-    or more chunks write partials; they have ``x_b >= 1.5``, so their chunks number at most
-    ``sum(x_b + 1/2) <= 4/3 * programs``: ``2 * programs`` slots always suffice.
+    or more chunks write partials; they have ``floor(x_b) <= x_b``, so their chunks number at most
+    ``programs``.
     """
     per_request = -(-max(1, max_tiles) // min_tiles)
     chunks = max(1, min(programs + batch, batch * per_request))
-    return chunks, max(1, min(chunks, 2 * programs))
+    return chunks, max(1, min(chunks, programs))
 
 
 def _fast(device: torch.device) -> int:
     """The kernels' ``FAST`` constexpr: which E2M1 decoder they compile (:data:`DECODERS`).
 
-    Default: the inline-PTX table decoder for CUDA launches, the portable one under the interpreter.
+    Default: the inline-PTX bf16 bit-placement decoder for CUDA launches (fp16 queries take the
+    table decoder inside it), the portable one under the interpreter. On the H200 it was 3-6% faster
+    than the table decoder on every decode batch of BENCHMARKS.md, with the same output error.
     ``override_configs(decoder=...)`` forces any; an inline-PTX decoder forced under the interpreter
     runs with a plain-Triton stand-in for the PTX (same values), so CPU tests cover its scale handling.
     """
     forced = _overrides.get("decoder")
     if forced is not None:
         return DECODERS[forced]
-    return DECODERS["table"] if device.type == "cuda" and not interpreting() else DECODERS["portable"]
+    return DECODERS["bitwise"] if device.type == "cuda" and not interpreting() else DECODERS["portable"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1487,8 +1490,8 @@ def aot_variants() -> dict[str, list[Any]]:
 
     Every head_dim x dtype with the default features; every feature flag on alone and all together;
     q_len 1 and 8 (rows 16 and 64 with GQA 8); batch blocks 1-1024 of the on-device work split; tensor and float scales;
-    the inline-PTX table decoder (what CUDA runs) and, once per kernel, the portable decoder (the
-    fallback) and the opt-in bf16 bit-placement decoder.
+    the inline-PTX bit-placement decoder (what CUDA runs; the table decoder for fp16) and, once per
+    kernel, the portable decoder (the fallback) and the bf16 table decoder.
     Each decode variant uses the config :func:`decode_config` picks for its launch: head_dim 128 at
     2 warps for 16 rows, and the widened 4-warp config for 64 rows and for latency-bound grids.
     """
@@ -1499,7 +1502,7 @@ def aot_variants() -> dict[str, list[Any]]:
     red: list[AotVariant] = []
 
     def add_decode(label: str, dtype: str, hd: int, *, qmax: int = 1, group: int = 4, varlen: bool = False,
-                   batch_block: int = 128, decoder: str = "table", ptr: bool = True, combined: bool = False,
+                   batch_block: int = 128, decoder: str = "bitwise", ptr: bool = True, combined: bool = False,
                    pow2: bool = True, latency: bool = False, **features: Any) -> None:
         block_m = max(16, triton.next_power_of_2(group * qmax))
         # the launch config decode() picks: latency=True is a grid smaller than the GPU
@@ -1514,7 +1517,7 @@ def aot_variants() -> dict[str, list[Any]]:
         sig = _decode_signature(dtype, ptr, ptr)
         dec.append(AotVariant(label, sig, c, cfg.num_warps, cfg.num_stages, _pointer_attrs(sig)))
 
-    def add_prefill(label: str, dtype: str, hd: int, *, causal: bool = True, decoder: str = "table",
+    def add_prefill(label: str, dtype: str, hd: int, *, causal: bool = True, decoder: str = "bitwise",
                     ptr: bool = True, combined: bool = False, pow2: bool = True, **features: Any) -> None:
         cfg = _PREFILL_CONFIGS[hd]
         c: dict[str, Any] = {"HEAD_DIM": hd, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
@@ -1542,8 +1545,8 @@ def aot_variants() -> dict[str, list[Any]]:
     add_decode("bf16-d128-all-batch1024", "bf16", 128, batch_block=1024, **_FEATURES_ON)
     add_decode("bf16-d256-portable", "bf16", 256, decoder="portable", **_FEATURES_ON)
     add_decode("fp16-d128-portable", "fp16", 128, decoder="portable")
-    add_decode("bf16-d128-bitwise", "bf16", 128, decoder="bitwise")
-    add_decode("bf16-d64-q4-bitwise-all", "bf16", 64, qmax=4, decoder="bitwise", **_FEATURES_ON)
+    add_decode("bf16-d128-table", "bf16", 128, decoder="table")
+    add_decode("bf16-d64-q4-table-all", "bf16", 64, qmax=4, decoder="table", **_FEATURES_ON)
     for feat in ("HAS_WINDOW", "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE"):
         on: dict[str, Any] = {feat: True}
         add_prefill(f"bf16-d128-{feat.lower()}", "bf16", 128, **on)
@@ -1553,7 +1556,7 @@ def aot_variants() -> dict[str, list[Any]]:
     add_prefill("bf16-d128-page-any", "bf16", 128, pow2=False)
     add_prefill("bf16-d128-portable", "bf16", 128, decoder="portable", **_FEATURES_ON)
     add_prefill("fp16-d512-portable", "fp16", 512, decoder="portable")
-    add_prefill("bf16-d128-bitwise", "bf16", 128, decoder="bitwise")
+    add_prefill("bf16-d128-table", "bf16", 128, decoder="table")
 
     red_sig_base = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "o_ptr": "*bf16", "lse_ptr": "*fp32",
                     "seq_lens_ptr": "*i32", "qsl_ptr": "*i32", "sinks_ptr": "*fp32", "batch": "i32",
