@@ -303,7 +303,8 @@ def check_metadata_values(
     """Debug mode (``NVFP4COMPAT_CHECK_METADATA=1``): check the metadata *values* on the host.
 
     The kernels never read or write outside their tensors whatever these values are (they clamp and
-    mask, see ``docs/kernels.md``), but a caller's bug then shows as quietly wrong attention. This
+    mask: the semantics are in :mod:`nvfp4compat.kernels.reference_attention`'s docstring), but a
+    caller's bug then shows as quietly wrong attention. This
     reads the tensors (a host sync: never inside CUDA-graph capture) and raises
     :class:`~nvfp4compat.kernels.errors.KernelInputError` naming the first bad entry: a
     ``seq_lens`` entry below ``min_seq_len`` or beyond what its block-table row covers (or beyond

@@ -398,10 +398,9 @@ def _sig(x) -> tuple:
     if isinstance(x, torch.Tensor):
         return (x.dtype, x.shape, x.stride(), x.device)
     if isinstance(x, (tuple, list)):
-        sig = (type(x), *(_sig(e) for e in x))
-        if len(x) == 2 and isinstance(x[0], torch.Tensor) and isinstance(x[1], torch.Tensor):
-            sig += (x[0].data_ptr() == x[1].data_ptr(),)  # K and V sharing memory is refused
-        return sig
+        # K and V sharing memory is refused: it is part of the signature
+        alias = len(x) == 2 and all(isinstance(e, torch.Tensor) for e in x) and x[0].data_ptr() == x[1].data_ptr()
+        return (type(x), alias, *(_sig(e) for e in x))
     return (type(x),)
 
 
