@@ -23,7 +23,7 @@ import pytest
 
 from nvfp4compat.kernels.aot import DEFAULT_CCS, AotReport
 
-KERNELS = ("attention_decode", "attention_decode_reduce", "attention_prefill")
+KERNELS = ("attention_decode", "attention_decode_reduce", "attention_prefill", "attention_qsl_guard")
 
 # (kernel, variant label, targets): what every CI run builds.
 CORE = [
@@ -34,6 +34,8 @@ CORE = [
     # the opt-in bf16 bit-placement decoder (fma.rn.bf16x2 on subnormal patterns: SM80+)
     ("attention_decode", "bf16-d128-bitwise", DEFAULT_CCS),
     ("attention_prefill", "bf16-d128-bitwise", (80, 90)),
+    # prefill's query_start_loc guard (issue 16)
+    ("attention_qsl_guard", "bf16-d128-lse", (80, 90)),
 ]
 
 _CHILD = r"""

@@ -288,3 +288,23 @@ def test_debug_mode_names_the_bad_entry(monkeypatch):
     slots = torch.tensor([-1, case.num_pages * PAGE], dtype=torch.int64, device=DEVICE)
     with pytest.raises(errors.KernelInputError, match=r"write: slot_mapping\[1\] = \d+ is past"):
         tap.append_slot_mapping(rows, rows, slots, case.paged_kv_cache, case.kv_cache_sf, 0.01, 0.01)
+
+
+def test_writer_and_attention_share_one_flag_and_clear_only_their_bits():
+    """The writer's scale bits and prefill's metadata bits live in one flag: check_scale_errors()
+    clears only the writer's, check_errors() reports (and clears) the rest."""
+    case = _case([20])
+    rows = torch.randn(2, HKV, D).to(BF16).to(DEVICE)
+    slots = torch.tensor([0, 1], dtype=torch.int64, device=DEVICE)
+    nan = torch.tensor([float("nan")], device=DEVICE)
+    tap.append_slot_mapping(rows, rows, slots, case.paged_kv_cache, case.kv_cache_sf, nan, 0.01)
+    qsl = torch.tensor([0, 9], dtype=torch.int32, device=DEVICE)
+    att.prefill(_query(3), case.paged_kv_cache, case.kv_cache_sf, case.block_table, case.seq_lens, qsl,
+                case.k_scale, case.v_scale, sm_scale=SM)
+    assert tap.scale_error_flag(DEVICE) is errors.error_flag(DEVICE)
+    with pytest.raises(tap.ScaleError, match="k_scale"):
+        tap.check_scale_errors(DEVICE)
+    with pytest.raises(errors.KernelInputError, match="query_start_loc had entries outside") as exc:
+        errors.check_errors(DEVICE)
+    assert "k_scale" not in str(exc.value)
+    errors.check_errors(DEVICE)

@@ -59,6 +59,9 @@ __all__ = [
 _LOG2E = 1.4426950408889634
 _MAX_GRID_YZ = 65535
 _MAX_TOKENS = 2**31 - 1
+# The query_start_loc guard (prefill): rows per program, qsl entries per scan step.
+_GUARD_ROWS = 64
+_GUARD_BLOCK_B = 1024
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1227,13 +1230,16 @@ def decode(
     kv_cache_sf : tuple of torch.Tensor or torch.Tensor
         float8_e4m3fn (or uint8) block scales, same structure, last dim ``head_dim/16``.
     block_table : torch.Tensor
-        int32 ``[batch, max_pages]``; entries past a request's last page are never read.
+        int32 ``[batch, max_pages]``; entries past a request's last page are never read; an entry
+        outside ``[0, num_pages)`` reads nothing (its keys are masked, as if absent).
     seq_lens : torch.Tensor
-        int32 ``[batch]``: KV length including the new tokens (``>= q_len_per_req``).
+        int32 ``[batch]``: KV length including the new tokens (``>= q_len_per_req``); values are
+        clamped on the device to ``[0, max_pages * page_size]`` (what the block-table row covers).
     k_scale, v_scale : float or torch.Tensor
-        Global decode scales: positive floats or one-element float32 device tensors (read on device).
+        Global decode scales: positive normal fp32 numbers (Python or NumPy) or one-element float32
+        device tensors (read on device).
     sm_scale : float
-        Softmax scale.
+        Softmax scale, finite and > 0.
     kv_layout : {"NHD", "HND"}
     q_len_per_req : int
         Query tokens per request, 1..8 (speculative decoding).
@@ -1351,7 +1357,11 @@ def prefill(
         fp16/bf16 ``[num_tokens, num_qo_heads, head_dim]``, last dim contiguous;
         ``num_tokens == query_start_loc[-1]``.
     query_start_loc : torch.Tensor
-        int32 ``[batch + 1]``, non-decreasing, ``qsl[0] == 0``.
+        int32 ``[batch + 1]``, non-decreasing, ``qsl[0] == 0``. Checked on the device, without a
+        sync: entries are clamped to ``[0, num_tokens]``; rows outside ``[qsl[0], qsl[-1])`` (a
+        padded batch) are written as 0 with LSE ``-inf``; entries that decrease make every row 0 /
+        ``-inf``. Both, and ``seq_lens`` past their rows, set the device error flag that
+        :func:`nvfp4compat.kernels.errors.check_errors` reports.
     paged_kv_cache, kv_cache_sf, block_table, seq_lens, k_scale, v_scale, sm_scale, kv_layout,
     sliding_window, logits_soft_cap, sinks, out, return_lse
         As in :func:`decode`; ``seq_lens[b] >= q_len_b``.
@@ -1391,11 +1401,10 @@ def prefill(
     # query_start_loc is checked on the device (no host sync): the guard writes the rows it does not
     # cover and sets `status` when its entries decrease (then the attention kernels do nothing).
     status = torch.empty(1, dtype=torch.int32, device=views.device)
-    guard_rows = 64
-    _qsl_guard_kernel[(triton.cdiv(num_tokens, guard_rows),)](
+    _qsl_guard_kernel[(triton.cdiv(num_tokens, _GUARD_ROWS),)](
         qsl, seq_lens, status, error_flag(views.device), a.out, a.lse if a.lse is not None else a.out,
         batch, num_tokens, a.num_qo_heads, max_kv, a.out.stride(0), a.out.stride(1), a.num_qo_heads,
-        HEAD_DIM=views.head_dim, ROWS=guard_rows, BLOCK_B=1024, RETURN_LSE=a.lse is not None,
+        HEAD_DIM=views.head_dim, ROWS=_GUARD_ROWS, BLOCK_B=_GUARD_BLOCK_B, RETURN_LSE=a.lse is not None,
     )  # fmt: skip
     qmax = max(1, 16 // a.group)
     # With one request the query length is known on the host: launch only the kernel it needs.
@@ -1586,11 +1595,23 @@ def aot_variants() -> dict[str, list[Any]]:
     red.append(AotVariant("bf16-d128-varlen", red_sig_base,
                           {"HEAD_DIM": 128, "QMAX": 4, "VARLEN": True, "HAS_SINKS": True, "RETURN_LSE": True,
                            "BLOCK_H": 32}, 4, 1, _pointer_attrs(red_sig_base)))
-    return {"attention_decode": dec, "attention_decode_reduce": red, "attention_prefill": pre}
+    guard: list[AotVariant] = []
+    for dtype, hd, lse in (("bf16", 64, True), ("bf16", 128, True), ("bf16", 256, False), ("bf16", 512, True),
+                           ("fp16", 128, False), ("fp16", 64, True)):
+        sig = {"qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "status_ptr": "*i32", "err_ptr": "*i32",
+               "o_ptr": f"*{dtype}", "lse_ptr": "*fp32", "batch": "i32", "num_tokens": "i32",
+               "num_qo_heads": "i32", "max_kv": "i32", "stride_ot": "i32", "stride_oh": "i32",
+               "stride_lt": "i32", "HEAD_DIM": "constexpr", "ROWS": "constexpr", "BLOCK_B": "constexpr",
+               "RETURN_LSE": "constexpr"}
+        c = {"HEAD_DIM": hd, "ROWS": _GUARD_ROWS, "BLOCK_B": _GUARD_BLOCK_B, "RETURN_LSE": lse}
+        guard.append(AotVariant(f"{dtype}-d{hd}{'-lse' if lse else ''}", sig, c, 4, 1, _pointer_attrs(sig)))
+    return {"attention_decode": dec, "attention_decode_reduce": red, "attention_prefill": pre,
+            "attention_qsl_guard": guard}
 
 
 def aot_kernels() -> list[Any]:
-    """AOT provider hook for :mod:`nvfp4compat.kernels.aot`: the decode, merge and prefill kernels."""
+    """AOT provider hook for :mod:`nvfp4compat.kernels.aot`: the decode, merge, prefill and
+    ``query_start_loc`` guard kernels."""
     from nvfp4compat.kernels.aot import AotKernel
 
     v = aot_variants()
@@ -1598,4 +1619,5 @@ def aot_kernels() -> list[Any]:
         AotKernel("attention_decode", _decode_kernel, v["attention_decode"]),
         AotKernel("attention_decode_reduce", _decode_reduce_kernel, v["attention_decode_reduce"]),
         AotKernel("attention_prefill", _prefill_kernel, v["attention_prefill"]),
+        AotKernel("attention_qsl_guard", _qsl_guard_kernel, v["attention_qsl_guard"]),
     ]
