@@ -15,6 +15,7 @@ as vLLM's combined page (:func:`split_combined_page`) are accepted directly.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,9 +28,14 @@ __all__ = [
     "split_combined_page",
     "nvfp4_full_dim",
     "check_scale",
+    "FP32_MIN_NORMAL",
+    "FP32_MAX",
 ]
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256, 512)
+# A global scale reaches the kernels as an fp32 value: it must be a normal fp32 number.
+FP32_MIN_NORMAL = 1.1754943508222875e-38
+FP32_MAX = 3.4028234663852886e38
 _LAYOUTS = ("NHD", "HND")
 
 
@@ -155,6 +161,12 @@ def normalize_cache(
     devices = {t.device for t in (k, v, ks, vs)}
     if len(devices) != 1:
         raise ValueError(f"cache tensors are on different devices: {sorted(map(str, devices))}")
+    for what, a, b in (("paged_kv_cache", k, v), ("kv_cache_sf", ks, vs)):
+        if a.numel() and a.data_ptr() == b.data_ptr():
+            raise ValueError(
+                f"{what}: K and V are the same memory (both start at {a.data_ptr():#x}); the writer "
+                "would store V over K. Pass two separate tensors, or one stacked [num_pages, 2, ...] tensor"
+            )
     if kv_layout == "NHD":
         num_pages, page_size, heads = k.shape[0], k.shape[1], k.shape[2]
     else:
@@ -225,10 +237,10 @@ def split_combined_page(
 def check_scale(scale: float | torch.Tensor, name: str, device: torch.device) -> None:
     """Validate a global scale without a host sync.
 
-    A Python number must be finite and > 0 (checked here). A tensor must be one float32 element on
-    ``device``; its value is read by the kernel on the device and NOT checked here (no host sync): a
-    non-finite or non-positive device scale produces zero block scales (all-zero codes for that
-    launch) in the Triton kernels instead of a trap.
+    A Python or NumPy number must be a normal fp32 number > 0 (``FP32_MIN_NORMAL`` to ``FP32_MAX``,
+    checked here: the kernels take it as fp32). A tensor must be one float32 element on ``device``;
+    its value is read by the kernel on the device and NOT checked here (no host sync): a non-finite or
+    non-positive device scale makes the writer store NaN block scales and set its error flag.
     """
     if isinstance(scale, torch.Tensor):
         if scale.numel() != 1 or scale.dtype != torch.float32:
@@ -239,8 +251,16 @@ def check_scale(scale: float | torch.Tensor, name: str, device: torch.device) ->
         if scale.device != device:
             raise ValueError(f"{name}: scale is on {scale.device}, the cache is on {device}")
         return
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"{name}: expected a positive float or a float32 tensor, got {type(scale).__name__}")
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(
+            f"{name}: expected a positive float or a one-element float32 tensor, got {type(scale).__name__}"
+        )
     s = float(scale)
     if not (s > 0.0 and s != float("inf")):
         raise ValueError(f"{name}: the global scale must be finite and > 0, got {s!r}")
+    if not FP32_MIN_NORMAL <= s <= FP32_MAX:
+        raise ValueError(
+            f"{name}: the global scale {s!r} is not a normal fp32 number (the kernels compute in fp32); "
+            f"it must lie in [{FP32_MIN_NORMAL:.6g}, {FP32_MAX:.6g}]. Rescale the K/V data or pass "
+            "amax / (6 * 448)"
+        )

@@ -14,6 +14,11 @@ against. Semantics are those of ``docs/architecture.md``:
   denominator and contribute no value.
 * ``out = softmax(s) @ v`` with ``v = e2m1 * sf * v_scale``; ``lse = log(sum(exp(s)) + exp(sink))``
   (natural log).
+* hostile metadata, as the Triton kernels define it (issue 16): ``query_start_loc`` entries are
+  clamped to ``[0, num_tokens]``; if the clamped entries decrease, every row is 0 with LSE ``-inf``;
+  rows outside ``[qsl[0], qsl[-1])`` are 0 with LSE ``-inf``; ``seq_lens`` are clamped to
+  ``[0, max_pages * page_size]``; keys whose block-table entry is outside ``[0, num_pages)`` are
+  invisible (as if masked).
 
 Everything runs in float32 on the tensors' device, one request at a time (small test shapes).
 """
@@ -28,7 +33,7 @@ from typing import Any
 import torch
 
 from nvfp4compat.kernels import reference as codec
-from nvfp4compat.kernels.layout import nvfp4_full_dim, split_combined_page
+from nvfp4compat.kernels.layout import normalize_cache, nvfp4_full_dim, split_combined_page
 
 __all__ = [
     "CACHE_LAYOUTS",
@@ -69,6 +74,7 @@ def attention_reference(
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
+    key_valid: Sequence[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float32 attention over per-request dense K/V.
 
@@ -84,21 +90,27 @@ def attention_reference(
         Softmax scale applied to ``q . k``.
     causal, sliding_window, logits_soft_cap, sinks
         As in the module docstring; ``sinks`` is float32 ``[num_qo_heads]``.
+    key_valid : sequence of torch.Tensor, optional
+        One bool ``[seq_len_b]`` per request: keys marked False are invisible to every query.
 
     Returns
     -------
     (out, lse) : tuple of torch.Tensor
         float32 ``[num_tokens, num_qo_heads, head_dim]`` and float32 ``[num_tokens, num_qo_heads]``.
     """
-    qsl = [int(x) for x in query_start_loc.tolist()]
     num_tokens, hq, head_dim = query.shape
+    qsl = [min(max(int(x), 0), num_tokens) for x in query_start_loc.tolist()]
     out = torch.zeros(num_tokens, hq, head_dim, dtype=torch.float32, device=query.device)
     lse = torch.full((num_tokens, hq), float("-inf"), dtype=torch.float32, device=query.device)
+    if any(b < a for a, b in zip(qsl, qsl[1:], strict=False)):
+        return out, lse  # decreasing entries: no request runs
     for b in range(len(qsl) - 1):
         q0, q1 = qsl[b], qsl[b + 1]
         if q1 <= q0:
             continue
         k, v = keys[b].float(), values[b].float()
+        if key_valid is not None:  # an invisible key contributes nothing, even a NaN value
+            v = torch.where(key_valid[b].to(v.device)[:, None, None], v, 0.0)
         seq_len, hkv, _ = k.shape
         group = hq // hkv
         q = query[q0:q1].float()  # [q_len, hq, d]
@@ -115,6 +127,8 @@ def attention_reference(
             visible &= kpos <= pos
         if sliding_window is not None:
             visible &= kpos > pos - sliding_window
+        if key_valid is not None:
+            visible &= key_valid[b].to(q.device)[None, :]
         s = s.masked_fill(~visible[None], float("-inf"))
         if sinks is not None:
             sink = sinks.float().to(q.device)[:, None, None].expand(hq, q_len, 1)
@@ -154,14 +168,19 @@ def paged_attention_reference(
     ``docs/architecture.md``; returns float32 ``(out [num_tokens, num_qo_heads, head_dim],
     lse [num_tokens, num_qo_heads])``.
     """
-    keys, values = [], []
+    views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
+    max_kv = block_table.shape[1] * views.page_size
+    keys, values, valid = [], [], []
     for b in range(block_table.shape[0]):
-        n = int(seq_lens[b])
+        n = min(max(int(seq_lens[b]), 0), max_kv)
+        row = block_table[b]
+        ok = (row >= 0) & (row < views.num_pages)
         k, v = codec.gather_dequantized(
-            paged_kv_cache, kv_cache_sf, block_table[b], n, k_scale, v_scale, kv_layout
+            paged_kv_cache, kv_cache_sf, torch.where(ok, row, 0), n, k_scale, v_scale, kv_layout
         )
         keys.append(k)
         values.append(v)
+        valid.append(ok[torch.arange(n, device=row.device) // views.page_size])
     return attention_reference(
         query,
         keys,
@@ -172,6 +191,7 @@ def paged_attention_reference(
         sliding_window=sliding_window,
         logits_soft_cap=logits_soft_cap,
         sinks=sinks,
+        key_valid=valid,
     )
 
 

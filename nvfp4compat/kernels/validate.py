@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from nvfp4compat.kernels.layout import CacheViews, check_scale
+from nvfp4compat.kernels.layout import FP32_MAX, FP32_MIN_NORMAL, CacheViews, check_scale
 
 __all__ = [
     "INPUT_DTYPES",
@@ -27,12 +27,16 @@ __all__ = [
     "sm_count",
     "tensor_meta",
     "scale_meta",
+    "METADATA_ENV",
+    "metadata_checks_on",
+    "check_metadata_values",
 ]
 
 INPUT_DTYPES = (torch.float16, torch.bfloat16)
 # The kernels index slots, rows and pages with 32-bit integers (byte offsets are 64-bit).
 MAX_INDEX = 2**31 - 1
-_INF = float("inf")
+# Debug mode: read the device metadata on the host before each launch (a sync) and name bad entries.
+METADATA_ENV = "NVFP4COMPAT_CHECK_METADATA"
 
 
 @functools.lru_cache(maxsize=16)
@@ -45,18 +49,20 @@ def sm_count(device: torch.device) -> int:
 
 def tensor_meta(t: torch.Tensor) -> tuple:
     """A tensor's metadata as a hashable key part (dtype, shape, strides, device index): what the
-    launch caches of the kernels' host paths key on, read without creating device objects."""
-    return (t.dtype, t.shape, t.stride(), t.get_device())
+    launch caches of the kernels' host paths key on. The device itself, not ``get_device()``: that is
+    -1 for both a CPU and a meta tensor, and 0 for both cuda:0 and xpu:0."""
+    return (t.dtype, t.shape, t.stride(), t.device)
 
 
 def scale_meta(x: Any) -> object:
-    """Key part of a global scale for those caches: ``float`` for a positive finite Python float, the
-    metadata of a tensor, or None (an int, a non-finite or non-positive value, anything else: such
-    calls take the validating path, which converts or rejects them)."""
+    """Key part of a global scale for those caches: ``float`` for a Python float that is a positive
+    normal fp32 number, the metadata of a tensor, or None (an int, a NumPy number, a value outside
+    fp32's normal range, anything else: such calls take the validating path, which converts or
+    rejects them)."""
     if type(x) is float:
-        return float if 0.0 < x < _INF else None
+        return float if FP32_MIN_NORMAL <= x <= FP32_MAX else None
     if type(x) is torch.Tensor:
-        return (x.dtype, x.numel(), x.get_device())
+        return (x.dtype, x.numel(), x.device)
     return None
 
 
@@ -268,3 +274,81 @@ def check_dequant_inputs(
             raise ValueError(f"{name} is on {t.device}, the cache is on {device}")
     if max_seq_len * heads > MAX_INDEX:
         raise ValueError(f"max_seq_len x heads = {max_seq_len * heads} exceeds {MAX_INDEX}")
+
+
+def metadata_checks_on() -> bool:
+    """Whether ``NVFP4COMPAT_CHECK_METADATA`` asks for the host-side metadata checks (debug mode:
+    ``1``, ``true``, ``on`` or ``yes``). Read on every call, so a test or a session can switch it."""
+    return os.environ.get(METADATA_ENV, "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def _first_bad(bad: torch.Tensor) -> tuple[int, ...] | None:
+    idx = bad.nonzero()
+    return None if idx.shape[0] == 0 else tuple(int(i) for i in idx[0].tolist())
+
+
+def check_metadata_values(
+    op: str,
+    *,
+    num_pages: int,
+    page_size: int,
+    block_table: torch.Tensor | None = None,
+    seq_lens: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+    query_start_loc: torch.Tensor | None = None,
+    num_tokens: int | None = None,
+    min_seq_len: int = 0,
+    slot_mapping: torch.Tensor | None = None,
+) -> None:
+    """Debug mode (``NVFP4COMPAT_CHECK_METADATA=1``): check the metadata *values* on the host.
+
+    The kernels never read or write outside their tensors whatever these values are (they clamp and
+    mask: the semantics are in :mod:`nvfp4compat.kernels.reference_attention`'s docstring), but a
+    caller's bug then shows as quietly wrong attention. This
+    reads the tensors (a host sync: never inside CUDA-graph capture) and raises
+    :class:`~nvfp4compat.kernels.errors.KernelInputError` naming the first bad entry: a
+    ``seq_lens`` entry below ``min_seq_len`` or beyond what its block-table row covers (or beyond
+    ``max_seq_len``), a block-table entry a request reads that is outside ``[0, num_pages)``, a
+    ``query_start_loc`` that does not start at 0, decreases or passes ``num_tokens``, a slot past the
+    cache (negative slots are padding and allowed).
+    """
+    from nvfp4compat.kernels.errors import KernelInputError
+
+    def fail(arg: str, where: tuple[int, ...], value: int, need: str) -> None:
+        at = "[" + ", ".join(str(i) for i in where) + "]"
+        raise KernelInputError(
+            f"{op}: {arg}{at} = {value} {need}; the kernels would clamp or skip it and compute "
+            f"something else than meant. Fix the caller's metadata (checked because {METADATA_ENV}=1)"
+        )
+
+    if slot_mapping is not None:
+        slots = slot_mapping.detach().to("cpu", torch.int64)
+        num_slots = num_pages * page_size
+        at = _first_bad(slots >= num_slots)
+        if at is not None:
+            fail("slot_mapping", at, int(slots[at]), f"is past the cache's {num_slots} slots")
+    if query_start_loc is not None and num_tokens is not None:
+        qsl = query_start_loc.detach().to("cpu", torch.int64)
+        if qsl.numel() and int(qsl[0]) != 0:
+            fail("query_start_loc", (0,), int(qsl[0]), "must be 0")
+        at = _first_bad(qsl[1:] < qsl[:-1])
+        if at is not None:
+            i = at[0] + 1
+            fail("query_start_loc", (i,), int(qsl[i]), f"is below the entry before it ({int(qsl[i - 1])})")
+        at = _first_bad(qsl > num_tokens)
+        if at is not None:
+            fail("query_start_loc", at, int(qsl[at]), f"is past the {num_tokens} query rows")
+    if seq_lens is None or block_table is None:
+        return
+    sl = seq_lens.detach().to("cpu", torch.int64)
+    bt = block_table.detach().to("cpu", torch.int64)
+    cover = bt.shape[1] * page_size
+    limit = cover if max_seq_len is None else min(cover, max_seq_len)
+    at = _first_bad((sl < min_seq_len) | (sl > limit))
+    if at is not None:
+        fail("seq_lens", at, int(sl[at]), f"is outside [{min_seq_len}, {limit}] (what the block-table row covers)")
+    pages_used = (sl.clamp(0, limit) + page_size - 1) // page_size
+    used = torch.arange(bt.shape[1])[None, :] < pages_used[:, None]
+    at = _first_bad(used & ((bt < 0) | (bt >= num_pages)))
+    if at is not None:
+        fail("block_table", at, int(bt[at]), f"is outside [0, {num_pages}) (the cache's pages)")

@@ -23,7 +23,7 @@ import pytest
 
 from nvfp4compat.kernels.aot import DEFAULT_CCS, AotReport
 
-KERNELS = ("attention_decode", "attention_decode_reduce", "attention_prefill")
+KERNELS = ("attention_decode", "attention_decode_reduce", "attention_prefill", "attention_qsl_guard")
 
 # (kernel, variant label, targets): what every CI run builds.
 CORE = [
@@ -35,6 +35,8 @@ CORE = [
     # patterns, SM80+)
     ("attention_decode", "bf16-d128-table", DEFAULT_CCS),
     ("attention_prefill", "bf16-d128-table", (80, 90)),
+    # prefill's query_start_loc guard
+    ("attention_qsl_guard", "bf16-d128-lse", (80, 90)),
 ]
 
 _CHILD = r"""

@@ -34,7 +34,6 @@ int32 error flag, read by :func:`check_scale_errors`.
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,13 +41,16 @@ import torch
 import triton
 import triton.language as tl
 
+from nvfp4compat.kernels.errors import SCALE_BITS, KernelInputError, error_flag, read_errors
 from nvfp4compat.kernels.layout import normalize_cache, split_combined_page
 from nvfp4compat.kernels.triton import nvfp4
 from nvfp4compat.kernels.validate import (
     MAX_INDEX,
     check_append_inputs,
+    check_metadata_values,
     default_fast_math,
     interpreting,
+    metadata_checks_on,
     resolve_scale,
     scale_meta,
     sm_count,
@@ -323,7 +325,7 @@ def pick_config(n_rows: int, head_dim: int) -> AppendConfig:
     return CONFIG_BY_NAME["b512w8p8"]
 
 
-class ScaleError(ValueError):
+class ScaleError(KernelInputError):
     """A device-side global scale was not finite or not > 0 (see :func:`check_scale_errors`)."""
 
 
@@ -344,50 +346,29 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-_flags: dict[torch.device, torch.Tensor] = {}
-_flags_lock = threading.Lock()
-
-
 def scale_error_flag(device: torch.device | str) -> torch.Tensor:
     """The per-device int32 error flag ``[1]`` the writer sets on a bad device scale (bit 0 K, bit 1 V).
 
-    Allocated (zeroed) on first use. Call it once, or run one eager write, before capturing a CUDA
-    graph: a flag first allocated during capture is zeroed by the graph itself at each replay.
+    The kernels' shared flag (:func:`nvfp4compat.kernels.errors.error_flag`), allocated (zeroed) on
+    first use. Call it once, or run one eager write, before capturing a CUDA graph: a flag first
+    allocated during capture is zeroed by the graph itself at each replay.
     """
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    flag = _flags.get(device)
-    if flag is None:
-        with _flags_lock:
-            flag = _flags.get(device)
-            if flag is None:
-                flag = torch.zeros(1, dtype=torch.int32, device=device)
-                _flags[device] = flag
-    return flag
+    return error_flag(device)
 
 
 def check_scale_errors(device: torch.device | str | None = None, *, reset: bool = True) -> None:
     """Raise :class:`ScaleError` if a writer launch on ``device`` saw a bad device-tensor scale.
 
-    Reads the flag of :func:`scale_error_flag` (a host sync: call it where a sync is acceptable, e.g.
-    after a step or in tests), then clears it when ``reset``. ``device=None`` checks every device
-    the writer has used.
+    Reads the writer's two bits of :func:`scale_error_flag` (a host sync: call it where a sync is
+    acceptable, e.g. after a step or in tests), then clears them when ``reset``. ``device=None``
+    checks every device used so far. :func:`nvfp4compat.kernels.errors.check_errors` reports these
+    bits and those of the other kernels.
     """
-    devices = list(_flags) if device is None else [torch.device(device)]
+    found = read_errors(device, bits=SCALE_BITS, reset=reset)
     bad = []
-    for dev in devices:
-        flag = _flags.get(dev)
-        if flag is None and dev.type == "cuda" and dev.index is None:
-            flag = _flags.get(torch.device("cuda", torch.cuda.current_device()))
-        if flag is None:
-            continue
-        bits = int(flag.item())
-        if reset and bits:
-            flag.zero_()
-        if bits:
-            names = [n for b, n in ((1, "k_scale"), (2, "v_scale")) if bits & b]
-            bad.append(f"{dev}: {' and '.join(names)}")
+    for dev, bits in found.items():
+        names = [n for b, n in ((1, "k_scale"), (2, "v_scale")) if bits & b]
+        bad.append(f"{dev}: {' and '.join(names)}")
     if bad:
         raise ScaleError(
             "NVFP4 KV write saw a device global scale that is not finite or not > 0 "
@@ -417,7 +398,9 @@ def _sig(x) -> tuple:
     if isinstance(x, torch.Tensor):
         return (x.dtype, x.shape, x.stride(), x.device)
     if isinstance(x, (tuple, list)):
-        return (type(x), *(_sig(e) for e in x))
+        # K and V sharing memory is refused: it is part of the signature
+        alias = len(x) == 2 and all(isinstance(e, torch.Tensor) for e in x) and x[0].data_ptr() == x[1].data_ptr()
+        return (type(x), alias, *(_sig(e) for e in x))
     return (type(x),)
 
 
@@ -518,11 +501,19 @@ def _fast_key(
     if sk is None or sv is None:
         return None  # the validating path converts or rejects such scales
     return (
-        key.dtype, ksh[1], ksh[2], key.stride(), key.get_device(),
-        value.dtype, vsh[1], vsh[2], value.stride(), value.get_device(),
-        slot_mapping.dtype, slot_mapping.dim(), slot_mapping.stride(), slot_mapping.get_device(),
+        key.dtype, ksh[1], ksh[2], key.stride(), key.device,
+        value.dtype, vsh[1], vsh[2], value.stride(), value.device,
+        slot_mapping.dtype, slot_mapping.dim(), slot_mapping.stride(), slot_mapping.device,
         tc, ck, tf, fk, sk, sv, kv_layout, four, interpreting(),
     )  # fmt: skip
+
+
+def _check_flag(nvfp4_4over6: object) -> None:
+    if not isinstance(nvfp4_4over6, bool):
+        raise TypeError(
+            f"nvfp4_4over6 must be True or False, got {nvfp4_4over6!r} ({type(nvfp4_4over6).__name__}); "
+            "a string such as 'no' would otherwise count as true"
+        )
 
 
 def launch_append(
@@ -548,6 +539,7 @@ def launch_append(
     shapes except the row count, strides, devices, scale kinds) is seen; later calls with the same
     signature only check the row count and the values of Python-number scales, then launch.
     """
+    _check_flag(nvfp4_4over6)
     plan = _plan_for(
         key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout
     )
@@ -557,6 +549,11 @@ def launch_append(
         check_append_inputs(
             key, value, slot_mapping, normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
         )
+    if metadata_checks_on():
+        check_metadata_values(
+            "write", num_pages=plan.num_slots // plan.page_size, page_size=plan.page_size,
+            slot_mapping=slot_mapping,
+        )  # fmt: skip
     n_rows = nnz * plan.num_kv_heads
     if n_rows > MAX_INDEX:
         raise ValueError(
@@ -664,10 +661,14 @@ def append_slot_mapping(
 
     head_dim is 64, 128, 256 or 512; any page size; ``num_pages * page_size < 2**31``.
     """
+    if type(nvfp4_4over6) is not bool:
+        _check_flag(nvfp4_4over6)
     fk = _fast_key(
         key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout,
         nvfp4_4over6,
     )  # fmt: skip
+    if fk is not None and metadata_checks_on():
+        fk = None  # debug mode: every call takes the checking path
     ln = _launches.get(fk) if fk is not None else None
     if ln is not None:  # a signature validated before: check the row counts, launch
         nnz = slot_mapping.shape[0]

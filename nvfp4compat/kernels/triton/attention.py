@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,10 +31,13 @@ import torch
 import triton
 import triton.language as tl
 
-from nvfp4compat.kernels.layout import CacheViews, normalize_cache
+from nvfp4compat.kernels.errors import error_flag
+from nvfp4compat.kernels.layout import FP32_MAX, CacheViews, normalize_cache
 from nvfp4compat.kernels.triton import attention_nvfp4 as fp4
 from nvfp4compat.kernels.validate import (
+    check_metadata_values,
     interpreting,
+    metadata_checks_on,
     resolve_scale,
     scale_meta,
     sm_count,
@@ -55,6 +59,10 @@ __all__ = [
 
 _LOG2E = 1.4426950408889634
 _MAX_GRID_YZ = 65535
+_MAX_TOKENS = 2**31 - 1
+# The query_start_loc guard (prefill): rows per program, qsl entries per scan step.
+_GUARD_ROWS = 64
+_GUARD_BLOCK_B = 1024
 
 
 # --------------------------------------------------------------------------------------------------
@@ -124,7 +132,7 @@ def _load_planes(
 def _attend_tile(
     acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos,
     n0, kv_end, window, qk_scale2, softcap_pre, softcap_post,
-    bt_row, page_size, page_shift,
+    bt_row, page_size, page_shift, num_pages,
     k_base, v_base, ks_base, vs_base,
     stride_kp, stride_kt, stride_vp, stride_vt,
     stride_ksp, stride_kst, stride_vsp, stride_vst,
@@ -137,7 +145,8 @@ def _attend_tile(
 
     ``MASKED`` tiles mask keys ``>= kv_end`` and, per row, the causal diagonal (``CAUSAL_ROWS``:
     key ``<= qpos``) and the window (``WINDOW_ROWS``: key ``> qpos - window``); unmasked tiles are
-    known to be fully visible to every row. Logits are kept in the log2 domain.
+    known to be fully visible to every row. Logits are kept in the log2 domain. Keys whose page id
+    is outside ``[0, num_pages)`` are masked on every tile: nothing is read for them.
     """
     DTYPE: tl.constexpr = q_lo.dtype
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -149,13 +158,17 @@ def _attend_tile(
         pidx = offs_n // page_size
         slot = (offs_n % page_size).to(tl.int64)
     if MASKED:
-        page = tl.load(bt_row + pidx, mask=n_ok, other=0).to(tl.int64)
+        page = tl.load(bt_row + pidx, mask=n_ok, other=-1)
     else:
-        page = tl.load(bt_row + pidx).to(tl.int64)
+        page = tl.load(bt_row + pidx)
+    # A page id outside the cache reads nothing: its keys are masked like keys past the end.
+    page_ok = (page >= 0) & (page < num_pages)
+    n_ok = n_ok & page_ok
+    page = tl.where(page_ok, page, 0).to(tl.int64)
 
     k_lo, k_hi = _load_planes(
         k_base, page * stride_kp + slot * stride_kt, ks_base, page * stride_ksp + slot * stride_kst,
-        n_ok, HEAD_DIM, BLOCK_N, MASKED, FAST, DTYPE, SF_WORDS,
+        n_ok, HEAD_DIM, BLOCK_N, True, FAST, DTYPE, SF_WORDS,
     )
     if DOT_FP32:
         s = tl.dot(q_lo.to(tl.float32), tl.trans(k_lo.to(tl.float32)))
@@ -168,8 +181,8 @@ def _attend_tile(
         y = s * softcap_pre
         t = 1.0 - 2.0 / (tl.exp2(y * 2.8853900817779268) + 1.0)
         s = t * softcap_post
+    s = tl.where(n_ok[None, :], s, float("-inf"))
     if MASKED:
-        s = tl.where(n_ok[None, :], s, float("-inf"))
         if CAUSAL_ROWS:
             s = tl.where(offs_n[None, :] <= qpos[:, None], s, float("-inf"))
         if WINDOW_ROWS:
@@ -191,7 +204,7 @@ def _attend_tile(
 
     v_lo, v_hi = _load_planes(
         v_base, page * stride_vp + slot * stride_vt, vs_base, page * stride_vsp + slot * stride_vst,
-        n_ok, HEAD_DIM, BLOCK_N, MASKED, FAST, DTYPE, SF_WORDS,
+        n_ok, HEAD_DIM, BLOCK_N, True, FAST, DTYPE, SF_WORDS,
     )
     p16 = p.to(DTYPE)
     if DOT_FP32:
@@ -209,7 +222,7 @@ def _attend_range(
     acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos,
     kv_lo, kv_hi, t_begin, t_end, n_mask_lo, n_full_end,
     window, qk_scale2, softcap_pre, softcap_post,
-    bt_row, page_size, page_shift,
+    bt_row, page_size, page_shift, num_pages,
     k_base, v_base, ks_base, vs_base,
     stride_kp, stride_kt, stride_vp, stride_vt,
     stride_ksp, stride_kst, stride_vsp, stride_vst,
@@ -227,7 +240,8 @@ def _attend_range(
     for i in range(t_begin, a_end):
         acc_lo, acc_hi, m_i, l_i = _attend_tile(
             acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos, kv_lo + i * BLOCK_N, kv_hi, window,
-            qk_scale2, softcap_pre, softcap_post, bt_row, page_size, page_shift, k_base, v_base, ks_base, vs_base,
+            qk_scale2, softcap_pre, softcap_post, bt_row, page_size, page_shift, num_pages,
+            k_base, v_base, ks_base, vs_base,
             stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
             HEAD_DIM, BLOCK_N, True, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_WORDS,
         )
@@ -236,7 +250,8 @@ def _attend_range(
     for i in range(b_begin, b_end):
         acc_lo, acc_hi, m_i, l_i = _attend_tile(
             acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos, kv_lo + i * BLOCK_N, kv_hi, window,
-            qk_scale2, softcap_pre, softcap_post, bt_row, page_size, page_shift, k_base, v_base, ks_base, vs_base,
+            qk_scale2, softcap_pre, softcap_post, bt_row, page_size, page_shift, num_pages,
+            k_base, v_base, ks_base, vs_base,
             stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
             HEAD_DIM, BLOCK_N, False, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_WORDS,
         )
@@ -244,7 +259,8 @@ def _attend_range(
     for i in range(c_begin, t_end):
         acc_lo, acc_hi, m_i, l_i = _attend_tile(
             acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos, kv_lo + i * BLOCK_N, kv_hi, window,
-            qk_scale2, softcap_pre, softcap_post, bt_row, page_size, page_shift, k_base, v_base, ks_base, vs_base,
+            qk_scale2, softcap_pre, softcap_post, bt_row, page_size, page_shift, num_pages,
+            k_base, v_base, ks_base, vs_base,
             stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
             HEAD_DIM, BLOCK_N, True, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_WORDS,
         )
@@ -332,7 +348,7 @@ def _request_tiles(
     hostile value wraps: the work split and the tile loop agree for any metadata.
     """
     seq_len = tl.load(seq_lens_ptr + bs, mask=ok, other=0).to(tl.int64)
-    seq_len = tl.maximum(seq_len, 0)
+    seq_len = tl.minimum(tl.maximum(seq_len, 0), max_kv)
     if VARLEN:
         q0 = tl.minimum(tl.maximum(tl.load(qsl_ptr + bs, mask=ok, other=0), 0), num_tokens)
         q1 = tl.minimum(tl.maximum(tl.load(qsl_ptr + bs + 1, mask=ok, other=0), q0), num_tokens)
@@ -394,6 +410,7 @@ def _decode_kernel(
     HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr, BATCH_BLOCK: tl.constexpr,
     K_SCALE_PTR: tl.constexpr, V_SCALE_PTR: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
     DATA_ALIGN: tl.constexpr, SF_ALIGN: tl.constexpr, PAGE_POW2: tl.constexpr,
+    num_pages, status_ptr,
 ):
     """Length-balanced split-KV decode: program (work chunk ``c``, kv head) over ``G * QMAX`` rows.
 
@@ -411,9 +428,17 @@ def _decode_kernel(
 
     ``VARLEN``: the request's queries are ``qsl[b]..qsl[b+1]`` (requests with more than ``QMAX`` or no
     query tokens get no tiles: the prefill kernel owns them); otherwise ``QMAX`` rows per request.
+
+    Metadata is never trusted: ``seq_lens[b]`` is clamped to ``[0, max_pages * page_size]`` (what
+    the block-table row covers), page ids outside ``[0, num_pages)`` read nothing
+    (:func:`_attend_tile`), and with ``VARLEN`` the ``qsl`` entries are clamped to ``[0, num_tokens]``
+    and every program returns when :func:`_qsl_guard_kernel` found them decreasing (``status_ptr``).
     """
     c = tl.program_id(0)
     kvh = tl.program_id(1)
+    if VARLEN:  # noqa: SIM102 (VARLEN is a constexpr: the load exists only in VARLEN builds)
+        if tl.load(status_ptr) != 0:  # decreasing qsl: the guard kernel zeroed every row
+            return
     max_kv = max_pages.to(tl.int64) * page_size
     total = _total_tiles(batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                          BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
@@ -442,7 +467,8 @@ def _decode_kernel(
     if b < 0:
         return
 
-    seq_len = tl.maximum(tl.load(seq_lens_ptr + b).to(tl.int64), 0)
+    # clamped to the row as in _request_tiles: the query positions move with it, as in the reference
+    seq_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b).to(tl.int64), 0), max_kv)
     if VARLEN:
         q_start = tl.minimum(tl.maximum(tl.load(qsl_ptr + b), 0), num_tokens)
         q_len = tl.minimum(tl.maximum(tl.load(qsl_ptr + b + 1), q_start), num_tokens) - q_start
@@ -492,7 +518,7 @@ def _decode_kernel(
         kv_lo, kv_hi, t_begin.to(tl.int32), t_end.to(tl.int32), n_mask_lo.to(tl.int32),
         n_full_end.to(tl.int32),
         window, qk_scale2, softcap_pre, softcap_post,
-        bt_ptr + b.to(tl.int64) * stride_bt, page_size, page_shift,
+        bt_ptr + b.to(tl.int64) * stride_bt, page_size, page_shift, num_pages,
         k_ptr + kvh * (stride_kh * DATA_ALIGN), v_ptr + kvh * (stride_vh * DATA_ALIGN),
         ks_ptr + kvh * (stride_ksh * SF_ALIGN), vs_ptr + kvh * (stride_vsh * SF_ALIGN),
         stride_kp * DATA_ALIGN, stride_kt * DATA_ALIGN, stride_vp * DATA_ALIGN, stride_vt * DATA_ALIGN,
@@ -528,6 +554,7 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
     BLOCK_H: tl.constexpr, BATCH_BLOCK: tl.constexpr,
+    status_ptr,
 ):
     """Merge the chunks of rows ``(b * QMAX + t)`` for ``BLOCK_H`` query heads per program.
 
@@ -541,7 +568,9 @@ def _decode_reduce_kernel(
     hb = tl.program_id(1)
     b = row // QMAX
     t = row % QMAX
-    if VARLEN:
+    if VARLEN:  # the decode kernel's clamps, so both agree on which rows exist
+        if tl.load(status_ptr) != 0:
+            return
         q_start = tl.minimum(tl.maximum(tl.load(qsl_ptr + b), 0), num_tokens)
         q_len = tl.minimum(tl.maximum(tl.load(qsl_ptr + b + 1), q_start), num_tokens) - q_start
     else:
@@ -600,6 +629,62 @@ def _decode_reduce_kernel(
 
 
 @triton.jit
+def _qsl_guard_kernel(
+    qsl_ptr, seq_lens_ptr, status_ptr, err_ptr, o_ptr, lse_ptr,
+    batch, num_tokens, num_qo_heads, max_kv, stride_ot, stride_oh, stride_lt,
+    HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_B: tl.constexpr, RETURN_LSE: tl.constexpr,
+):
+    """Check ``query_start_loc`` and write the rows it does not cover (prefill, before the attention
+    kernels; no host sync).
+
+    Every program scans the clamped entries ``c[b] = clamp(qsl[b], 0, num_tokens)``. When they never
+    decrease, request ``b`` owns rows ``[c[b], c[b+1])`` and the rows outside ``[c[0], c[batch])`` (a
+    padded batch's tail) belong to nobody: program ``p`` writes zeros (LSE ``-inf``) to those of its
+    ``ROWS`` rows. When they decrease, requests would overlap or leave holes: every row is written
+    that way, ``status`` is set and the attention kernels do nothing. Program 0 writes ``status`` and
+    ORs into the error flag what it found (:mod:`nvfp4compat.kernels.errors`): decreasing entries (4),
+    entries outside ``[0, num_tokens]`` (8), ``seq_lens`` outside ``[0, max_kv]`` (16).
+    """
+    pid = tl.program_id(0)
+    dec = tl.zeros((), dtype=tl.int32)
+    oob = tl.zeros((), dtype=tl.int32)
+    for start in range(0, batch + 1, BLOCK_B):
+        offs = start + tl.arange(0, BLOCK_B)
+        m = offs <= batch
+        raw = tl.load(qsl_ptr + offs, mask=m, other=0)
+        c = tl.minimum(tl.maximum(raw, 0), num_tokens)
+        prev = tl.load(qsl_ptr + offs - 1, mask=m & (offs > 0), other=0)
+        prev = tl.minimum(tl.maximum(prev, 0), num_tokens)
+        dec += tl.sum((m & (offs > 0) & (c < prev)).to(tl.int32))
+        oob += tl.sum((m & (c != raw)).to(tl.int32))
+    bad = dec > 0
+    c0 = tl.minimum(tl.maximum(tl.load(qsl_ptr), 0), num_tokens)
+    c_end = tl.minimum(tl.maximum(tl.load(qsl_ptr + batch), 0), num_tokens)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    covered = (rows >= c0) & (rows < c_end) & (dec == 0)
+    fill = (rows < num_tokens) & (covered == 0)
+    if tl.sum(fill.to(tl.int32)) > 0:
+        offs_d = tl.arange(0, HEAD_DIM)
+        zeros = tl.zeros((ROWS, HEAD_DIM), dtype=o_ptr.dtype.element_ty)
+        for h in range(num_qo_heads):
+            o_row = o_ptr + rows.to(tl.int64) * stride_ot + h * stride_oh
+            tl.store(o_row[:, None] + offs_d[None, :], zeros, mask=fill[:, None])
+            if RETURN_LSE:
+                tl.store(lse_ptr + rows.to(tl.int64) * stride_lt + h,
+                         tl.full((ROWS,), float("-inf"), tl.float32), mask=fill)
+    if pid == 0:
+        sl_bad = tl.zeros((), dtype=tl.int32)
+        for start in range(0, batch, BLOCK_B):
+            offs = start + tl.arange(0, BLOCK_B)
+            sl = tl.load(seq_lens_ptr + offs, mask=offs < batch, other=0)
+            sl_bad += tl.sum(((offs < batch) & ((sl < 0) | (sl > max_kv))).to(tl.int32))
+        tl.store(status_ptr, bad.to(tl.int32))
+        bits = tl.where(bad, 4, 0) | tl.where(oob > 0, 8, 0) | tl.where(sl_bad > 0, 16, 0)
+        if bits != 0:
+            tl.atomic_or(err_ptr, bits)
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr, o_ptr, lse_ptr,
     k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,
@@ -614,31 +699,36 @@ def _prefill_kernel(
     HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
     K_SCALE_PTR: tl.constexpr, V_SCALE_PTR: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
     DATA_ALIGN: tl.constexpr, SF_ALIGN: tl.constexpr, PAGE_POW2: tl.constexpr,
+    num_pages, max_kv, num_tokens, status_ptr,
 ):
     """Varlen prefill: program (query tile, kv head); tile = ``block_q`` tokens x ``group`` heads.
 
     Request ``b``'s tiles are numbered from ``qsl[b] // block_q + b`` (no prefix sum needed); the
     program finds its request by binary search. Requests with fewer than ``min_q_len`` query tokens
-    are left to the decode kernel.
+    are left to the decode kernel. Metadata is clamped as in :func:`_decode_kernel`: ``qsl`` entries
+    to ``[0, num_tokens]`` (nothing runs when :func:`_qsl_guard_kernel` found them decreasing),
+    ``seq_lens`` to ``[0, max_kv]``, page ids outside ``[0, num_pages)`` read nothing.
     """
+    if tl.load(status_ptr) != 0:  # decreasing qsl: the guard kernel zeroed every row
+        return
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     lo = pid * 0
     hi = batch - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        start_mid = tl.load(qsl_ptr + mid) // block_q + mid
+        start_mid = tl.minimum(tl.maximum(tl.load(qsl_ptr + mid), 0), num_tokens) // block_q + mid
         go_up = start_mid <= pid
         lo = tl.where(go_up, mid, lo)
         hi = tl.where(go_up, hi, mid - 1)
     b = lo
-    q_start = tl.load(qsl_ptr + b)
-    q_len = tl.load(qsl_ptr + b + 1) - q_start
+    q_start = tl.minimum(tl.maximum(tl.load(qsl_ptr + b), 0), num_tokens)
+    q_len = tl.minimum(tl.maximum(tl.load(qsl_ptr + b + 1), q_start), num_tokens) - q_start
     tile = pid - (q_start // block_q + b)
     q0 = tile * block_q
-    if (q0 >= q_len) | (q_len < min_q_len):
+    if (q0 < 0) | (q0 >= q_len) | (q_len < min_q_len):
         return
-    seq_len = tl.load(seq_lens_ptr + b)
+    seq_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), max_kv)
 
     offs_m = tl.arange(0, BLOCK_M)
     t = offs_m // group
@@ -677,7 +767,7 @@ def _prefill_kernel(
         acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos,
         kv_lo, kv_hi, 0, n_tiles, n_mask_lo, n_full_end,
         window, qk_scale2, softcap_pre, softcap_post,
-        bt_ptr + b.to(tl.int64) * stride_bt, page_size, page_shift,
+        bt_ptr + b.to(tl.int64) * stride_bt, page_size, page_shift, num_pages,
         k_ptr + kvh * (stride_kh * DATA_ALIGN), v_ptr + kvh * (stride_vh * DATA_ALIGN),
         ks_ptr + kvh * (stride_ksh * SF_ALIGN), vs_ptr + kvh * (stride_vsh * SF_ALIGN),
         stride_kp * DATA_ALIGN, stride_kt * DATA_ALIGN, stride_vp * DATA_ALIGN, stride_vt * DATA_ALIGN,
@@ -939,8 +1029,24 @@ def _check_common(
         raise ValueError(f"{name}: batch {block_table.shape[0]} exceeds the {_MAX_GRID_YZ}-request launch limit")
     k_scale = resolve_scale(k_scale, "k_scale", device)
     v_scale = resolve_scale(v_scale, "v_scale", device)
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
         raise TypeError(f"{name}: sm_scale must be a finite Python number, got {sm_scale!r}")
+    if not (0.0 < float(sm_scale) <= FP32_MAX):
+        raise ValueError(
+            f"{name}: sm_scale must be finite and > 0 (at most the fp32 maximum {FP32_MAX:.6g}), got "
+            f"{sm_scale!r}; the usual value is head_dim ** -0.5"
+        )
+    # The kernels fold the global scales into fp32 factors (with up to 2^8 for the fp16 decoders):
+    # the products must stay finite, or every output is NaN.
+    for arg, prod in (
+        ("sm_scale * k_scale", float(sm_scale) * _LOG2E * k_scale if not isinstance(k_scale, torch.Tensor) else 0.0),
+        ("v_scale", v_scale if not isinstance(v_scale, torch.Tensor) else 0.0),
+    ):
+        if prod * 256.0 > FP32_MAX:
+            raise ValueError(
+                f"{name}: {arg} = {prod:.6g} overflows the kernels' fp32 scale factors (must be at most "
+                f"{FP32_MAX / 256:.6g}); rescale the cache's global scales"
+            )
     window = 0
     if sliding_window is not None:
         if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
@@ -1020,6 +1126,11 @@ def _page_shift(page_size: int) -> int:
     return page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
 
 
+def _max_kv(block_table: torch.Tensor, page_size: int) -> int:
+    """Keys a block-table row covers (``max_pages * page_size``, capped to int32)."""
+    return min(block_table.shape[1] * page_size, 2**31 - 1)
+
+
 def _cache_launch(views: CacheViews) -> _CacheLaunch:
     k_sf = views.k_sf.view(torch.uint8)
     v_sf = views.v_sf.view(torch.uint8)
@@ -1067,6 +1178,7 @@ class _DecodeLaunch:
     strides: tuple[int, ...]
     data_align: int
     sf_align: int
+    num_pages: int  # page ids outside [0, num_pages) read nothing
 
 
 def _decode_launch(
@@ -1093,6 +1205,7 @@ def _decode_launch(
         sm_scale_log2=a.sm_scale_log2, softcap=a.softcap, window=a.window,
         has_sinks=a.sinks is not None, return_lse=a.lse is not None,
         strides=tuple(cl.strides), data_align=cl.data_align, sf_align=cl.sf_align,
+        num_pages=views.num_pages,
     )  # fmt: skip
 
 
@@ -1104,14 +1217,16 @@ def _launch_decode_path(
     qsl: torch.Tensor | None,
     qmax: int,
     causal: bool,
+    status: torch.Tensor | None = None,
 ) -> _DecodeLaunch:
     """Launch the split-KV decode kernel (+ merge) for ``batch`` requests of at most ``qmax`` rows;
-    returns what the launch derived (``decode()`` caches it)."""
+    returns what the launch derived (``decode()`` caches it). ``status``: the guard kernel's word
+    (with ``qsl``)."""
     cl = _cache_launch(a.views)
     d = _decode_launch(a, query, block_table, qmax, cl)
     _run_decode(
         d, query, a.out, a.lse, cl.tensors, block_table, seq_lens, qsl, a.sinks, a.k_scale,
-        a.v_scale, causal,
+        a.v_scale, causal, status,
     )  # fmt: skip
     return d
 
@@ -1129,6 +1244,7 @@ def _run_decode(
     k_scale: float | torch.Tensor,
     v_scale: float | torch.Tensor,
     causal: bool,
+    status: torch.Tensor | None = None,
 ) -> None:
     """The launches of one decode call, from its :class:`_DecodeLaunch` and the call's tensors."""
     batch = block_table.shape[0]
@@ -1139,6 +1255,8 @@ def _run_decode(
     lse_arg = lse if lse is not None else out
     sinks_arg = sinks if sinks is not None else out
     qsl_arg = qsl if qsl is not None else seq_lens
+    status_arg = status if status is not None else seq_lens  # read only with VARLEN
+    num_tokens = query.shape[0]
     page_shift = _page_shift(d.page_size)
     softcap = d.softcap if d.softcap else 1.0
     _decode_kernel[(d.chunks, d.num_kv_heads)](
@@ -1146,7 +1264,7 @@ def _run_decode(
         *cache, block_table, seq_lens, qsl_arg, sinks_arg,
         k_scale, v_scale, d.sm_scale_log2, softcap, d.window,
         batch, d.programs, d.min_tiles, d.group, d.num_qo_heads, d.page_size, page_shift, d.max_pages,
-        query.shape[0],
+        num_tokens,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), d.num_qo_heads,
         *d.strides, block_table.stride(0),
         HEAD_DIM=d.head_dim, BLOCK_M=d.block_m, BLOCK_N=d.cfg.block_n, QMAX=qmax,
@@ -1154,6 +1272,7 @@ def _run_decode(
         HAS_SOFTCAP=d.softcap > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse,
         BATCH_BLOCK=d.batch_block, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr, FAST=d.fast,
         DOT_FP32=d.dot_fp32, DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
+        num_pages=d.num_pages, status_ptr=status_arg,
         num_warps=d.cfg.num_warps, num_stages=d.cfg.num_stages, maxnreg=d.cfg.maxnreg,
     )  # fmt: skip
     block_h = min(triton.next_power_of_2(d.num_qo_heads), max(1, 4096 // d.head_dim))
@@ -1163,7 +1282,7 @@ def _run_decode(
         d.num_qo_heads, out.stride(0), out.stride(1), d.num_qo_heads,
         HEAD_DIM=d.head_dim, BLOCK_N=d.cfg.block_n, QMAX=qmax, VARLEN=qsl is not None,
         HAS_WINDOW=d.window > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse, BLOCK_H=block_h,
-        BATCH_BLOCK=d.batch_block, num_warps=4,
+        BATCH_BLOCK=d.batch_block, status_ptr=status_arg, num_warps=4,
     )  # fmt: skip
 
 
@@ -1186,8 +1305,10 @@ def _cache_pair(arg) -> tuple[tuple, torch.Tensor, torch.Tensor] | None:
             return None
     else:
         return None
-    # base-address alignment is part of the signature: it picks the kernel's vector widths
-    return (t, tensor_meta(k), tensor_meta(v), k.data_ptr() % 16, v.data_ptr() % 16), k, v
+    # base-address alignment is part of the signature: it picks the kernel's vector widths; K and V
+    # sharing memory is refused by the validating path, so it must never match a cached signature
+    kp, vp = k.data_ptr(), v.data_ptr()
+    return (t, tensor_meta(k), tensor_meta(v), kp % 16, vp % 16, kp == vp), k, v
 
 
 def _opt_meta(t) -> object:
@@ -1200,6 +1321,16 @@ def _knobs() -> tuple:
         SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
         tuple(_DECODE_CONFIGS.items()), tuple(sorted(_overrides.items())), interpreting(),
     )  # fmt: skip
+
+
+def _float_scales_fit(k_scale: object, v_scale: object, sm_scale_log2: float) -> bool:
+    """Whether Python-float scales keep the kernels' fp32 factors finite (``_check_common``'s rule;
+    tensor scales are read on the device). False sends the call to the validating path."""
+    lim = FP32_MAX / 256.0
+    return not (
+        (type(k_scale) is float and k_scale * sm_scale_log2 > lim)
+        or (type(v_scale) is float and v_scale > lim)
+    )
 
 
 def _result(a: _Args) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -1245,13 +1376,16 @@ def decode(
     kv_cache_sf : tuple of torch.Tensor or torch.Tensor
         float8_e4m3fn (or uint8) block scales, same structure, last dim ``head_dim/16``.
     block_table : torch.Tensor
-        int32 ``[batch, max_pages]``; entries past a request's last page are never read.
+        int32 ``[batch, max_pages]``; entries past a request's last page are never read; an entry
+        outside ``[0, num_pages)`` reads nothing (its keys are masked, as if absent).
     seq_lens : torch.Tensor
-        int32 ``[batch]``: KV length including the new tokens (``>= q_len_per_req``).
+        int32 ``[batch]``: KV length including the new tokens (``>= q_len_per_req``); values are
+        clamped on the device to ``[0, max_pages * page_size]`` (what the block-table row covers).
     k_scale, v_scale : float or torch.Tensor
-        Global decode scales: positive floats or one-element float32 device tensors (read on device).
+        Global decode scales: positive normal fp32 numbers (Python or NumPy) or one-element float32
+        device tensors (read on device).
     sm_scale : float
-        Softmax scale.
+        Softmax scale, finite and > 0.
     kv_layout : {"NHD", "HND"}
     q_len_per_req : int
         Query tokens per request, 1..8 (speculative decoding).
@@ -1271,9 +1405,10 @@ def decode(
     torch.Tensor or (torch.Tensor, torch.Tensor)
         ``out`` (``query``'s shape and dtype), and ``lse`` when ``return_lse``.
     """
+    debug = metadata_checks_on()
     kc, sc = _cache_pair(paged_kv_cache), _cache_pair(kv_cache_sf)
     key = None
-    if kc is not None and sc is not None and type(query) is torch.Tensor:
+    if kc is not None and sc is not None and type(query) is torch.Tensor and not debug:
         ks_meta, vs_meta = scale_meta(k_scale), scale_meta(v_scale)
         if ks_meta is not None and vs_meta is not None and type(block_table) is torch.Tensor:
             key = (
@@ -1288,7 +1423,8 @@ def decode(
                 d = _decode_cache.get(key)
             except TypeError:  # an unhashable argument: the validating path reports it
                 key = d = None
-            if d is not None:  # validated before: same metadata, other tensors
+            if d is not None and _float_scales_fit(k_scale, v_scale, d.sm_scale_log2):
+                # validated before: same metadata, other tensors
                 o = torch.empty_like(query, memory_format=torch.contiguous_format) if out is None else out
                 lse = (
                     torch.empty(query.shape[0], d.num_qo_heads, dtype=torch.float32, device=query.device)
@@ -1319,6 +1455,11 @@ def decode(
         )
     if batch == 0:
         return _result(a)
+    if debug:
+        check_metadata_values(
+            "decode", num_pages=views.num_pages, page_size=views.page_size, block_table=block_table,
+            seq_lens=seq_lens, min_seq_len=q_len_per_req,
+        )  # fmt: skip
     d = _launch_decode_path(a, query, block_table, seq_lens, None, q_len_per_req, True)
     if key is not None and not any(
         isinstance(sc, torch.Tensor) and sc.device != views.device for sc in (k_scale, v_scale)
@@ -1362,7 +1503,11 @@ def prefill(
         fp16/bf16 ``[num_tokens, num_qo_heads, head_dim]``, last dim contiguous;
         ``num_tokens == query_start_loc[-1]``.
     query_start_loc : torch.Tensor
-        int32 ``[batch + 1]``, non-decreasing, ``qsl[0] == 0``.
+        int32 ``[batch + 1]``, non-decreasing, ``qsl[0] == 0``. Checked on the device, without a
+        sync: entries are clamped to ``[0, num_tokens]``; rows outside ``[qsl[0], qsl[-1])`` (a
+        padded batch) are written as 0 with LSE ``-inf``; entries that decrease make every row 0 /
+        ``-inf``. Both, and ``seq_lens`` past their rows, set the device error flag that
+        :func:`nvfp4compat.kernels.errors.check_errors` reports.
     paged_kv_cache, kv_cache_sf, block_table, seq_lens, k_scale, v_scale, sm_scale, kv_layout,
     sliding_window, logits_soft_cap, sinks, out, return_lse
         As in :func:`decode`; ``seq_lens[b] >= q_len_b``.
@@ -1391,6 +1536,22 @@ def prefill(
     num_tokens = query.shape[0]
     if batch == 0 or num_tokens == 0:
         return _result(a)
+    if metadata_checks_on():
+        check_metadata_values(
+            "prefill", num_pages=views.num_pages, page_size=views.page_size, block_table=block_table,
+            seq_lens=seq_lens, query_start_loc=qsl, num_tokens=num_tokens,
+        )  # fmt: skip
+    if num_tokens > _MAX_TOKENS:
+        raise ValueError(f"prefill: {num_tokens} query rows exceed the kernels' int32 row index ({_MAX_TOKENS})")
+    max_kv = _max_kv(block_table, views.page_size)
+    # query_start_loc is checked on the device (no host sync): the guard writes the rows it does not
+    # cover and sets `status` when its entries decrease (then the attention kernels do nothing).
+    status = torch.empty(1, dtype=torch.int32, device=views.device)
+    _qsl_guard_kernel[(triton.cdiv(num_tokens, _GUARD_ROWS),)](
+        qsl, seq_lens, status, error_flag(views.device), a.out, a.lse if a.lse is not None else a.out,
+        batch, num_tokens, a.num_qo_heads, max_kv, a.out.stride(0), a.out.stride(1), a.num_qo_heads,
+        HEAD_DIM=views.head_dim, ROWS=_GUARD_ROWS, BLOCK_B=_GUARD_BLOCK_B, RETURN_LSE=a.lse is not None,
+    )  # fmt: skip
     qmax = max(1, 16 // a.group)
     # With one request the query length is known on the host: launch only the kernel it needs.
     only_decode = batch == 1 and num_tokens <= qmax
@@ -1419,10 +1580,11 @@ def prefill(
             K_SCALE_PTR=k_ptr, V_SCALE_PTR=v_ptr, FAST=_fast(views.device),
             DOT_FP32=interpreting() and query.dtype == torch.bfloat16,
             DATA_ALIGN=cl.data_align, SF_ALIGN=cl.sf_align, PAGE_POW2=_page_shift(views.page_size) >= 0,
+            num_pages=views.num_pages, max_kv=max_kv, num_tokens=num_tokens, status_ptr=status,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     if not only_prefill:
-        _launch_decode_path(a, query, block_table, seq_lens, qsl, qmax, bool(causal))
+        _launch_decode_path(a, query, block_table, seq_lens, qsl, qmax, bool(causal), status)
     return _result(a)
 
 
@@ -1435,6 +1597,11 @@ def _cache_sig() -> dict[str, str]:
     sig = {"k_ptr": "*u8", "v_ptr": "*u8", "ks_ptr": "*u8", "vs_ptr": "*u8", "bt_ptr": "*i32",
            "seq_lens_ptr": "*i32", "qsl_ptr": "*i32", "sinks_ptr": "*fp32"}
     return sig
+
+
+def _guard_sig() -> dict[str, str]:
+    """The metadata-clamp arguments at the end of the decode and prefill kernels."""
+    return {"num_pages": "i32", "max_kv": "i32", "num_tokens": "i32", "status_ptr": "*i32"}
 
 
 def _decode_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
@@ -1455,6 +1622,7 @@ def _decode_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
                  "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE", "BATCH_BLOCK", "K_SCALE_PTR", "V_SCALE_PTR",
                  "FAST", "DOT_FP32", "DATA_ALIGN", "SF_ALIGN", "PAGE_POW2"):
         sig[name] = "constexpr"
+    sig.update({"num_pages": "i32", "status_ptr": "*i32"})  # (num_tokens, max_pages are above)
     return sig
 
 
@@ -1473,6 +1641,7 @@ def _prefill_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
     for name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "HAS_WINDOW", "HAS_SOFTCAP", "HAS_SINKS",
                  "RETURN_LSE", "K_SCALE_PTR", "V_SCALE_PTR", "FAST", "DOT_FP32", "DATA_ALIGN", "SF_ALIGN", "PAGE_POW2"):
         sig[name] = "constexpr"
+    sig.update(_guard_sig())
     return sig
 
 
@@ -1566,6 +1735,7 @@ def aot_variants() -> dict[str, list[Any]]:
     for name in ("HEAD_DIM", "BLOCK_N", "QMAX", "VARLEN", "HAS_WINDOW", "HAS_SINKS", "RETURN_LSE", "BLOCK_H",
                  "BATCH_BLOCK"):
         red_sig_base[name] = "constexpr"
+    red_sig_base.update({"status_ptr": "*i32"})
     for dtype in ("bf16", "fp16"):
         for hd in (64, 128, 256, 512):
             sig = dict(red_sig_base, o_ptr=f"*{dtype}")
@@ -1577,11 +1747,23 @@ def aot_variants() -> dict[str, list[Any]]:
                           {"HEAD_DIM": 128, "BLOCK_N": 64, "QMAX": 4, "VARLEN": True, "HAS_WINDOW": False,
                            "HAS_SINKS": True, "RETURN_LSE": True, "BLOCK_H": 32, "BATCH_BLOCK": 1024}, 4, 1,
                           _pointer_attrs(red_sig_base)))
-    return {"attention_decode": dec, "attention_decode_reduce": red, "attention_prefill": pre}
+    guard: list[AotVariant] = []
+    for dtype, hd, lse in (("bf16", 64, True), ("bf16", 128, True), ("bf16", 256, False), ("bf16", 512, True),
+                           ("fp16", 128, False), ("fp16", 64, True)):
+        sig = {"qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "status_ptr": "*i32", "err_ptr": "*i32",
+               "o_ptr": f"*{dtype}", "lse_ptr": "*fp32", "batch": "i32", "num_tokens": "i32",
+               "num_qo_heads": "i32", "max_kv": "i32", "stride_ot": "i32", "stride_oh": "i32",
+               "stride_lt": "i32", "HEAD_DIM": "constexpr", "ROWS": "constexpr", "BLOCK_B": "constexpr",
+               "RETURN_LSE": "constexpr"}
+        c = {"HEAD_DIM": hd, "ROWS": _GUARD_ROWS, "BLOCK_B": _GUARD_BLOCK_B, "RETURN_LSE": lse}
+        guard.append(AotVariant(f"{dtype}-d{hd}{'-lse' if lse else ''}", sig, c, 4, 1, _pointer_attrs(sig)))
+    return {"attention_decode": dec, "attention_decode_reduce": red, "attention_prefill": pre,
+            "attention_qsl_guard": guard}
 
 
 def aot_kernels() -> list[Any]:
-    """AOT provider hook for :mod:`nvfp4compat.kernels.aot`: the decode, merge and prefill kernels."""
+    """AOT provider hook for :mod:`nvfp4compat.kernels.aot`: the decode, merge, prefill and
+    ``query_start_loc`` guard kernels."""
     from nvfp4compat.kernels.aot import AotKernel
 
     v = aot_variants()
@@ -1589,4 +1771,5 @@ def aot_kernels() -> list[Any]:
         AotKernel("attention_decode", _decode_kernel, v["attention_decode"]),
         AotKernel("attention_decode_reduce", _decode_reduce_kernel, v["attention_decode_reduce"]),
         AotKernel("attention_prefill", _prefill_kernel, v["attention_prefill"]),
+        AotKernel("attention_qsl_guard", _qsl_guard_kernel, v["attention_qsl_guard"]),
     ]

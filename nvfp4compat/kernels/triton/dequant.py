@@ -24,7 +24,13 @@ import triton.language as tl
 
 from nvfp4compat.kernels.layout import normalize_cache
 from nvfp4compat.kernels.triton import nvfp4
-from nvfp4compat.kernels.validate import check_dequant_inputs, interpreting, resolve_scale
+from nvfp4compat.kernels.validate import (
+    check_dequant_inputs,
+    check_metadata_values,
+    interpreting,
+    metadata_checks_on,
+    resolve_scale,
+)
 
 __all__ = [
     "DequantConfig",
@@ -187,6 +193,11 @@ def launch_dequant(
     """:func:`dequantize_paged` with the tile configuration exposed (tests and benchmarks)."""
     views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
     check_dequant_inputs(views, block_tables, seq_lens, output_k, output_v)
+    if metadata_checks_on():
+        check_metadata_values(
+            "dequant", num_pages=views.num_pages, page_size=views.page_size, block_table=block_tables,
+            seq_lens=seq_lens, max_seq_len=output_k.shape[1],
+        )  # fmt: skip
     device = views.device
     ks = resolve_scale(k_scale, "k_scale", device)
     vs = resolve_scale(v_scale, "v_scale", device)

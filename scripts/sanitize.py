@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""Run the four Triton kernels with valid and hostile metadata, for compute-sanitizer (issue 16).
+
+Writer, dequant, decode (single pass and split-KV) and prefill (prefill tiles, decode rows of a mixed
+batch, the query_start_loc guard) on small shapes, each with valid metadata and with the hostile
+values of issue 16: page ids -1 / num_pages / num_pages + 100000 / 2**31 - 1, seq_lens past the
+block-table row and negative, query_start_loc past num_tokens or decreasing, out-of-range slots,
+NaN device scales, and bad host values (which must be refused before any launch). Every case states
+what it expects: a documented exception, or a launch whose outputs stay finite, whose guard rows
+(outside ``out``) keep their bytes, and which sets exactly the expected error-flag bits. The script
+exits 1 on anything else (an unexpected exception included), 2 when it cannot run here, 0 when every
+case behaved. Takes a few seconds on a GPU (plus Triton's first compiles).
+
+Run it under the sanitizer with the caching allocator off, so that every tensor is its own
+allocation and an access past one is seen (docs/validation.md, "Memory safety")::
+
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 3 \\
+        python3 scripts/sanitize.py
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck --error-exitcode 3 \\
+        python3 scripts/sanitize.py --ops decode,prefill
+
+``--device cpu`` runs the same cases under ``TRITON_INTERPRET=1`` (a smoke test of the script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+OPS = ("write", "dequant", "decode", "prefill")
+
+
+@dataclass
+class Case:
+    op: str
+    name: str
+    run: Callable[[], object]
+    expect_exc: type[BaseException] | tuple[type[BaseException], ...] | None = None
+    expect_bits: int = 0
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
+    ap.add_argument("--dtype", default="both", choices=("bf16", "fp16", "both"))
+    args = ap.parse_args(argv)
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    bad = [o for o in ops if o not in OPS]
+    if bad:
+        ap.error(f"unknown op(s) {bad}; known: {list(OPS)}")
+    args.ops = ops
+    return args
+
+
+def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
+    import numpy as np
+    import torch
+
+    from nvfp4compat.kernels import reference_attention as ra
+    from nvfp4compat.kernels.triton import append as tap
+    from nvfp4compat.kernels.triton import attention as att
+    from nvfp4compat.kernels.triton import dequant as tdq
+
+    hq, hkv, d, page = 8, 2, 128, 16
+    pad = 2
+    cases: list[Case] = []
+
+    def guarded_out(like: torch.Tensor) -> tuple[torch.Tensor, Callable[[], bool]]:
+        big = torch.empty((like.shape[0] + 2 * pad, *like.shape[1:]), dtype=like.dtype, device=device)
+        big.view(torch.uint8).fill_(0xA5)
+        snap = big.view(torch.uint8).clone()
+        n = like.shape[0]
+
+        def intact() -> bool:
+            raw = big.view(torch.uint8)
+            return torch.equal(raw[:pad], snap[:pad]) and torch.equal(raw[pad + n :], snap[pad + n :])
+
+        return big[pad : pad + n], intact
+
+    def checked(fn: Callable[[], torch.Tensor | tuple], out_like: torch.Tensor | None = None):
+        """Run ``fn(out)``; require finite outputs and intact guard rows."""
+
+        def run() -> None:
+            if out_like is None:
+                res = fn(None)
+                intact = None
+            else:
+                out, intact = guarded_out(out_like)
+                res = fn(out)
+            for t in res if isinstance(res, tuple) else (res,):
+                if t is not None and t.is_floating_point():
+                    finite = torch.isfinite(t) | torch.isneginf(t)  # LSE of an empty row is -inf
+                    if not bool(finite.all()):
+                        raise AssertionError("non-finite output")
+            if intact is not None and not intact():
+                raise AssertionError("bytes outside out changed")
+
+        return run
+
+    def per_dtype(dname: str) -> None:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dname]
+        gen = torch.Generator().manual_seed(0)
+        case = ra.make_paged_cache([40, 17, 70], hkv, d, page, dtype=dtype, device=device, generator=gen)
+        tcase = ra.make_paged_cache([40, 17, 70], hkv, d, page, dtype=dtype, device=device,
+                                    generator=torch.Generator().manual_seed(0), scale_as_tensor=True)
+        n = case.num_pages
+        bt, sl = case.block_table, case.seq_lens
+        cache, sf = case.paged_kv_cache, case.kv_cache_sf
+        ks, vs = case.k_scale, case.v_scale
+        sm = d**-0.5
+
+        def table(**edits: int) -> torch.Tensor:
+            t = bt.clone()
+            for key, val in edits.items():
+                b, j = (int(x) for x in key[1:].split("_"))
+                t[b, j] = val
+            return t
+
+        def lens(*vals: int) -> torch.Tensor:
+            return torch.tensor(vals, dtype=torch.int32, device=device)
+
+        # -- write
+        rows = torch.randn(6, hkv, d, generator=gen).to(dtype).to(device)
+        for sname, slots, kw, exc, bits in (
+            ("valid", [0, 1, 2, 17, 33, 50], {}, None, 0),
+            ("hostile slots", [-1, n * page, n * page + 100000, 2**31 - 1, -(2**31), 5], {}, None, 0),
+            ("int64 huge slots", [2**40, -(2**40), 3, 4, 5, 6], {}, None, 0),
+            ("nan device v_scale", [0, 1, 2, 3, 4, 5], {"v_scale": torch.tensor([float("nan")], device=device)},
+             None, 2),
+            ("k_scale 1e300", [0, 1, 2, 3, 4, 5], {"k_scale": 1e300}, ValueError, 0),
+            ("k_scale 1e-45", [0, 1, 2, 3, 4, 5], {"k_scale": 1e-45}, ValueError, 0),
+            ("4over6 'no'", [0, 1, 2, 3, 4, 5], {"nvfp4_4over6": "no"}, TypeError, 0),
+            ("numpy scales", [7, 8, 9, 10, 11, 12], {"k_scale": np.float32(0.01)}, None, 0),
+        ):
+            dt = torch.int64 if "int64" in sname else torch.int32
+            slot_t = torch.tensor(slots, dtype=torch.int64).clamp(-(2**31), 2**31 - 1) if dt == torch.int32 \
+                else torch.tensor(slots, dtype=torch.int64)
+            slot_t = slot_t.to(dt).to(device)
+            wc = tuple(t.clone() for t in cache)
+            wsf = tuple(t.clone() for t in sf)
+            args = dict(k_scale=0.01, v_scale=0.02)
+            args.update(kw)
+            four = args.pop("nvfp4_4over6", False)
+            cases.append(Case(
+                "write", f"{dname} {sname}",
+                lambda s=slot_t, c=wc, f=wsf, a=args, fo=four: tap.append_slot_mapping(
+                    rows, rows.flip(0), s, c, f, a["k_scale"], a["v_scale"], nvfp4_4over6=fo),
+                exc, bits,
+            ))
+
+        # -- dequant
+        msl = bt.shape[1] * page
+        for sname, t, s, exc in (
+            ("valid", bt, sl, None),
+            ("page -1 / num_pages / +100000 / int32 max", table(b0_1=-1, b1_0=n, b2_2=n + 100000, b2_4=2**31 - 1),
+             sl, None),
+            ("seq_lens huge and negative", bt, lens(10_000_000, -5, 2**31 - 1), None),
+            ("k_scale 3.5e38", bt, sl, ValueError),
+        ):
+            outk = torch.zeros(3, msl, hkv, d, dtype=dtype, device=device)
+            kscale = 3.5e38 if exc else ks
+            cases.append(Case(
+                "dequant", f"{dname} {sname}",
+                lambda t=t, s=s, o=outk, k=kscale: tdq.dequantize_paged(cache, sf, t, s, k, vs, o, o.clone()),
+                exc,
+            ))
+
+        # -- decode
+        for q_len in (1, 4):
+            q = torch.randn(3 * q_len, hq, d, generator=gen).to(dtype).to(device)
+            for splits in (1, 3):
+                for sname, t, s, kw, exc in (
+                    ("valid", bt, sl, {}, None),
+                    ("bad pages", table(b0_1=-1, b1_0=n, b2_2=n + 100000, b2_3=2**31 - 1), sl, {}, None),
+                    ("seq_lens 1e7 / -5 / 0", bt, lens(10_000_000, -5, 0), {}, None),
+                    ("tensor scales", tcase.block_table, tcase.seq_lens,
+                     {"k_scale": tcase.k_scale, "v_scale": tcase.v_scale}, None),
+                    ("sm_scale 0", bt, sl, {"sm_scale": 0.0}, ValueError),
+                ):
+                    a = dict(k_scale=ks, v_scale=vs, sm_scale=sm)
+                    a.update(kw)
+
+                    def dec(out, t=t, s=s, a=a, q=q, q_len=q_len, splits=splits):
+                        with att.override_configs(num_splits=splits):
+                            return att.decode(q, cache, sf, t, s, a["k_scale"], a["v_scale"], sm_scale=a["sm_scale"],
+                                              q_len_per_req=q_len, out=out, return_lse=True)
+
+                    cases.append(Case("decode", f"{dname} q{q_len} splits{splits} {sname}",
+                                      checked(dec, q) if exc is None else (lambda f=dec: f(None)), exc))
+
+        # -- prefill (a mixed batch: request 1 has 2 rows, the decode kernel serves it)
+        qn = 40
+        q = torch.randn(qn, hq, d, generator=gen).to(dtype).to(device)
+        for sname, t, s, qsl, bits in (
+            ("valid mixed batch", bt, sl, [0, 30, 32, 40], 0),
+            ("padded tail", bt, sl, [0, 20, 22, 30], 0),
+            ("qsl past num_tokens", bt, sl, [0, 30, 32, 400], 8),
+            ("qsl decreasing", bt, sl, [0, 30, 10, 40], 4),
+            ("qsl negative", bt, sl, [-5, 30, 32, 40], 8),
+            ("bad pages", table(b0_1=-1, b1_0=n, b2_2=n + 100000, b2_4=2**31 - 1), sl, [0, 30, 32, 40], 0),
+            ("seq_lens 1e7 / -5", bt, lens(10_000_000, -5, 70), [0, 30, 32, 40], 16),
+        ):
+            qsl_t = torch.tensor(qsl, dtype=torch.int32, device=device)
+
+            def pre(out, t=t, s=s, qsl_t=qsl_t):
+                return att.prefill(q, cache, sf, t, s, qsl_t, ks, vs, sm_scale=sm, out=out, return_lse=True)
+
+            cases.append(Case("prefill", f"{dname} {sname}", checked(pre, q), None, bits))
+        cases.append(Case(
+            "prefill", f"{dname} sm_scale inf",
+            lambda: att.prefill(q, cache, sf, bt, sl, torch.tensor([0, 30, 32, 40], dtype=torch.int32, device=device),
+                                ks, vs, sm_scale=float("inf")),
+            ValueError,
+        ))
+
+    for dname in dtype_names:
+        per_dtype(dname)
+    return cases
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    try:
+        import torch
+    except ImportError:
+        print("sanitize: torch is not installed; install torch and triton", file=sys.stderr)
+        return 2
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("sanitize: no CUDA device here; run it on a GPU machine, or pass --device cpu", file=sys.stderr)
+        return 2
+    from nvfp4compat.kernels import errors
+
+    dtypes = ["bf16", "fp16"] if args.dtype == "both" else [args.dtype]
+    t0 = time.perf_counter()
+    cases = [c for c in build_cases(args.device, dtypes) if c.op in args.ops]
+    errors.read_errors(args.device)
+    failures = []
+    for c in cases:
+        label = f"{c.op}: {c.name}"
+        try:
+            c.run()
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 (every exception is judged here)
+            if c.expect_exc is not None and isinstance(exc, c.expect_exc):
+                print(f"ok    {label}: refused ({type(exc).__name__})")
+                continue
+            failures.append(f"{label}: unexpected {type(exc).__name__}: {exc}")
+            print(f"FAIL  {label}: unexpected {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            continue
+        if c.expect_exc is not None:
+            failures.append(f"{label}: expected {c.expect_exc}, the call returned")
+            print(f"FAIL  {label}: expected an exception, none was raised")
+            continue
+        bits = sum(errors.read_errors(args.device).values())
+        if bits != c.expect_bits:
+            failures.append(f"{label}: error flag {bits:#x}, expected {c.expect_bits:#x}")
+            print(f"FAIL  {label}: error flag {bits:#x}, expected {c.expect_bits:#x}")
+            continue
+        print(f"ok    {label}")
+    dt = time.perf_counter() - t0
+    print(f"sanitize: {len(cases) - len(failures)}/{len(cases)} cases as expected in {dt:.1f} s")
+    for f in failures:
+        print(f"  {f}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
