@@ -10,6 +10,10 @@
 #   decode      GPU decode tests, the decode benchmark with its sweep and the previous kernel
 #               (.gpu/att_baseline.py, from `git show REV:nvfp4compat/kernels/triton/attention.py`)
 #               in the same run, and Nsight Compute counters of the default decode
+#   safety      scripts/sanitize.py plain, under compute-sanitizer memcheck (all four kernels) and
+#               racecheck (decode, prefill); the decoders' bit-exactness test on the GPU
+#   decode-check the decode shapes, default config only, against .gpu/att_baseline.py (no FlashInfer)
+#   prefill     benchmarks/bench_prefill.py (FA3/FA2 bf16, FA2 NVFP4, fused Triton, dequant + FA3)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/nvfp4compat-gpu}
@@ -69,6 +73,20 @@ for stage in "$@"; do
           --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
           python3 benchmarks/profile_attention.py --shape "$shape"
       done ;;
+    safety)
+      export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+      step bitexact timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_attention.py -k "bit_exact"
+      step sanitize timeout 120 python3 scripts/sanitize.py
+      step memcheck timeout 200 compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitize.py
+      step racecheck timeout 200 compute-sanitizer --tool racecheck --error-exitcode 3 python3 scripts/sanitize.py --ops decode,prefill
+      unset PYTORCH_NO_CUDA_MEMORY_CACHING ;;
+    decode-check)
+      base=(); [ -f .gpu/att_baseline.py ] && base=(--baseline .gpu/att_baseline.py)
+      step bench-decode-check timeout 240 python3 benchmarks/bench_attention.py --no-sweep --no-flashinfer \
+        --shapes "decode 16,decode 128,decode ragged,decode 1 x,decode 4 x,decode 32" "${base[@]}" \
+        --json "$OUT/bench_decode_check.json" ;;
+    prefill)
+      use_fi 0.7.2.post1 && step bench-prefill timeout 400 python3 benchmarks/bench_prefill.py --json "$OUT/bench_prefill.json" ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
