@@ -231,7 +231,7 @@ def _probe_flashinfer_static(pkg_dir: Path) -> tuple[dict[str, bool], dict[str, 
 
 def _probe_fa3_ragged(pkg_dir: Path) -> bool:
     """FlashInfer's FA3 ragged prefill, from the installed sources: the wrapper is exported and
-    ``prefill.py`` dispatches ``backend == "fa3"`` (true of 0.6.10, 0.7.2.post1 and 0.7.4)."""
+    ``prefill.py`` dispatches ``backend == "fa3"`` (true of every release 0.6.10..0.7.4)."""
     if "BatchPrefillWithRaggedKVCacheWrapper" not in _bound_names(pkg_dir / "__init__.py"):
         return False
     try:
