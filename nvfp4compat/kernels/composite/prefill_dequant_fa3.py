@@ -214,13 +214,16 @@ def clear_cache() -> None:
         _wrappers.clear()
 
 
-def _scratch_bytes(device: torch.device, nbytes: int) -> torch.Tensor:
-    """The device's scratch, grown (never shrunk) to at least ``nbytes`` (at most the cap)."""
+def _scratch_bytes(device: torch.device, nbytes: int, cap: int) -> torch.Tensor:
+    """The device's scratch, grown (never shrunk) to at least ``nbytes``: to twice its size, at most
+    ``cap``, so contexts that grow chunk by chunk do not reallocate every step. Work queued on the
+    stream over a replaced buffer stays valid (the caching allocator reuses memory in stream order)."""
     with _lock:
         buf = _scratch.get(device)
         if buf is None or buf.numel() < nbytes:
+            size = max(nbytes, min(cap, 2 * buf.numel())) if buf is not None else nbytes
             _scratch.pop(device, None)
-            buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            buf = torch.empty(size, dtype=torch.uint8, device=device)
             _scratch[device] = buf
         return buf
 
@@ -256,6 +259,7 @@ def _fa3_attend(
     """FlashInfer's ``BatchPrefillWithRaggedKVCacheWrapper(backend="fa3")`` over the scratch."""
     import flashinfer
 
+    q = q.contiguous()  # a strided query (e.g. a view of vLLM's fused QKV) is copied once
     device = q.device
     key = (device, q.dtype, q.shape[1], k.shape[1], q.shape[2], causal, window_left, logits_soft_cap,
            float(sm_scale))  # fmt: skip
@@ -444,7 +448,8 @@ def prefill(
             )
     el = query.element_size()
     per_token = 2 * views.num_kv_heads * views.head_dim * el
-    plan = plan_groups(lens, starts, max(1, 16 // a.group), scratch_cap_bytes() // per_token)
+    cap_bytes = scratch_cap_bytes()
+    plan = plan_groups(lens, starts, max(1, 16 // a.group), cap_bytes // per_token)
     attend: AttendFn = _attend_override or _fa3_attend
     if plan.groups and _attend_override is None:
         _require_fa3(views.device)
@@ -459,7 +464,7 @@ def prefill(
     cap = a.softcap if a.softcap > 0 else None
     if plan.groups:
         need = max(g.kv_tokens for g in plan.groups) * per_token
-        buf = _scratch_bytes(views.device, need)
+        buf = _scratch_bytes(views.device, need, cap_bytes)
         h, d = views.num_kv_heads, views.head_dim
     for g in plan.groups:
         n_tok = g.kv_tokens
@@ -484,7 +489,7 @@ def prefill(
         logger.debug(
             "prefill (dequant_fa3): request %d's KV (%d tokens, %.1f MiB) exceeds %s=%d MiB; it runs "
             "through the fused Triton prefill",
-            b, lens[b], lens[b] * per_token / 2**20, SCRATCH_ENV, scratch_cap_bytes() >> 20,
+            b, lens[b], lens[b] * per_token / 2**20, SCRATCH_ENV, cap_bytes >> 20,
         )  # fmt: skip
         q0, q1 = starts[b], starts[b + 1]
         res = tri.prefill(
