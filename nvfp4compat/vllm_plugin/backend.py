@@ -360,6 +360,7 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
     _nvfp4_write: Callable[..., None] | None
     _nvfp4_read: dict[str, Callable[..., Any]]
     _nvfp4_host_lens: bool = False
+    _nvfp4_fa3_checked: bool = False
 
     def __init__(
         self,
@@ -585,6 +586,8 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
                 **common,
             )
         if "prefill" in phases and npt:
+            if self._nvfp4_host_lens and not self._nvfp4_fa3_checked:
+                self._check_fa3_device(query.device)
             qsl = prefill_qsl if prefill_qsl is not None else md.prefill_query_start_loc
             self._nvfp4_read["prefill"](
                 query[ndt : ndt + npt],
@@ -601,6 +604,27 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
                 **self._host_lens(md, nd, npf, ndt),
             )
 
+    def _check_fa3_device(self, device: torch.device) -> None:
+        """First prefill of a layer bound to dequant_fa3: the plan may come from a pretended arch
+        (``NVFP4COMPAT_ARCH``) while the tensors live elsewhere; if FA3 cannot run on ``device``
+        the layer keeps the fused Triton prefill (warned once), as the plugin never raises for
+        "unsupported here"."""
+        from nvfp4compat.kernels.composite.prefill_dequant_fa3 import _fa3_problem
+
+        self._nvfp4_fa3_checked = True
+        problem = _fa3_problem(device)
+        if problem is None:
+            return
+        if problem not in _FA3_WARNED:
+            _FA3_WARNED.add(problem)
+            logger.warning(
+                "nvfp4compat: the plan binds prefill=dequant_fa3 but FA3 cannot run here (%s); "
+                "prefill uses the fused Triton reader (NVFP4COMPAT_IMPL=prefill=triton silences this)",
+                problem,
+            )
+        self._nvfp4_read["prefill"] = get_kernel("prefill", "triton")
+        self._nvfp4_host_lens = False
+
     def _host_lens(self, md: Any, nd: int, npf: int, ndt: int) -> dict[str, torch.Tensor]:
         """``seq_lens_cpu`` / ``query_start_loc_cpu`` of the prefill rows for a reader that plans on
         the host (dequant_fa3); empty otherwise or when vLLM's metadata lacks them (it then reads the
@@ -614,6 +638,10 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
             out["seq_lens_cpu"] = sl[nd : nd + npf]
             out["query_start_loc_cpu"] = qs[nd : nd + npf + 1] - ndt
         return out
+
+
+# FA3 problems already warned about (one warning per process, not per layer)
+_FA3_WARNED: set[str] = set()
 
 
 def _host_tensor(t: Any, n: int) -> torch.Tensor | None:
