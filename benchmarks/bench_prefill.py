@@ -7,8 +7,9 @@ by the Triton writer), with CUDA-graph-free ``triton.testing.do_bench`` medians:
 * FlashInfer bf16 FA3 and bf16 FA2 prefill on a bf16 paged cache, and FlashInfer NVFP4 FA2 prefill
   (``kv_cache_sf``), through ``bench_attention``'s wrappers;
 * the fused Triton NVFP4 prefill (``prefill``, impl ``triton``);
-* the composite ``dequant_fa3`` (host lengths given, as vLLM's metadata has them), and its dequantizer
-  launches alone.
+* the composite ``dequant_fa3`` (host lengths given, as vLLM's metadata has them), its dequantizer
+  launches alone, and the same composite over FlashInfer's ragged FA2 (``dequant+FA2``: what the
+  archs without FA3 could run instead of the fused prefill; issue 15 asks for both measured).
 
 Shapes (issue 15): 2 x 8K prompts, causal; 6 chunks of 1K appended to 16K contexts; 2 chunks of 2K + 100
 decodes at 4K (decodes first, as vLLM orders a batch). Every output is checked against a float32 reference
@@ -35,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_attention as ba  # noqa: E402  (the cache set-up and FlashInfer baselines, shared)
 
 TOL = 1e-2
-COLUMNS = ("FI bf16 FA3", "FI bf16 FA2", "FI NVFP4 FA2", "Triton NVFP4", "dequant_fa3", "dequant alone")
+COLUMNS = ("FI bf16 FA3", "FI bf16 FA2", "FI NVFP4 FA2", "Triton NVFP4", "dequant_fa3", "dequant alone",
+           "dequant+FA2")
 _FI_COLUMNS = {"bf16 FA3 prefill": "FI bf16 FA3", "bf16 FA2 prefill": "FI bf16 FA2", "NVFP4 FA2 prefill": "FI NVFP4 FA2"}
 
 
@@ -157,6 +159,11 @@ def _run_shape(shape: ba.Shape, device, quick: bool, use_fi: bool, seed: int) ->
     hook = comp.attend_backend(comp.reference_attend) if quick else _null()
     with hook:
         _measure("dequant_fa3", run_composite, ref_nv, quick, results)
+    if quick:
+        results["dequant+FA2"] = {"ms": None, "rel_l2": None, "note": "n/a: FlashInfer not run"}
+    else:
+        with comp.attend_backend(comp.flashinfer_attend("fa2")):
+            _measure("dequant+FA2", run_composite, ref_nv, quick, results)
 
     # the dequantizer launches of the composite alone (same plan, same scratch)
     s = shape

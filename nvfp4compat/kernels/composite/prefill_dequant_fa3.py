@@ -57,6 +57,7 @@ __all__ = [
     "PrefillGroup",
     "attend_backend",
     "reference_attend",
+    "flashinfer_attend",
     "clear_cache",
 ]
 
@@ -202,7 +203,7 @@ def plan_groups(seq_lens: Sequence[int], qsl: Sequence[int], qmax: int, cap_toke
 _lock = threading.Lock()
 _scratch: dict[torch.device, torch.Tensor] = {}
 _workspaces: dict[torch.device, torch.Tensor] = {}
-_wrappers: dict[tuple[Any, ...], Any] = {}
+_wrappers: dict[tuple[Any, ...], list[Any]] = {}  # (device, backend) -> [wrapper, last plan key]
 _attend_override: AttendFn | None = None
 
 
@@ -230,8 +231,8 @@ def _scratch_bytes(device: torch.device, nbytes: int, cap: int) -> torch.Tensor:
 
 @contextlib.contextmanager
 def attend_backend(fn: AttendFn) -> Iterator[None]:
-    """Tests only: run ``fn`` instead of FlashInfer's FA3 for the attention step (the dequantizer,
-    grouping and decode routing stay real). ``fn`` receives the ragged query, the scratch K/V views,
+    """Tests and benchmarks only: run ``fn`` instead of FlashInfer's FA3 for the attention step (the
+    dequantizer, grouping and decode routing stay real; the SM90/FA3 check is skipped). ``fn`` receives the ragged query, the scratch K/V views,
     host ``qo_indptr``/``kv_indptr`` and the options, and writes ``out`` and the natural-log ``lse``."""
     global _attend_override
     prev = _attend_override
@@ -242,51 +243,66 @@ def attend_backend(fn: AttendFn) -> Iterator[None]:
         _attend_override = prev
 
 
-def _fa3_attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    qo_indptr: list[int],
-    kv_indptr: list[int],
-    *,
-    sm_scale: float,
-    causal: bool,
-    window_left: int,
-    logits_soft_cap: float | None,
-    out: torch.Tensor,
-    lse: torch.Tensor | None,
-) -> None:
-    """FlashInfer's ``BatchPrefillWithRaggedKVCacheWrapper(backend="fa3")`` over the scratch."""
-    import flashinfer
+def flashinfer_attend(backend: str = "fa3") -> AttendFn:
+    """The attention step through FlashInfer's ``BatchPrefillWithRaggedKVCacheWrapper(backend=...)``.
 
-    q = q.contiguous()  # a strided query (e.g. a view of vLLM's fused QKV) is copied once
-    device = q.device
-    key = (device, q.dtype, q.shape[1], k.shape[1], q.shape[2], causal, window_left, logits_soft_cap,
-           float(sm_scale))  # fmt: skip
-    with _lock:
-        wrapper = _wrappers.get(key)
-        if wrapper is None:
-            ws = _workspaces.get(device)
-            if ws is None:
-                ws = _workspaces[device] = torch.empty(
-                    _WORKSPACE_BYTES, dtype=torch.uint8, device=device
-                )
-            wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend="fa3")
-            _wrappers[key] = wrapper
-    wrapper.plan(
-        torch.tensor(qo_indptr, dtype=torch.int32), torch.tensor(kv_indptr, dtype=torch.int32),
-        q.shape[1], k.shape[1], q.shape[2], causal=causal, window_left=window_left,
-        logits_soft_cap=logits_soft_cap, sm_scale=float(sm_scale), q_data_type=q.dtype,
-        kv_data_type=k.dtype, o_data_type=q.dtype,
-    )  # fmt: skip
-    direct = out.is_contiguous()
-    res = wrapper.run(q, k, v, out=out if direct else None, return_lse=lse is not None)
-    o, fl = (res[0], res[1]) if lse is not None else (res, None)
-    if not direct:
-        out.copy_(o)
-    if lse is not None:
-        assert fl is not None
-        lse.copy_(fl * _LN2)
+    ``"fa3"`` is what :func:`prefill` runs; ``benchmarks/bench_prefill.py`` also times ``"fa2"`` (the
+    same composite over FA2, for the archs without FA3) through :func:`attend_backend`. One wrapper per
+    (device, backend) serves every layer; it is re-planned only when the plan's inputs change.
+    """
+
+    def attend(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        qo_indptr: list[int],
+        kv_indptr: list[int],
+        *,
+        sm_scale: float,
+        causal: bool,
+        window_left: int,
+        logits_soft_cap: float | None,
+        out: torch.Tensor,
+        lse: torch.Tensor | None,
+    ) -> None:
+        import flashinfer
+
+        q = q.contiguous()  # a strided query (e.g. a view of vLLM's fused QKV) is copied once
+        device = q.device
+        with _lock:
+            planned = _wrappers.get((device, backend))
+            if planned is None:
+                ws = _workspaces.get(device)
+                if ws is None:
+                    ws = _workspaces[device] = torch.empty(
+                        _WORKSPACE_BYTES, dtype=torch.uint8, device=device
+                    )
+                wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
+                planned = _wrappers[(device, backend)] = [wrapper, None]
+        key = (tuple(qo_indptr), tuple(kv_indptr), q.dtype, q.shape[1], k.shape[1], q.shape[2], causal,
+               window_left, logits_soft_cap, float(sm_scale))  # fmt: skip
+        wrapper = planned[0]
+        if planned[1] != key:
+            wrapper.plan(
+                torch.tensor(qo_indptr, dtype=torch.int32), torch.tensor(kv_indptr, dtype=torch.int32),
+                q.shape[1], k.shape[1], q.shape[2], causal=causal, window_left=window_left,
+                logits_soft_cap=logits_soft_cap, sm_scale=float(sm_scale), q_data_type=q.dtype,
+                kv_data_type=k.dtype, o_data_type=q.dtype,
+            )  # fmt: skip
+            planned[1] = key
+        direct = out.is_contiguous()
+        res = wrapper.run(q, k, v, out=out if direct else None, return_lse=lse is not None)
+        o, fl = (res[0], res[1]) if lse is not None else (res, None)
+        if not direct:
+            out.copy_(o)
+        if lse is not None:
+            assert fl is not None
+            lse.copy_(fl * _LN2)
+
+    return attend
+
+
+_fa3_attend = flashinfer_attend("fa3")
 
 
 def reference_attend(
