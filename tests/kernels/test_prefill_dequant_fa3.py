@@ -122,6 +122,7 @@ def test_mixed_batch_groups_and_oversize_match_reference(monkeypatch):
     [
         pytest.param(bf16, dict(causal=False, logits_soft_cap=20.0), id="bf16-noncausal-softcap"),
         pytest.param(fp16, dict(causal=True, sliding_window=9), id="fp16-causal-window"),
+        pytest.param(bf16, dict(causal=True, scale_as_tensor=True), id="bf16-tensor-scales"),
     ],
 )
 def test_features_match_reference(dtype, features):

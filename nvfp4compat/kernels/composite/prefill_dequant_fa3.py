@@ -475,10 +475,10 @@ def prefill(
             a, query, block_table, seq_lens, qsl, max(1, 16 // a.group), bool(causal)
         )
     window_left = a.window - 1 if a.window > 0 else -1
-    k_host = float(a.k_scale.reshape(()).item()) if isinstance(a.k_scale, torch.Tensor) else a.k_scale
-    attend_scale = float(sm_scale) * k_host
     cap = a.softcap if a.softcap > 0 else None
     if plan.groups:
+        ks = a.k_scale  # FA3 takes the softmax scale on the host: a device k_scale is read once
+        attend_scale = float(sm_scale) * (float(ks.reshape(()).item()) if isinstance(ks, torch.Tensor) else ks)
         need = max(g.kv_tokens for g in plan.groups) * per_token
         buf = _scratch_bytes(views.device, need, cap_bytes)
         h, d = views.num_kv_heads, views.head_dim
