@@ -74,6 +74,10 @@ class SystemFacts(BaseModel):
         ``"failed: ..."``; None when not probed.
     flashinfer_import_error : str or None
         An error seen while probing FlashInfer (recorded, never raised).
+    flashinfer_fa3_ragged : bool or None
+        The installed FlashInfer exports ``BatchPrefillWithRaggedKVCacheWrapper`` and its
+        ``prefill.py`` dispatches ``backend="fa3"`` (read from the installed sources); None when not
+        probed (hand facts: flashinfer.yaml's ``fa3_ragged`` of that release is used).
     trtllm_gen_usable : bool or None
         Whether FlashInfer's trtllm-gen kernels can run here; None when unknown.
     triton_disabled : bool
@@ -99,6 +103,7 @@ class SystemFacts(BaseModel):
     flashinfer_helper_params: dict[str, list[str]] | None = None
     flashinfer_probe: str | None = None
     flashinfer_import_error: str | None = None
+    flashinfer_fa3_ragged: bool | None = None
     flashinfer_cubin: str | None = None
     flashinfer_jit_cache: str | None = None
     vllm: str | None = None
@@ -232,6 +237,18 @@ def _probe_flashinfer_static(pkg_dir: Path) -> tuple[dict[str, bool], dict[str, 
     return helpers, params
 
 
+def _probe_fa3_ragged(pkg_dir: Path) -> bool:
+    """FlashInfer's FA3 ragged prefill, from the installed sources: the wrapper is exported and
+    ``prefill.py`` dispatches ``backend == "fa3"`` (true of every release 0.6.10..0.7.4)."""
+    if "BatchPrefillWithRaggedKVCacheWrapper" not in _bound_names(pkg_dir / "__init__.py"):
+        return False
+    try:
+        text = (pkg_dir / "prefill.py").read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return False
+    return 'backend == "fa3"' in text
+
+
 def _probe_flashinfer_module(mod: object) -> tuple[dict[str, bool], dict[str, list[str]]]:
     import inspect
 
@@ -281,6 +298,9 @@ def _probe_flashinfer(import_modules: bool) -> dict[str, object]:
         out["flashinfer_probe"] = "static"
     out["flashinfer_helpers"] = helpers
     out["flashinfer_helper_params"] = params
+    locs = list(spec.submodule_search_locations or [])
+    if locs:
+        out["flashinfer_fa3_ragged"] = _probe_fa3_ragged(Path(locs[0]))
     return out
 
 
@@ -384,6 +404,7 @@ def detect(*, import_modules: bool = False, environ: dict[str, str] | None = Non
         flashinfer_helper_params=fi.get("flashinfer_helper_params"),  # type: ignore[arg-type]
         flashinfer_probe=fi.get("flashinfer_probe"),  # type: ignore[arg-type]
         flashinfer_import_error=fi.get("flashinfer_import_error"),  # type: ignore[arg-type]
+        flashinfer_fa3_ragged=fi.get("flashinfer_fa3_ragged"),  # type: ignore[arg-type]
         flashinfer_cubin=_v(cubin),
         flashinfer_jit_cache=_v(jit),
         vllm=_v(vllm),

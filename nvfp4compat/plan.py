@@ -16,7 +16,7 @@ from nvfp4compat.facts import SystemFacts
 
 __all__ = ["Binding", "Plan", "TraceEntry", "VllmPlan"]
 
-ImplName = Literal["native", "flashinfer", "triton"]
+ImplName = Literal["native", "flashinfer", "triton", "dequant_fa3"]
 Source = Literal["argument", "environment", "matrix", "probe", "fallback"]
 
 

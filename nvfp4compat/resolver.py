@@ -285,11 +285,49 @@ def _check(ctx: _Ctx, req: Requirement) -> tuple[bool, str]:
         if req.dtype in ctx.vllm.nvfp4_dtypes:
             return True, f"vLLM {f.vllm} lists {req.dtype}"
         return False, f"vLLM {f.vllm} does not list {req.dtype} (its nvfp4 dtypes: {ctx.vllm.nvfp4_dtypes})"
+    if req.kind == "flashinfer_fa3_ragged":
+        return _check_fa3_ragged(ctx)
     if req.kind == "not_in_vllm":
         if f.vllm is None:
             return True, "no vLLM in the facts"
         return False, req.reason or "not inside vLLM"
     raise AssertionError(f"unhandled requirement kind {req.kind}")  # pragma: no cover - the spec restricts kinds
+
+
+def _check_fa3_ragged(ctx: _Ctx) -> tuple[bool, str]:
+    """FlashInfer's FA3 ragged prefill wrapper on this arch: the probe decides presence where it ran
+    (a disagreement with flashinfer.yaml is a warning); the release's ``fa3_ragged`` record gives the
+    SMs (SM90 where the release has no record)."""
+    f = ctx.facts
+    fi_label = f"FlashInfer {f.flashinfer}" if f.flashinfer else "FlashInfer"
+    if f.flashinfer is None:
+        return False, "FlashInfer is not installed (needs BatchPrefillWithRaggedKVCacheWrapper(backend='fa3'))"
+    rec = ctx.fi.fa3_ragged if ctx.fi is not None and ctx.fi_exact else None
+    if f.flashinfer_fa3_ragged is not None:
+        present, src = f.flashinfer_fa3_ragged, "probe of the installed sources"
+        if rec is not None and not present:
+            ctx.warnings.append(
+                f"matrix and probe disagree on FlashInfer {f.flashinfer}: flashinfer.yaml records the FA3 ragged "
+                f"prefill ({rec.evidence.split(';')[0]}), the installed package lacks it; the probe wins"
+            )
+    elif rec is not None:
+        present, src = True, f"flashinfer.yaml fa3_ragged [{ctx.fi.version if ctx.fi else ''}]"
+    else:
+        return False, (
+            f"{fi_label}: FA3 ragged prefill not recorded in flashinfer.yaml for this release and not probed "
+            "(releases recorded: "
+            + (release_span(ctx.matrix, [r.version for r in ctx.matrix.flashinfer if r.fa3_ragged]) or "none")
+            + ")"
+        )
+    if not present:
+        return False, f"{fi_label} has no FA3 ragged prefill ({src})"
+    sms = rec.sms if rec is not None else [90]
+    cc = f.arch_cc
+    if cc is None:
+        return False, "arch unknown: FA3 needs SM90"
+    if cc not in sms:
+        return False, f"{fi_label}'s FA3 kernels build only for SMs {sms}, found {f.arch} ({src})"
+    return True, f"{fi_label} has BatchPrefillWithRaggedKVCacheWrapper(backend='fa3') for SM{cc} ({src})"
 
 
 def release_span(m: Matrix, versions: list[str]) -> str:
@@ -491,6 +529,11 @@ def _way_out(ctx: _Ctx, op: str, impl: str) -> str:
         return f"use a GPU whose FlashInfer FA2 path reads NVFP4, or request {op}=triton"
     if impl == "triton":
         return f"pip install triton and unset {ENV_DISABLE_TRITON}, or request {op}=flashinfer"
+    if impl == "dequant_fa3":
+        return (
+            f"run on an SM90 GPU with a FlashInfer whose BatchPrefillWithRaggedKVCacheWrapper has "
+            f"backend='fa3' (0.6.10+) and Triton, or request {op}=triton"
+        )
     return f"request {op}=flashinfer or {op}=triton"
 
 
@@ -564,7 +607,8 @@ def _vllm_plan(ctx: _Ctx, bindings: Mapping[str, Binding], required_ok: bool) ->
         return VllmPlan(version=f.vllm, strategy="native", patches=[], kv_cache_dtypes=dtypes, reason=reason)
     strategy = declared if declared != "native" else rel.strategy.native_fallback
     w, d, p = bindings["write"].impl, bindings["decode"].impl, bindings["prefill"].impl
-    triton_readers = d == "triton" and p == "triton"
+    # dequant_fa3 hands layers it cannot serve (sinks, head_size outside 64/128/256) to the Triton prefill
+    triton_readers = d == "triton" and p in ("triton", "dequant_fa3")
     can_4over6 = w == "triton" and "nvfp4_4over6" in rel.nvfp4_dtypes
     patches: set[str] = set()
     if strategy == "extend" and stock is not None and stock.path == "fa2":
@@ -626,7 +670,7 @@ def _version_env(ctx: _Ctx, bindings: Mapping[str, Binding], vplan: VllmPlan | N
         and vplan.strategy in ("extend",)
     )
     cubin_kernels = uses_native or uses_xqa
-    uses_fi_modules = any(b.impl == "flashinfer" for b in bindings.values())
+    uses_fi_modules = any(b.impl in ("flashinfer", "dequant_fa3") for b in bindings.values())
     what = []
     if cubin_bad:
         what.append(f"flashinfer-cubin {f.flashinfer_cubin}")

@@ -50,9 +50,9 @@ __all__ = [
 
 Status = Literal["verified", "read", "expected"]
 Op = Literal["write", "dequant", "decode", "prefill"]
-Impl = Literal["native", "flashinfer", "triton"]
+Impl = Literal["native", "flashinfer", "triton", "dequant_fa3"]
 OPS: tuple[str, ...] = ("write", "dequant", "decode", "prefill")
-IMPLS: tuple[str, ...] = ("native", "flashinfer", "triton")
+IMPLS: tuple[str, ...] = ("native", "flashinfer", "triton", "dequant_fa3")
 HELPERS: tuple[str, ...] = (
     "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping",
     "nvfp4_quantize_append_paged_kv_cache",
@@ -206,6 +206,18 @@ class ConsumerSpec(_Model):
     status: Status
 
 
+class Fa3RaggedSpec(_Model):
+    """FlashInfer's ``BatchPrefillWithRaggedKVCacheWrapper(backend="fa3")`` over a bf16/fp16 ragged KV
+    (what the ``dequant_fa3`` prefill attends with): the SMs it builds for, the head dims it
+    instantiates, and whether its run takes attention sinks."""
+
+    sms: list[int]
+    head_dims: list[int]
+    sinks: bool
+    evidence: str = Field(min_length=1)
+    status: Status
+
+
 class FourOverSixSpec(_Model):
     """The ``nvfp4_4over6`` option: a parameter of the slot-mapping writer, and the config class."""
 
@@ -261,6 +273,8 @@ class FlashInferRelease(_Model):
     helpers: dict[str, HelperSpec]
     nvfp4_4over6: FourOverSixSpec
     consumers: dict[str, ConsumerSpec]
+    # None: not recorded for this release (the probe of the installed package decides)
+    fa3_ragged: Fa3RaggedSpec | None = None
     scale_check: ScaleCheckSpec
     version_check: VersionCheckSpec
     cpu_import: CpuImportSpec
@@ -314,7 +328,9 @@ class Requirement(_Model):
     - ``trtllm_gen_usable``: FlashInfer's trtllm-gen kernels (cubins) can be used;
     - ``vllm_native_path``: vLLM is installed and its stock NVFP4 path on this arch is native;
     - ``vllm_dtype``: the vLLM release lists ``dtype`` as a KV-cache dtype (no vLLM: satisfied);
-    - ``not_in_vllm``: satisfied only when no vLLM is in the facts; ``reason`` says why.
+    - ``not_in_vllm``: satisfied only when no vLLM is in the facts; ``reason`` says why;
+    - ``flashinfer_fa3_ragged``: the FlashInfer release has the FA3 ragged prefill wrapper for this arch
+      (``fa3_ragged`` in flashinfer.yaml, else the probe of the installed package).
     """
 
     kind: Literal[
@@ -327,6 +343,7 @@ class Requirement(_Model):
         "vllm_native_path",
         "vllm_dtype",
         "not_in_vllm",
+        "flashinfer_fa3_ragged",
     ]
     helper: str | None = None
     param: str | None = None

@@ -199,6 +199,11 @@ def verify_flashinfer(m: Matrix, version: str, rel: FlashInferRelease) -> list[C
         cls = getattr(fi, cls_name, None)
         has_sf = cls is not None and "kv_cache_sf" in inspect.signature(cls.run).parameters
         add(f"{cls_name}.run takes kv_cache_sf ({consumer})", bool(rel.consumers[consumer].sms), has_sf)
+    # the FA3 ragged prefill the dequant_fa3 prefill attends with (the same probe detect() runs)
+    from nvfp4compat.facts import _probe_fa3_ragged
+
+    add("BatchPrefillWithRaggedKVCacheWrapper backend fa3 (fa3_ragged)", rel.fa3_ragged is not None,
+        _probe_fa3_ragged(Path(fi.__file__).parent))  # fmt: skip
     return checks
 
 

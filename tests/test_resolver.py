@@ -340,3 +340,68 @@ print("pure")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "pure" in r.stdout, r.stderr
 
+
+
+# ------------------------------------------------------------- issue 15: dequantize-then-attend prefill
+
+
+def test_sm90_with_flashinfer_binds_dequant_fa3_prefill_with_a_trace_line() -> None:
+    p = q("sm_90", "0.7.2.post1", None)
+    assert p.impl("prefill") == "dequant_fa3" and p.bindings["prefill"].source == "matrix"
+    line = [t for t in p.trace if t.op == "prefill" and t.impl == "dequant_fa3"]
+    assert line and line[0].accepted and "backend='fa3'" in line[0].reason and "SM90" in line[0].reason
+    assert p.impl("decode") == "triton"  # decode rows stay on the Triton decode kernel
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_120"])
+def test_no_fa3_arch_keeps_the_fused_prefill_and_refuses_forcing(arch: str) -> None:
+    p = q(arch, "0.7.4", None)
+    assert p.impl("prefill") in ("triton", "flashinfer") and p.impl("prefill") != "dequant_fa3"
+    with pytest.raises(ResolutionError, match=r"dequant_fa3 prefill.*SMs \[90\].*request prefill=triton"):
+        q(arch, "0.7.4", None, impl_env="prefill=dequant_fa3")
+
+
+def test_dequant_fa3_needs_flashinfer_and_env_can_force_or_refuse_it() -> None:
+    none = q("sm_90", None, None)
+    assert none.impl("prefill") == "triton"
+    assert any(t.impl == "dequant_fa3" and not t.accepted and "not installed" in t.reason for t in none.trace)
+    with pytest.raises(ResolutionError, match="dequant_fa3 prefill.*FlashInfer is not installed"):
+        q("sm_90", None, None, impl_env="prefill=dequant_fa3")
+    forced = q("sm_90", "0.6.15", None, impl_env="prefill=dequant_fa3")
+    assert forced.impl("prefill") == "dequant_fa3" and forced.bindings["prefill"].source == "environment"
+    refused = q("sm_90", "0.6.15", None, impl_env="prefill=triton")
+    assert refused.impl("prefill") == "triton" and refused.bindings["prefill"].source == "environment"
+    with pytest.raises(ResolutionError, match="no dequant_fa3 implementation"):
+        q("sm_90", "0.6.15", None, impl_env="decode=dequant_fa3")
+
+
+def test_dequant_fa3_rejected_for_sinks_and_probe_decides_presence() -> None:
+    sinks = q("sm_90", "0.7.4", None, features=["sinks"])
+    assert sinks.impl("prefill") == "triton"
+    facts = SystemFacts(arch="sm_90", flashinfer="0.7.4", triton="any", flashinfer_fa3_ragged=False)
+    p = resolve(M, facts)
+    assert p.impl("prefill") == "triton"
+    assert any("disagree" in w and "FA3 ragged" in w and "the probe wins" in w for w in p.warnings)
+    unknown = resolve(M, SystemFacts(arch="sm_90", flashinfer="0.7.5.dev1", triton="any", flashinfer_fa3_ragged=True))
+    assert unknown.impl("prefill") == "dequant_fa3"
+
+
+def test_dequant_fa3_inside_vllm_keeps_the_combination_gate() -> None:
+    p = q("sm_90", "0.7.2.post1", "0.26.0")
+    assert p.impl("prefill") == "dequant_fa3" and p.vllm is not None and p.vllm.strategy == "backport"
+    assert "gate_combination" in p.vllm.patches and "forward_reader" in p.vllm.patches
+
+
+def test_fa3_ragged_probe_reads_the_installed_sources(tmp_path: Path) -> None:
+    from nvfp4compat.facts import _probe_fa3_ragged
+
+    (tmp_path / "__init__.py").write_text(
+        "from .prefill import BatchPrefillWithRaggedKVCacheWrapper as BatchPrefillWithRaggedKVCacheWrapper\n"
+    )
+    (tmp_path / "prefill.py").write_text('def f(backend):\n    if backend == "fa3":\n        return 1\n')
+    assert _probe_fa3_ragged(tmp_path)
+    (tmp_path / "prefill.py").write_text('def f(backend):\n    if backend == "fa2":\n        return 1\n')
+    assert not _probe_fa3_ragged(tmp_path)
+    (tmp_path / "__init__.py").write_text("")
+    assert not _probe_fa3_ragged(tmp_path)
+    assert not _probe_fa3_ragged(tmp_path / "missing")

@@ -1,8 +1,9 @@
 """NVFP4 KV-cache kernels: one signature per operation, several implementations.
 
 ``get_kernel(op, impl)`` returns the callable for an operation (``write``, ``dequant``, ``decode``,
-``prefill``) implemented by ``triton`` (bundled kernels) or ``flashinfer`` (FlashInfer's helpers and
-FA2 wrappers). ``native`` (vLLM's own SM100-family TRT-LLM path) binds nothing here: the vLLM plugin
+``prefill``) implemented by ``triton`` (bundled kernels), ``flashinfer`` (FlashInfer's helpers and
+FA2 wrappers) or, for ``prefill`` only, ``dequant_fa3`` (the Triton dequantizer into a bf16/fp16
+scratch, then FlashInfer's FA3 on SM90; ``kernels/composite/prefill_dequant_fa3.py``). ``native`` (vLLM's own SM100-family TRT-LLM path) binds nothing here: the vLLM plugin
 leaves vLLM's code in place. Signatures are in ``docs/architecture.md``.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 __all__ = ["OPS", "IMPLS", "KERNELS", "get_kernel"]
 
 OPS = ("write", "dequant", "decode", "prefill")
-IMPLS = ("native", "flashinfer", "triton")
+IMPLS = ("native", "flashinfer", "triton", "dequant_fa3")
 
 # (op, impl) -> "module:function". Imported lazily: nothing here imports torch, triton or flashinfer.
 KERNELS: dict[tuple[str, str], str] = {
@@ -27,6 +28,7 @@ KERNELS: dict[tuple[str, str], str] = {
     ("dequant", "flashinfer"): "nvfp4compat.kernels.flashinfer.dequant:dequantize_paged",
     ("decode", "flashinfer"): "nvfp4compat.kernels.flashinfer.attention:decode",
     ("prefill", "flashinfer"): "nvfp4compat.kernels.flashinfer.attention:prefill",
+    ("prefill", "dequant_fa3"): "nvfp4compat.kernels.composite.prefill_dequant_fa3:prefill",
 }
 
 
@@ -51,12 +53,15 @@ def get_kernel(op: str, impl: str) -> Callable[..., Any]:
             f"op {op!r} has no nvfp4compat kernel for impl 'native': the native path is vLLM's own "
             "SM100-family trtllm-gen code, which the plugin leaves in place; use 'triton' or 'flashinfer'"
         )
-    target = KERNELS[(op, impl)]
+    target = KERNELS.get((op, impl))
+    if target is None:
+        have = sorted(i for (o, i) in KERNELS if o == op)
+        raise ValueError(f"op {op!r} has no {impl!r} implementation; implementations of {op!r}: {have}")
     module_name, func = target.split(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        need = "triton (pip install 'nvfp4compat[triton]')" if impl == "triton" else "flashinfer-python"
+        need = "flashinfer-python" if impl == "flashinfer" else "triton (pip install 'nvfp4compat[triton]')"
         raise ImportError(
             f"cannot load the {impl} implementation of {op!r} ({target}): {exc}; it needs {need}"
         ) from exc

@@ -161,6 +161,9 @@ class Nvfp4KVMetadata:
         Host upper bounds from vLLM.
     causal : bool
         False only for non-causal (DFlash drafting) batches, which run entirely as prefill.
+    seq_lens_cpu, query_start_loc_cpu : torch.Tensor or None
+        Host copies of ``seq_lens`` / ``query_start_loc`` from vLLM's metadata (exact for prefill
+        rows), passed to a prefill reader that plans on the host (``dequant_fa3``); None if absent.
     """
 
     num_actual_tokens: int
@@ -178,6 +181,8 @@ class Nvfp4KVMetadata:
     max_seq_len: int
     causal: bool = True
     use_cascade: bool = False
+    seq_lens_cpu: torch.Tensor | None = None
+    query_start_loc_cpu: torch.Tensor | None = None
 
 
 def _batch_causal(common_attn_metadata: CommonAttentionMetadata) -> bool:
@@ -340,6 +345,8 @@ class Nvfp4CompatMetadataBuilder(_fi.FlashInferMetadataBuilder):
             max_query_len=cm.max_query_len,
             max_seq_len=cm.max_seq_len,
             causal=causal,
+            seq_lens_cpu=_host_seq_lens(cm),
+            query_start_loc_cpu=_host_tensor(vars(cm).get("query_start_loc_cpu"), cm.num_reqs + 1),
         )
 
 
@@ -352,6 +359,8 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
     _nvfp4_route: Route | None
     _nvfp4_write: Callable[..., None] | None
     _nvfp4_read: dict[str, Callable[..., Any]]
+    _nvfp4_host_lens: bool = False
+    _nvfp4_fa3_checked: bool = False
 
     def __init__(
         self,
@@ -406,8 +415,27 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
         self._nvfp4_window = window_left + 1 if window_left >= 0 else None
         if route.write is not None:
             self._nvfp4_write = get_kernel("write", route.write)
+        self._nvfp4_host_lens = False
         for op, impl in route.read.items():
+            if op == "prefill" and impl == "dequant_fa3":
+                impl = self._dequant_fa3_or_triton(head_size)
+                self._nvfp4_host_lens = impl == "dequant_fa3"
             self._nvfp4_read[op] = get_kernel(op, impl)
+
+    def _dequant_fa3_or_triton(self, head_size: int) -> str:
+        """The plan binds dequant_fa3 for prefill; a layer it cannot serve (sinks, or a head size
+        FA3 does not instantiate) keeps the fused Triton prefill, logged once per layer kind."""
+        from nvfp4compat.kernels.composite.prefill_dequant_fa3 import FA3_HEAD_DIMS
+
+        why = None
+        if getattr(self, "sinks", None) is not None:
+            why = "the layer has attention sinks, which FlashInfer's FA3 ragged prefill does not take"
+        elif head_size not in FA3_HEAD_DIMS:
+            why = f"head_size {head_size} is not one FA3 instantiates ({list(FA3_HEAD_DIMS)})"
+        if why is None:
+            return "dequant_fa3"
+        logger.info("nvfp4compat: prefill stays on the fused Triton reader for this layer: %s", why)
+        return "triton"
 
     def fused_output_quant_supported(self, quant_key: Any) -> bool:
         if self._nvfp4_route is not None and self._nvfp4_read:
@@ -558,6 +586,8 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
                 **common,
             )
         if "prefill" in phases and npt:
+            if self._nvfp4_host_lens and not self._nvfp4_fa3_checked:
+                self._check_fa3_device(query.device)
             qsl = prefill_qsl if prefill_qsl is not None else md.prefill_query_start_loc
             self._nvfp4_read["prefill"](
                 query[ndt : ndt + npt],
@@ -571,7 +601,67 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
                 causal=getattr(md, "causal", True),
                 out=output[ndt : ndt + npt],
                 **common,
+                **self._host_lens(md, nd, npf, ndt),
             )
+
+    def _check_fa3_device(self, device: torch.device) -> None:
+        """First prefill of a layer bound to dequant_fa3: the plan may come from a pretended arch
+        (``NVFP4COMPAT_ARCH``) while the tensors live elsewhere; if FA3 cannot run on ``device``
+        the layer keeps the fused Triton prefill (warned once), as the plugin never raises for
+        "unsupported here"."""
+        from nvfp4compat.kernels.composite.prefill_dequant_fa3 import _fa3_problem
+
+        self._nvfp4_fa3_checked = True
+        problem = _fa3_problem(device)
+        if problem is None:
+            return
+        if problem not in _FA3_WARNED:
+            _FA3_WARNED.add(problem)
+            logger.warning(
+                "nvfp4compat: the plan binds prefill=dequant_fa3 but FA3 cannot run here (%s); "
+                "prefill uses the fused Triton reader (NVFP4COMPAT_IMPL=prefill=triton silences this)",
+                problem,
+            )
+        self._nvfp4_read["prefill"] = get_kernel("prefill", "triton")
+        self._nvfp4_host_lens = False
+
+    def _host_lens(self, md: Any, nd: int, npf: int, ndt: int) -> dict[str, torch.Tensor]:
+        """``seq_lens_cpu`` / ``query_start_loc_cpu`` of the prefill rows for a reader that plans on
+        the host (dequant_fa3); empty otherwise or when vLLM's metadata lacks them (it then reads the
+        device tensors once)."""
+        if not getattr(self, "_nvfp4_host_lens", False):
+            return {}
+        out: dict[str, torch.Tensor] = {}
+        sl = getattr(md, "seq_lens_cpu", None)
+        qs = getattr(md, "query_start_loc_cpu", None)
+        if sl is not None and qs is not None:
+            out["seq_lens_cpu"] = sl[nd : nd + npf]
+            out["query_start_loc_cpu"] = qs[nd : nd + npf + 1] - ndt
+        return out
+
+
+# FA3 problems already warned about (one warning per process, not per layer)
+_FA3_WARNED: set[str] = set()
+
+
+def _host_tensor(t: Any, n: int) -> torch.Tensor | None:
+    """``t[:n]`` when ``t`` is a CPU tensor of at least ``n`` entries, else None."""
+    if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() == 1 and t.shape[0] >= n:
+        return t[:n]
+    return None
+
+
+def _host_seq_lens(cm: Any) -> torch.Tensor | None:
+    """vLLM's host ``seq_lens`` without a device sync: ``seq_lens_cpu_upper_bound`` (0.33: exact for
+    prefill rows, the only rows a host-planned prefill reads), else the dataclass field
+    ``seq_lens_cpu`` / ``_seq_lens_cpu`` of older releases (read from ``vars``, never through a
+    property that would copy from the device)."""
+    fields = vars(cm)
+    for name in ("seq_lens_cpu_upper_bound", "seq_lens_cpu", "_seq_lens_cpu"):
+        t = _host_tensor(fields.get(name), cm.num_reqs)
+        if t is not None:
+            return t
+    return None
 
 
 def _bound_args(

@@ -158,7 +158,7 @@ def route_from_plan(plan: Any, *, refuse_here: bool = False) -> Route | None:
     if "forward_reader" in patches:
         for op in _READ_OPS:
             impl = _binding_impl(plan, op)
-            if impl == "triton":
+            if impl in ("triton", "dequant_fa3"):  # nvfp4compat's own readers (dequant_fa3: prefill)
                 read[op] = impl
             elif strategy == "backport":
                 raise RouteError(

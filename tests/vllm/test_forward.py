@@ -43,7 +43,11 @@ def _common_metadata(seq_lens, query_lens, block_table, slot_mapping):
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     qsl = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
+    extra = {}
+    if "seq_lens_cpu_upper_bound" in getattr(CommonAttentionMetadata, "__dataclass_fields__", {}):
+        extra["seq_lens_cpu_upper_bound"] = torch.tensor(seq_lens, dtype=torch.int32)  # vLLM 0.33+
     return CommonAttentionMetadata(
+        **extra,
         query_start_loc=qsl,
         query_start_loc_cpu=qsl.clone(),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
@@ -173,3 +177,61 @@ def test_cudagraph_support_never_unless_opted_in(cpu_vllm, plugin_for_read, monk
         builder_cls.get_cudagraph_support(setup.config, setup.spec)
         == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
     )
+
+
+@pytest.fixture
+def plugin_dequant_fa3(cpu_vllm, clean_plugin, monkeypatch):
+    """Prefill bound to the dequantize-then-attend composite (SM90 pretended)."""
+    cpu_vllm.set_arch("sm_90")
+    monkeypatch.setenv("NVFP4COMPAT_IMPL", "write=triton,decode=triton,prefill=dequant_fa3")
+    try:
+        load_plugin_through_entry_point()
+    except Exception as exc:  # noqa: BLE001 - e.g. no FlashInfer with FA3 in this venv
+        pytest.skip(f"prefill=dequant_fa3 cannot be planned here: {exc}")
+    route = vllm_plugin.active_route()
+    if route is None or route.read.get("prefill") != "dequant_fa3":
+        pytest.skip(f"the plan for vLLM {cpu_vllm.version} does not route prefill to dequant_fa3: {route}")
+    return route
+
+
+def _spy_composite(monkeypatch):
+    from nvfp4compat.kernels.composite import prefill_dequant_fa3 as comp
+
+    calls = []
+    real = comp.prefill
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(comp, "prefill", spy)
+    return comp, calls
+
+
+def test_forward_dequant_fa3_gets_host_lengths(cpu_vllm, plugin_dequant_fa3, monkeypatch):
+    """The plugin hands the prefill rows' host lengths to dequant_fa3 (the reference stands in for FA3
+    through the composite's test hook; the device check is told FA3 can run)."""
+    comp, calls = _spy_composite(monkeypatch)
+    monkeypatch.setattr(comp, "_fa3_problem", lambda device: None)
+    with comp.attend_backend(comp.reference_attend):
+        _run_case(
+            cpu_vllm, layout="NHD", head_size=128, num_heads=4, num_kv_heads=2,
+            seq_lens=[37, 9, 21, 5], query_lens=[1, 1, 6, 5],
+        )  # fmt: skip
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    assert len(calls) == 1
+    if "seq_lens_cpu_upper_bound" in CommonAttentionMetadata.__dataclass_fields__:  # vLLM 0.33+
+        assert calls[0]["seq_lens_cpu"].tolist() == [21, 5]
+        assert calls[0]["query_start_loc_cpu"].tolist() == [0, 6, 11]
+
+
+def test_forward_dequant_fa3_off_sm90_keeps_the_fused_prefill(cpu_vllm, plugin_dequant_fa3, monkeypatch):
+    """A pretended SM90 on a CPU: the first prefill finds FA3 cannot run on the tensors' device and the
+    layer keeps the fused Triton prefill (warned once); the output still matches the reference."""
+    comp, calls = _spy_composite(monkeypatch)
+    _run_case(
+        cpu_vllm, layout="HND", head_size=128, num_heads=4, num_kv_heads=2,
+        seq_lens=[37, 21], query_lens=[1, 6],
+    )  # fmt: skip
+    assert calls == []

@@ -17,13 +17,18 @@ def test_backport_without_the_writer_helper_binds_triton():
     assert {"gate_nvfp4", "metadata_builder", "kv_cache_update", "forward_reader"} <= set(
         route.patches
     )
-    assert route.write == "triton" and route.read == {"decode": "triton", "prefill": "triton"}
+    # on SM90 with FlashInfer's FA3 the prefill reader is the dequantize-then-attend composite (issue 15)
+    assert route.write == "triton" and route.read == {"decode": "triton", "prefill": "dequant_fa3"}
     assert (
         route.own_builder and route.reads_all and "nvfp4" in route.accept and route.refusal is None
     )
     line = summary_line(plan, route)
     assert line.startswith("nvfp4compat: vLLM 0.26.0 on sm_90 with FlashInfer 0.6.14: backport [")
-    assert "write=triton" in line and "decode=triton" in line and "prefill=triton" in line
+    assert "write=triton" in line and "decode=triton" in line and "prefill=dequant_fa3" in line
+    forced = route_from_plan(
+        nvfp4compat.query(arch="sm_90", flashinfer="0.6.14", vllm="0.26.0", impl_env="prefill=triton")
+    )
+    assert forced is not None and forced.read == {"decode": "triton", "prefill": "triton"}
 
 
 def test_backport_with_the_writer_helper_binds_flashinfer():

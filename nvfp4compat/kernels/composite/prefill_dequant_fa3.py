@@ -1,0 +1,543 @@
+"""Dequantize-then-attend prefill over an NVFP4 KV cache: the Triton dequantizer, then FlashInfer's FA3.
+
+The ``dequant_fa3`` implementation of ``prefill`` (same signature and semantics as
+:func:`nvfp4compat.kernels.triton.attention.prefill`, ``docs/architecture.md``), for SM90 (Hopper):
+
+1. Requests with at most ``16 // G`` query tokens (``G = num_qo_heads // num_kv_heads``; the decode
+   rows of a mixed batch) go through the Triton split-KV decode path, in the same call.
+2. Every other request's KV, positions ``[0, seq_len_b)``, is dequantized once by the Triton paged
+   dequantizer into a contiguous per-device scratch (K and V, each ``[total_kv, num_kv_heads,
+   head_dim]``, the query's dtype): V as ``e2m1 * sf * v_scale``, K as ``e2m1 * sf`` (exact in
+   fp16/bf16) with ``k_scale`` folded into the softmax scale, as the fused kernels do. Rounding
+   ``e2m1 * sf * k_scale`` to bf16 instead moves every logit by up to 2^-9 relative and the LSE by
+   up to 3e-2 on the test caches (outlier key channels), against 1e-2 for the other implementations.
+   Then FlashInfer's ``BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="fa3")``
+   attends over it (causal bottom-right, ``window_left = sliding_window - 1``, soft-cap; its base-2 LSE is returned
+   in natural-log units like every other implementation).
+
+The scratch is bounded by ``NVFP4COMPAT_PREFILL_SCRATCH_MB`` (default 1024 MiB, K and V together;
+``docs/attention.md``): consecutive prefill requests are processed in groups whose KV fits, and a
+single request whose KV alone exceeds the cap runs through the fused Triton prefill (debug log).
+
+Host metadata: the grouping is planned on the host from ``seq_lens_cpu`` / ``query_start_loc_cpu``
+(vLLM's metadata builder has both); without them the device tensors are read once (a sync). vLLM never
+captures prefill in CUDA graphs; a call under graph capture is refused.
+
+Not supported (a clear error naming the feature and the way out, ``NVFP4COMPAT_IMPL=prefill=triton``):
+attention sinks (FlashInfer's FA3 ragged run takes none) and head_dim other than 64/128/256 (FA3's
+kernel instantiations, ``include/flashinfer/attention/hopper/prefill_sm90.cuh`` [0.7.2.post1]).
+
+Tests replace the FA3 step with the float32 reference through :func:`attend_backend` (FlashInfer's
+kernels do not run on the CPU); nothing else uses that hook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from nvfp4compat.kernels.layout import normalize_cache
+from nvfp4compat.kernels.triton import attention as tri
+from nvfp4compat.kernels.triton.dequant import launch_dequant
+
+__all__ = [
+    "prefill",
+    "SCRATCH_ENV",
+    "DEFAULT_SCRATCH_MB",
+    "FA3_HEAD_DIMS",
+    "scratch_cap_bytes",
+    "plan_groups",
+    "PrefillGroup",
+    "attend_backend",
+    "reference_attend",
+    "flashinfer_attend",
+    "clear_cache",
+]
+
+logger = logging.getLogger("nvfp4compat.kernels.prefill_dequant_fa3")
+
+SCRATCH_ENV = "NVFP4COMPAT_PREFILL_SCRATCH_MB"
+DEFAULT_SCRATCH_MB = 1024
+# FlashInfer's SM90 prefill instantiates head_dim_vo 64, 128 and 256 (prefill_sm90.cuh static_asserts).
+FA3_HEAD_DIMS = (64, 128, 256)
+_LN2 = 0.6931471805599453
+_WORKSPACE_BYTES = 128 * 1024 * 1024
+_WAY_OUT = "use the fused Triton prefill: get_kernel('prefill', 'triton'), or NVFP4COMPAT_IMPL=prefill=triton"
+
+
+class AttendFn(Protocol):
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        qo_indptr: list[int],
+        kv_indptr: list[int],
+        *,
+        sm_scale: float,
+        causal: bool,
+        window_left: int,
+        logits_soft_cap: float | None,
+        out: torch.Tensor,
+        lse: torch.Tensor | None,
+    ) -> None: ...
+
+
+# ------------------------------------------------------------------------------------------------
+# Host planning: which requests go where, and the scratch layout
+# ------------------------------------------------------------------------------------------------
+
+
+def scratch_cap_bytes() -> int:
+    """The scratch cap in bytes, K and V together (``NVFP4COMPAT_PREFILL_SCRATCH_MB``, default 1024)."""
+    raw = os.environ.get(SCRATCH_ENV)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_SCRATCH_MB << 20
+    try:
+        mb = int(raw)
+    except ValueError:
+        mb = -1
+    if mb < 1:
+        raise ValueError(
+            f"{SCRATCH_ENV}={raw!r}: expected a positive integer number of MiB (default "
+            f"{DEFAULT_SCRATCH_MB}); unset it or set e.g. {SCRATCH_ENV}=512"
+        )
+    return mb << 20
+
+
+@dataclass(frozen=True)
+class PrefillGroup:
+    """Consecutive prefill requests ``[first, last]`` attended in one FA3 call over one scratch fill.
+
+    ``runs``: ``(first_request, count, seq_len)`` of the dequantizer launches (consecutive requests of
+    equal ``seq_len`` share one launch: its padded ``[count, seq_len, H, D]`` output is then exactly the
+    ragged layout). ``kv_indptr``/``qo_indptr`` are relative to the group (host lists, ``len = n + 1``).
+    """
+
+    first: int
+    last: int
+    runs: tuple[tuple[int, int, int], ...]
+    qo_indptr: tuple[int, ...]
+    kv_indptr: tuple[int, ...]
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.kv_indptr[-1]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The host plan of one call: decode rows, FA3 groups, and requests too large for the scratch."""
+
+    has_decode_rows: bool
+    groups: tuple[PrefillGroup, ...]
+    oversize: tuple[int, ...]
+
+
+def plan_groups(seq_lens: Sequence[int], qsl: Sequence[int], qmax: int, cap_tokens: int) -> Plan:
+    """Split a batch: requests with ``0 < q_len <= qmax`` are decode rows; the others with queries
+    form groups of consecutive requests whose KV (``sum seq_len``) fits ``cap_tokens``; a request
+    whose ``seq_len`` alone exceeds ``cap_tokens`` is listed in ``oversize``. Requests without
+    queries, decode rows and oversize requests end a group (a group's query rows stay contiguous)."""
+    groups: list[PrefillGroup] = []
+    oversize: list[int] = []
+    has_decode = False
+    cur: list[int] = []
+
+    def close() -> None:
+        if not cur:
+            return
+        runs: list[tuple[int, int, int]] = []
+        kv = [0]
+        for b in cur:
+            n = seq_lens[b]
+            if runs and runs[-1][2] == n:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1, n)
+            else:
+                runs.append((b, 1, n))
+            kv.append(kv[-1] + n)
+        q0 = qsl[cur[0]]
+        groups.append(
+            PrefillGroup(
+                first=cur[0],
+                last=cur[-1],
+                runs=tuple(runs),
+                qo_indptr=tuple(qsl[b] - q0 for b in [*cur, cur[-1] + 1]),
+                kv_indptr=tuple(kv),
+            )  # fmt: skip
+        )
+        cur.clear()
+
+    total = 0
+    for b, n in enumerate(seq_lens):
+        q_len = qsl[b + 1] - qsl[b]
+        if q_len <= qmax:
+            has_decode |= q_len > 0
+            close()
+            continue
+        if n > cap_tokens:
+            close()
+            oversize.append(b)
+            continue
+        if cur and total + n > cap_tokens:
+            close()
+        if not cur:
+            total = 0
+        cur.append(b)
+        total += n
+    close()
+    return Plan(has_decode_rows=has_decode, groups=tuple(groups), oversize=tuple(oversize))
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-device state: scratch, FlashInfer workspace and wrappers
+# ------------------------------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_scratch: dict[torch.device, torch.Tensor] = {}
+_workspaces: dict[torch.device, torch.Tensor] = {}
+_wrappers: dict[tuple[Any, ...], list[Any]] = {}  # (device, backend) -> [wrapper, last plan key]
+_attend_override: AttendFn | None = None
+
+
+def clear_cache() -> None:
+    """Free the scratch, the FlashInfer workspaces and the cached wrappers of every device."""
+    with _lock:
+        _scratch.clear()
+        _workspaces.clear()
+        _wrappers.clear()
+
+
+def _scratch_bytes(device: torch.device, nbytes: int, cap: int) -> torch.Tensor:
+    """The device's scratch, grown (never shrunk) to at least ``nbytes``: to twice its size, at most
+    ``cap``, so contexts that grow chunk by chunk do not reallocate every step. Work queued on the
+    stream over a replaced buffer stays valid (the caching allocator reuses memory in stream order)."""
+    with _lock:
+        buf = _scratch.get(device)
+        if buf is None or buf.numel() < nbytes:
+            size = max(nbytes, min(cap, 2 * buf.numel())) if buf is not None else nbytes
+            _scratch.pop(device, None)
+            buf = torch.empty(size, dtype=torch.uint8, device=device)
+            _scratch[device] = buf
+        return buf
+
+
+@contextlib.contextmanager
+def attend_backend(fn: AttendFn) -> Iterator[None]:
+    """Tests and benchmarks only: run ``fn`` instead of FlashInfer's FA3 for the attention step (the
+    dequantizer, grouping and decode routing stay real; the SM90/FA3 check is skipped). ``fn`` receives the ragged query, the scratch K/V views,
+    host ``qo_indptr``/``kv_indptr`` and the options, and writes ``out`` and the natural-log ``lse``."""
+    global _attend_override
+    prev = _attend_override
+    _attend_override = fn
+    try:
+        yield
+    finally:
+        _attend_override = prev
+
+
+def flashinfer_attend(backend: str = "fa3") -> AttendFn:
+    """The attention step through FlashInfer's ``BatchPrefillWithRaggedKVCacheWrapper(backend=...)``.
+
+    ``"fa3"`` is what :func:`prefill` runs; ``benchmarks/bench_prefill.py`` also times ``"fa2"`` (the
+    same composite over FA2, for the archs without FA3) through :func:`attend_backend`. One wrapper per
+    (device, backend) serves every layer; it is re-planned only when the plan's inputs change.
+    """
+
+    def attend(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        qo_indptr: list[int],
+        kv_indptr: list[int],
+        *,
+        sm_scale: float,
+        causal: bool,
+        window_left: int,
+        logits_soft_cap: float | None,
+        out: torch.Tensor,
+        lse: torch.Tensor | None,
+    ) -> None:
+        import flashinfer
+
+        q = q.contiguous()  # a strided query (e.g. a view of vLLM's fused QKV) is copied once
+        device = q.device
+        with _lock:
+            planned = _wrappers.get((device, backend))
+            if planned is None:
+                ws = _workspaces.get(device)
+                if ws is None:
+                    ws = _workspaces[device] = torch.empty(
+                        _WORKSPACE_BYTES, dtype=torch.uint8, device=device
+                    )
+                wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
+                planned = _wrappers[(device, backend)] = [wrapper, None]
+        key = (tuple(qo_indptr), tuple(kv_indptr), q.dtype, q.shape[1], k.shape[1], q.shape[2], causal,
+               window_left, logits_soft_cap, float(sm_scale))  # fmt: skip
+        wrapper = planned[0]
+        if planned[1] != key:
+            wrapper.plan(
+                torch.tensor(qo_indptr, dtype=torch.int32), torch.tensor(kv_indptr, dtype=torch.int32),
+                q.shape[1], k.shape[1], q.shape[2], causal=causal, window_left=window_left,
+                logits_soft_cap=logits_soft_cap, sm_scale=float(sm_scale), q_data_type=q.dtype,
+                kv_data_type=k.dtype, o_data_type=q.dtype,
+            )  # fmt: skip
+            planned[1] = key
+        direct = out.is_contiguous()
+        res = wrapper.run(q, k, v, out=out if direct else None, return_lse=lse is not None)
+        o, fl = (res[0], res[1]) if lse is not None else (res, None)
+        if not direct:
+            out.copy_(o)
+        if lse is not None:
+            assert fl is not None
+            lse.copy_(fl * _LN2)
+
+    return attend
+
+
+_fa3_attend = flashinfer_attend("fa3")
+
+
+def reference_attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    qo_indptr: list[int],
+    kv_indptr: list[int],
+    *,
+    sm_scale: float,
+    causal: bool,
+    window_left: int,
+    logits_soft_cap: float | None,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+) -> None:
+    """The float32 reference in FA3's place (:func:`attend_backend` in tests): same arguments."""
+    from nvfp4compat.kernels.reference_attention import attention_reference
+
+    n = len(kv_indptr) - 1
+    keys = [k[kv_indptr[i] : kv_indptr[i + 1]] for i in range(n)]
+    values = [v[kv_indptr[i] : kv_indptr[i + 1]] for i in range(n)]
+    o, lse_ref = attention_reference(
+        q, keys, values, torch.tensor(qo_indptr, dtype=torch.int32), sm_scale=sm_scale, causal=causal,
+        sliding_window=window_left + 1 if window_left >= 0 else None,
+        logits_soft_cap=logits_soft_cap,
+    )  # fmt: skip
+    out.copy_(o.to(out.dtype))
+    if lse is not None:
+        lse.copy_(lse_ref)
+
+
+# ------------------------------------------------------------------------------------------------
+# The operation
+# ------------------------------------------------------------------------------------------------
+
+
+def _unsupported(feature: str) -> NotImplementedError:
+    return NotImplementedError(f"prefill (dequant_fa3): {feature}; {_WAY_OUT}")
+
+
+def _host_ints(t: torch.Tensor | None, device_t: torch.Tensor, name: str, n: int) -> list[int]:
+    """A host copy of a length tensor: ``t`` when given (checked), else ``device_t`` read once."""
+    if t is None:
+        return [int(x) for x in device_t.to("cpu").tolist()]
+    if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.dim() != 1 or t.shape[0] != n:
+        raise ValueError(
+            f"prefill (dequant_fa3): {name} must be a 1-D CPU tensor of {n} entries (vLLM's host copy), "
+            f"got {getattr(t, 'device', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}"
+        )
+    return [int(x) for x in t.tolist()]
+
+
+def prefill(
+    query: torch.Tensor,
+    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    kv_cache_sf: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    k_scale: float | torch.Tensor,
+    v_scale: float | torch.Tensor,
+    *,
+    sm_scale: float,
+    kv_layout: str = "NHD",
+    causal: bool = True,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    seq_lens_cpu: torch.Tensor | None = None,
+    query_start_loc_cpu: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Varlen paged prefill over an NVFP4 KV cache: dequantize each prefill request's KV once into a
+    bf16/fp16 scratch (``x = e2m1 * sf * gs``), then FlashInfer FA3 (SM90) over it.
+
+    Semantics, shapes and results are those of :func:`nvfp4compat.kernels.triton.attention.prefill`
+    (request ``b``'s queries are rows ``[qsl[b], qsl[b+1])`` at the last ``q_len_b`` of its
+    ``seq_lens[b]`` positions; decode rows, ``q_len_b <= 16 // G``, run through the Triton decode
+    kernel in the same call; natural-log LSE). Not CUDA-graph safe (vLLM never captures prefill): the
+    host plan needs the lengths, and a call under stream capture raises :class:`RuntimeError`.
+
+    Parameters
+    ----------
+    query, paged_kv_cache, kv_cache_sf, block_table, seq_lens, query_start_loc, k_scale, v_scale,
+    sm_scale, kv_layout, causal, sliding_window, logits_soft_cap, out, return_lse
+        As in the Triton :func:`~nvfp4compat.kernels.triton.attention.prefill`; a device-tensor
+        ``k_scale`` is read to the host once per call (FA3 takes the softmax scale as a host float).
+    sinks : None
+        Not supported by FA3's ragged run: anything but None raises :class:`NotImplementedError`.
+    seq_lens_cpu, query_start_loc_cpu : torch.Tensor, optional
+        Host copies of ``seq_lens`` ([batch]) and ``query_start_loc`` ([batch + 1]) with the same
+        values (vLLM's metadata has both); without them the device tensors are read once (a sync).
+
+    Raises
+    ------
+    NotImplementedError
+        For sinks, a head_dim FA3 does not instantiate (only 64/128/256), or a GPU other than SM90;
+        the message names ``NVFP4COMPAT_IMPL=prefill=triton``.
+    RuntimeError
+        Under CUDA graph capture.
+    """
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "prefill (dequant_fa3): called during CUDA graph capture; this implementation plans on the "
+            f"host and cannot be captured (vLLM never captures prefill); {_WAY_OUT}"
+        )
+    if sinks is not None:
+        raise _unsupported("attention sinks are not supported by FlashInfer's FA3 ragged prefill")
+    views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
+    if views.head_dim not in FA3_HEAD_DIMS:
+        raise _unsupported(
+            f"head_dim {views.head_dim} is not instantiated by FlashInfer's FA3 prefill "
+            f"(supported: {list(FA3_HEAD_DIMS)})"
+        )
+    a = tri._check_common(
+        "prefill", query, views, block_table, seq_lens, k_scale, v_scale, sm_scale, sliding_window,
+        logits_soft_cap, None, out, return_lse,
+    )  # fmt: skip
+    batch = block_table.shape[0]
+    qsl = query_start_loc
+    if (
+        not isinstance(qsl, torch.Tensor)
+        or qsl.dtype != torch.int32
+        or qsl.dim() != 1
+        or qsl.shape[0] != batch + 1
+    ):
+        raise ValueError(
+            f"prefill: query_start_loc must be an int32 tensor [batch + 1 = {batch + 1}], got "
+            f"{getattr(qsl, 'dtype', type(qsl).__name__)} {tuple(getattr(qsl, 'shape', ()))}"
+        )
+    if qsl.device != views.device:
+        raise ValueError(
+            f"prefill: query_start_loc is on {qsl.device}, the cache is on {views.device}"
+        )
+    qsl = qsl.contiguous()
+    num_tokens = query.shape[0]
+    if batch == 0 or num_tokens == 0:
+        return tri._result(a)
+    lens = _host_ints(seq_lens_cpu, seq_lens, "seq_lens_cpu", batch)
+    starts = _host_ints(query_start_loc_cpu, qsl, "query_start_loc_cpu", batch + 1)
+    if (
+        starts[0] != 0
+        or starts[-1] != num_tokens
+        or any(starts[i + 1] < starts[i] for i in range(batch))
+    ):
+        raise ValueError(
+            f"prefill: query_start_loc must start at 0, be non-decreasing and end at num_tokens "
+            f"{num_tokens}, got {starts if batch <= 16 else starts[:8] + ['...'] + starts[-8:]}"
+        )
+    max_pages = block_table.shape[1]
+    for b in range(batch):
+        q_len = starts[b + 1] - starts[b]
+        if lens[b] < q_len or lens[b] > max_pages * views.page_size:
+            raise ValueError(
+                f"prefill: request {b} has seq_len {lens[b]}, needs q_len {q_len} <= seq_len <= "
+                f"block_table columns x page_size = {max_pages * views.page_size}"
+            )
+    el = query.element_size()
+    per_token = 2 * views.num_kv_heads * views.head_dim * el
+    cap_bytes = scratch_cap_bytes()
+    plan = plan_groups(lens, starts, max(1, 16 // a.group), cap_bytes // per_token)
+    attend: AttendFn = _attend_override or _fa3_attend
+    if plan.groups and _attend_override is None:
+        _require_fa3(views.device)
+
+    if plan.has_decode_rows:
+        tri._launch_decode_path(
+            a, query, block_table, seq_lens, qsl, max(1, 16 // a.group), bool(causal)
+        )
+    window_left = a.window - 1 if a.window > 0 else -1
+    cap = a.softcap if a.softcap > 0 else None
+    if plan.groups:
+        ks = a.k_scale  # FA3 takes the softmax scale on the host: a device k_scale is read once
+        attend_scale = float(sm_scale) * (float(ks.reshape(()).item()) if isinstance(ks, torch.Tensor) else ks)
+        need = max(g.kv_tokens for g in plan.groups) * per_token
+        buf = _scratch_bytes(views.device, need, cap_bytes)
+        h, d = views.num_kv_heads, views.head_dim
+    for g in plan.groups:
+        n_tok = g.kv_tokens
+        flat = buf[: n_tok * per_token].view(query.dtype).view(2, n_tok, h, d)
+        k_s, v_s = flat[0], flat[1]
+        off = 0
+        for first, count, n in g.runs:
+            launch_dequant(
+                (views.k_data, views.v_data), (views.k_sf, views.v_sf),
+                block_table[first : first + count], seq_lens[first : first + count],
+                1.0, a.v_scale, k_s[off : off + count * n].view(count, n, h, d),
+                v_s[off : off + count * n].view(count, n, h, d), views.layout,
+            )  # fmt: skip
+            off += count * n
+        q0, q1 = starts[g.first], starts[g.last + 1]
+        attend(
+            query[q0:q1], k_s, v_s, list(g.qo_indptr), list(g.kv_indptr), sm_scale=attend_scale,
+            causal=bool(causal), window_left=window_left, logits_soft_cap=cap, out=a.out[q0:q1],
+            lse=a.lse[q0:q1] if a.lse is not None else None,
+        )  # fmt: skip
+    for b in plan.oversize:
+        logger.debug(
+            "prefill (dequant_fa3): request %d's KV (%d tokens, %.1f MiB) exceeds %s=%d MiB; it runs "
+            "through the fused Triton prefill",
+            b, lens[b], lens[b] * per_token / 2**20, SCRATCH_ENV, cap_bytes >> 20,
+        )  # fmt: skip
+        q0, q1 = starts[b], starts[b + 1]
+        res = tri.prefill(
+            query[q0:q1], (views.k_data, views.v_data), (views.k_sf, views.v_sf),
+            block_table[b : b + 1], seq_lens[b : b + 1],
+            torch.tensor([0, q1 - q0], dtype=torch.int32, device=views.device), a.k_scale, a.v_scale,
+            sm_scale=sm_scale, kv_layout=views.layout, causal=causal, sliding_window=sliding_window,
+            logits_soft_cap=logits_soft_cap, out=a.out[q0:q1], return_lse=a.lse is not None,
+        )  # fmt: skip
+        if a.lse is not None:
+            assert isinstance(res, tuple)
+            a.lse[q0:q1].copy_(res[1])
+    return tri._result(a)
+
+
+def _fa3_problem(device: torch.device) -> str | None:
+    """Why FlashInfer's FA3 ragged prefill cannot run on ``device`` (None: it can)."""
+    if device.type != "cuda":
+        return f"the cache is on {device}; FA3 needs a CUDA SM90 GPU"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major != 9:
+        return f"the GPU is SM{major}{minor}; FlashInfer's FA3 kernels are built for SM90 only"
+    try:
+        import flashinfer
+    except ImportError as exc:
+        return f"flashinfer cannot be imported ({exc})"
+    if not hasattr(flashinfer, "BatchPrefillWithRaggedKVCacheWrapper"):
+        return "the installed flashinfer has no BatchPrefillWithRaggedKVCacheWrapper"
+    return None
+
+
+def _require_fa3(device: torch.device) -> None:
+    problem = _fa3_problem(device)
+    if problem is not None:
+        raise _unsupported(problem)

@@ -1,0 +1,86 @@
+"""GPU tier of the dequantize-then-attend prefill (``dequant_fa3``): the real FlashInfer FA3 on SM90.
+
+Run on an H100/H200 with FlashInfer installed: ``pytest -m gpu tests/kernels/test_gpu_prefill_dequant_fa3.py``
+(each distinct (dtype, head_dim, causal, window, soft-cap) combination JIT-compiles one FlashInfer FA3
+module the first time). Every case compares against the float32 reference on the dequantized cache:
+relative L2 of the output <= 1e-2 and LSE max abs error <= 1e-2 (natural log).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _attention_helpers import HAS_CUDA, run_case
+
+from nvfp4compat.kernels.composite import prefill_dequant_fa3 as mod
+
+bf16, fp16 = torch.bfloat16, torch.float16
+
+
+def _fa3_skip_reason() -> str | None:
+    if not HAS_CUDA:
+        return "needs a CUDA GPU"
+    major, minor = torch.cuda.get_device_capability()
+    if major != 9:
+        return f"SM{major}{minor}: FlashInfer's FA3 kernels need SM90"
+    return mod._fa3_problem(torch.device("cuda"))
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_fa3_skip_reason() is not None, reason=str(_fa3_skip_reason()))]
+
+
+# (dtype, head_dim, layout, hq, hkv, seq_lens, q_lens)
+SHAPES = [
+    pytest.param(bf16, 128, "NHD", 32, 8, [4096, 4096], [4096, 4096], id="bf16-d128-2x4k-prompt"),
+    pytest.param(bf16, 128, "NHD", 32, 8, [17408] * 3, [1024] * 3, id="bf16-d128-3x1k-chunks-on-16k"),
+    pytest.param(fp16, 64, "HND", 16, 4, [3000, 4096, 37, 2048], [3000, 3, 37, 1], id="fp16-d64-mixed"),
+    pytest.param(bf16, 256, "combined-NHD", 16, 2, [1500, 999], [700, 999], id="bf16-d256-combined"),
+    pytest.param(fp16, 128, "combined-HND", 8, 8, [2049, 5, 1025], [2049, 5, 100], id="fp16-d128-g1-mixed"),
+]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(("dtype", "head_dim", "layout", "hq", "hkv", "seq_lens", "q_lens"), SHAPES)
+def test_matches_reference(causal, dtype, head_dim, layout, hq, hkv, seq_lens, q_lens):
+    run_case(
+        "dequant_fa3", "prefill", seq_lens=seq_lens, q_lens=q_lens, num_qo_heads=hq, num_kv_heads=hkv,
+        head_dim=head_dim, page_size=16, layout=layout, dtype=dtype, causal=causal, return_lse=True,
+    ).check()  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "features",
+    [
+        pytest.param(dict(sliding_window=500), id="window"),
+        pytest.param(dict(logits_soft_cap=30.0), id="softcap"),
+        pytest.param(dict(sliding_window=129, logits_soft_cap=30.0, scale_as_tensor=True), id="all-tensor-scales"),
+    ],
+)
+@pytest.mark.parametrize("causal", [True, False])
+def test_features_match_reference(features, causal):
+    run_case(
+        "dequant_fa3", "prefill", seq_lens=[2100, 60, 900], q_lens=[1000, 4, 900], num_qo_heads=16,
+        num_kv_heads=4, head_dim=128, dtype=bf16, causal=causal, return_lse=True, **features,
+    ).check()  # fmt: skip
+
+
+def test_groups_under_a_small_cap_and_oversize_requests(monkeypatch):
+    """1 MiB of scratch = 1024 tokens at 2 KV heads x 128 x bf16 x K+V: the 3000-token request takes
+    the fused Triton prefill, the others are split into several FA3 groups; all rows match."""
+    monkeypatch.setenv(mod.SCRATCH_ENV, "1")
+    res = run_case(
+        "dequant_fa3", "prefill", seq_lens=[600, 3000, 500, 400, 300, 20], q_lens=[600, 100, 250, 400, 3, 20],
+        num_qo_heads=8, num_kv_heads=2, head_dim=128, dtype=bf16, return_lse=True,
+    )  # fmt: skip
+    res.check()
+
+
+def test_refused_under_cuda_graph_capture():
+    res = run_case("dequant_fa3", "prefill", seq_lens=[64], q_lens=[64], head_dim=128, return_lse=False)
+    case, query = res.case, res.query
+    qsl = torch.tensor([0, 64], dtype=torch.int32, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="CUDA graph capture.*prefill=triton"):  # noqa: SIM117
+        with torch.cuda.graph(g):
+            mod.prefill(query, case.paged_kv_cache, case.kv_cache_sf, case.block_table, case.seq_lens, qsl,
+                        case.k_scale, case.v_scale, sm_scale=0.1)  # fmt: skip
