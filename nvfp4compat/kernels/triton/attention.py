@@ -1255,7 +1255,12 @@ def _run_decode(
     lse_arg = lse if lse is not None else out
     sinks_arg = sinks if sinks is not None else out
     qsl_arg = qsl if qsl is not None else seq_lens
-    status_arg = status if status is not None else seq_lens  # read only with VARLEN
+    if status is not None:
+        status_arg = status
+    elif qsl is not None:  # no guard kernel ran: query_start_loc is taken as it is (clamped)
+        status_arg = torch.zeros(1, dtype=torch.int32, device=device)
+    else:
+        status_arg = seq_lens  # never read without VARLEN
     num_tokens = query.shape[0]
     page_shift = _page_shift(d.page_size)
     softcap = d.softcap if d.softcap else 1.0
