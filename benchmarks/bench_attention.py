@@ -302,7 +302,7 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
         variants: list[tuple[str, dict[str, Any]]] = [(default_label, {})]
         if sweep:
             for cfg in (att.DecodeConfig(64, 2, 3, None, 4), att.DecodeConfig(64, 2, 3, 168, 5),
-                        att.DecodeConfig(128, 4, 2, None, 3), att.DecodeConfig(128, 8, 3, None, 2),
+                        att.DecodeConfig(128, 4, 3, None, 2), att.DecodeConfig(128, 8, 3, None, 2),
                         att.DecodeConfig(128, 8, 3, 128, 2), att.DecodeConfig(64, 4, 3, None, 3),
                         att.DecodeConfig(256, 8, 3, None, 1)):
                 if cfg != base:

@@ -455,8 +455,8 @@ def test_decode_config_widens_narrow_configs(monkeypatch):
     """A 2-warp decode config is widened to 4 warps for BLOCK_M > 16 and latency-bound launches."""
     from nvfp4compat.kernels.triton import attention as att
 
-    assert att.decode_config(128) == att.DecodeConfig(128, 4, 3, programs_per_sm=3)
-    assert att.decode_config(128, 64, 1, 132) == att.DecodeConfig(128, 4, 3, programs_per_sm=3)  # already wide
+    assert att.decode_config(128) == att.DecodeConfig(128, 4, 2, programs_per_sm=3)
+    assert att.decode_config(128, 64, 1, 132) == att.DecodeConfig(128, 4, 2, programs_per_sm=3)  # already wide
     monkeypatch.setitem(att._DECODE_CONFIGS, 128, att.DecodeConfig(64, 2, 3))
     assert att.decode_config(128, 16, 512, 132) == att.DecodeConfig(64, 2, 3)  # fills the GPU
     assert att.decode_config(128, 16, 48, 132) == att.DecodeConfig(64, 4, 3)  # latency-bound

@@ -145,8 +145,10 @@ def _attend_tile(
 
     ``MASKED`` tiles mask keys ``>= kv_end`` and, per row, the causal diagonal (``CAUSAL_ROWS``:
     key ``<= qpos``) and the window (``WINDOW_ROWS``: key ``> qpos - window``); unmasked tiles are
-    known to be fully visible to every row. Logits are kept in the log2 domain. Keys whose page id
-    is outside ``[0, num_pages)`` are masked on every tile: nothing is read for them.
+    known to be fully visible to every row. Logits are kept in the log2 domain. A key whose page id
+    is outside ``[0, num_pages)`` is masked on every tile (its logit is -inf): its page id is
+    replaced by 0, so its bytes are read from inside the cache and decode to finite values, which
+    weigh 0; the loads of unmasked tiles stay unpredicated.
     """
     DTYPE: tl.constexpr = q_lo.dtype
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -168,7 +170,7 @@ def _attend_tile(
 
     k_lo, k_hi = _load_planes(
         k_base, page * stride_kp + slot * stride_kt, ks_base, page * stride_ksp + slot * stride_kst,
-        n_ok, HEAD_DIM, BLOCK_N, True, FAST, DTYPE, SF_WORDS,
+        n_ok, HEAD_DIM, BLOCK_N, MASKED, FAST, DTYPE, SF_WORDS,
     )
     if DOT_FP32:
         s = tl.dot(q_lo.to(tl.float32), tl.trans(k_lo.to(tl.float32)))
@@ -204,7 +206,7 @@ def _attend_tile(
 
     v_lo, v_hi = _load_planes(
         v_base, page * stride_vp + slot * stride_vt, vs_base, page * stride_vsp + slot * stride_vst,
-        n_ok, HEAD_DIM, BLOCK_N, True, FAST, DTYPE, SF_WORDS,
+        n_ok, HEAD_DIM, BLOCK_N, MASKED, FAST, DTYPE, SF_WORDS,
     )
     p16 = p.to(DTYPE)
     if DOT_FP32:
@@ -811,14 +813,16 @@ class PrefillConfig:
 
 # Decode tile configs per head_dim, for BLOCK_M = 16 rows (GQA group x q_len <= 16) on a launch that
 # fills the GPU. head_dim 128 is measured (H200, triton 3.6.0, bf16, page 16; BENCHMARKS.md, "Decode"):
-# 128-key tiles on 4 warps (168 registers, 59 KB shared memory: 3 programs per SM) beat 64-key tiles
-# on 2 warps (245 registers: 4 programs per SM) on every uniform, ragged and single-request batch but
-# one (page 32, GQA 5: within 12%). The other head dims are not measured: they keep tiles of the same
+# 128-key tiles on 4 warps beat 64-key tiles on 2 warps (245 registers: 4 programs per SM) on every
+# uniform, ragged and single-request batch but one (page 32, GQA 5: within 12%). Two stages: with the
+# page-id check of every tile, three stages take 77,824 bytes of shared memory on SM90 (2 programs
+# per SM; measured 0.306 ms at 16 x 16K against 0.268 before the check), two take 59,392 bytes and
+# 156 registers (3 programs per SM, as the measured configs had). The other head dims are not measured: they keep tiles of the same
 # 8K elements on 4 warps; `decode_config` widens narrow configs where 2 warps lose (see
 # DECODE_WIDE_WARPS).
 _DECODE_CONFIGS: dict[int, DecodeConfig] = {
     64: DecodeConfig(block_n=128, num_warps=4, num_stages=3),
-    128: DecodeConfig(block_n=128, num_warps=4, num_stages=3, programs_per_sm=3),
+    128: DecodeConfig(block_n=128, num_warps=4, num_stages=2, programs_per_sm=3),
     256: DecodeConfig(block_n=32, num_warps=4, num_stages=3),
     512: DecodeConfig(block_n=16, num_warps=8, num_stages=2),
 }
