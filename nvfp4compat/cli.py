@@ -6,11 +6,13 @@ Subcommands::
     nvfp4compat doctor [--json] [--explain "<error text>"]
     nvfp4compat matrix [--format markdown|json]
     nvfp4compat verify [--expect-flashinfer X] [--expect-vllm Y]
-    nvfp4compat constraints --vllm X --flashinfer Y [--json]
+    nvfp4compat constraints --vllm X [--flashinfer Y] [--json]
     nvfp4compat demo ...        (nvfp4compat.demo:main, loaded lazily)
 
 Exit codes: 0 ok (``query``/``doctor``: a supported plan), 1 drift (``verify``) or an
-unsupported plan, 2 bad input (one line on stderr).
+unsupported plan, 2 bad input (one line on stderr), 3 (``query``) a supported plan made from the
+nearest known release because a release asked about is not in the matrix (unverified; a
+``WARNING:`` line on stderr names the release it was planned from).
 """
 
 from __future__ import annotations
@@ -21,9 +23,15 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-__all__ = ["EXTERNAL_COMMANDS", "main"]
+if TYPE_CHECKING:
+    from nvfp4compat.plan import Plan
+
+__all__ = ["EXIT_UNVERIFIED_RELEASE", "EXTERNAL_COMMANDS", "main"]
+
+# ``query``: the plan is supported but was made from the nearest known release (see the docstring).
+EXIT_UNVERIFIED_RELEASE = 3
 
 # Subcommands implemented in other modules, imported only when invoked:
 # name -> (module, function, help). The function receives the remaining argv and returns an exit code.
@@ -104,7 +112,7 @@ def _build() -> _Parser:
 
     c = sub.add_parser("constraints", help="install lines for a vLLM release with another FlashInfer release")
     c.add_argument("--vllm", type=_version, required=True)
-    c.add_argument("--flashinfer", type=_version, required=True)
+    c.add_argument("--flashinfer", type=_version, help="default: vLLM's pin, or the release the matrix installs instead of an unpublished pin")
     c.add_argument("--json", action="store_true")
 
     for name, (_, _, help_text) in EXTERNAL_COMMANDS.items():
@@ -125,7 +133,17 @@ def _cmd_query(a: argparse.Namespace) -> int:
         flashinfer_jit_cache=a.flashinfer_jit_cache, trtllm_gen_usable=a.trtllm, overrides=a.impl, features=a.feature,
     )
     _out(plan.to_json() if a.json else plan.render_text(trace=not a.no_trace))
-    return 0 if plan.supported else 1
+    _warn_planned_from(plan)
+    if not plan.supported:
+        return 1
+    return EXIT_UNVERIFIED_RELEASE if plan.planned_from else 0
+
+
+def _warn_planned_from(plan: Plan) -> None:
+    """One ``WARNING:`` line on stderr per release planned from the nearest known one."""
+    for w in plan.warnings:
+        if "planned from the nearest known release" in w:
+            sys.stderr.write(f"WARNING: {w}\n")
 
 
 def _cmd_doctor(a: argparse.Namespace) -> int:
@@ -149,6 +167,7 @@ def _cmd_doctor(a: argparse.Namespace) -> int:
         if facts.arch is None:
             _out("No CUDA GPU detected: resolving what can be resolved without an arch (set NVFP4COMPAT_ARCH=sm_90 to plan for one).")
         _out(plan.render_text(trace=not a.no_trace))
+    _warn_planned_from(plan)
     return 0 if plan.supported else 1
 
 

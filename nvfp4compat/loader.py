@@ -30,6 +30,12 @@ FILES: dict[str, str] = {
 }
 
 
+# Optional top-level keys of a file besides its main key, and the Matrix field each one fills.
+_EXTRA_TOP_LEVEL: dict[str, dict[str, str]] = {
+    "flashinfer": {"index_checked": "flashinfer_index_checked"},
+}
+
+
 class MatrixError(ValueError):
     """The matrix YAML is malformed or contradictory."""
 
@@ -143,9 +149,13 @@ def _load(directory: str) -> Matrix:
         data = _read_yaml(root / fname)
         if not isinstance(data, dict) or key not in data:
             raise MatrixError(f"{fname}: the top level must be a mapping with the key {key!r}; got {type(data).__name__} with keys {sorted(data) if isinstance(data, dict) else '-'}")
-        extra = sorted(set(data) - {key, "schema_version"})
+        allowed = {key, "schema_version", *_EXTRA_TOP_LEVEL.get(key, {})}
+        extra = sorted(set(data) - allowed)
         if extra:
-            raise MatrixError(f"{fname}: unknown top-level key(s) {extra}; allowed are [{key!r}, 'schema_version']")
+            raise MatrixError(f"{fname}: unknown top-level key(s) {extra}; allowed are {sorted(allowed)}")
+        for top, field_name in _EXTRA_TOP_LEVEL.get(key, {}).items():
+            if top in data:
+                raw[field_name] = data[top]
         if data.get("schema_version", 1) != 1:
             raise MatrixError(f"{fname}: schema_version {data.get('schema_version')!r} is not supported; this nvfp4compat reads schema_version 1")
         raw[key] = data[key]

@@ -94,6 +94,9 @@ class Plan(_Frozen):
         ``FLASHINFER_DISABLE_VERSION_CHECK``).
     warnings, unverified : list[str]
         Remarks, and the releases/arches resolved from probes or nearest knowledge only.
+    planned_from : dict[str, str]
+        ``{"vllm": "0.34.0"}`` when a release asked about is not in the matrix and the plan was made
+        from the nearest known one (the component, and that release): unverified.
     trace : list[TraceEntry]
         Every rule accepted or rejected, in order.
     """
@@ -107,6 +110,7 @@ class Plan(_Frozen):
     env: dict[str, str]
     warnings: list[str]
     unverified: list[str]
+    planned_from: dict[str, str] = Field(default_factory=dict)
     trace: list[TraceEntry]
     nvfp4compat_version: str
 
@@ -123,6 +127,9 @@ class Plan(_Frozen):
         f = self.facts
         lines: list[str] = []
         head = "SUPPORTED" if self.supported else "NOT SUPPORTED"
+        if self.supported and self.planned_from:
+            basis = ", ".join(f"{k} {v}" for k, v in self.planned_from.items())
+            head = f"UNVERIFIED (planned from the nearest release in the matrix: {basis})"
         lines.append(f"nvfp4compat {self.nvfp4compat_version} plan: {head}")
         if self.reason:
             lines.append(f"  reason: {self.reason}")

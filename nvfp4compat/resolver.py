@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from nvfp4compat.facts import ENV_DISABLE_TRITON, ENV_IMPL, SystemFacts
 from nvfp4compat.plan import Binding, Plan, TraceEntry, VllmPlan
 from nvfp4compat.spec import (
+    IndexCheck,
     FEATURES,
     HELPERS,
     IMPLS,
@@ -105,6 +106,9 @@ class _Ctx:
     trace: list[TraceEntry] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     unverified: list[str] = field(default_factory=list)
+    planned_from: dict[str, str] = field(default_factory=dict)
+    release_warnings: list[str] = field(default_factory=list)
+    unreleased: list[str] = field(default_factory=list)
     arch: ArchSpec | None = None
     fi: FlashInferRelease | None = None
     fi_exact: bool = False
@@ -144,6 +148,12 @@ def _setup(ctx: _Ctx) -> None:
             basis = f"nearest known release {ctx.fi.version}" if ctx.fi else "no known release (older than all)"
             why = "a local build" if local else "not in the matrix"
             ctx.unverified.append(f"flashinfer {f.flashinfer}: {why}; release facts taken from {basis}" + (" and the probe" if f.flashinfer_helpers is not None else ""))
+            if ctx.fi is not None and not local:
+                ctx.planned_from["flashinfer"] = ctx.fi.version
+                ctx.release_warnings.append(_unknown_release_warning(
+                    "FlashInfer", f.flashinfer, ctx.fi.version, m.flashinfer_index_checked, "flashinfer.yaml"))
+                if _unreleased(f.flashinfer, m.flashinfer_index_checked) and f.source == "query":
+                    ctx.unreleased.append(_unreleased_reason("FlashInfer", f.flashinfer, m.flashinfer_index_checked, "--flashinfer"))
         if f.flashinfer_helpers is not None:
             ctx.helpers = {h: bool(f.flashinfer_helpers.get(h, False)) for h in HELPERS}
             ctx.helper_params = {h: list(p) for h, p in (f.flashinfer_helper_params or {}).items()}
@@ -176,6 +186,36 @@ def _setup(ctx: _Ctx) -> None:
             ctx.vllm = exact_v or m.nearest_vllm(f.vllm)
             if ctx.vllm is not None:
                 ctx.unverified.append(f"vllm {f.vllm}: not in the matrix; treated like {ctx.vllm.version}")
+                if exact_v is None:
+                    ctx.planned_from["vllm"] = ctx.vllm.version
+                    ctx.release_warnings.append(_unknown_release_warning(
+                        "vLLM", f.vllm, ctx.vllm.version, m.vllm.index_checked, "vllm.yaml"))
+            if exact_v is None and _unreleased(f.vllm, m.vllm.index_checked) and f.source == "query":
+                ctx.unreleased.append(_unreleased_reason("vLLM", f.vllm, m.vllm.index_checked, "--vllm"))
+
+
+def _unreleased(version: str, checked: IndexCheck | None) -> bool:
+    """Whether ``version`` is newer than the newest release seen on the index when the matrix was checked."""
+    return checked is not None and parse_version(version).public > parse_version(checked.newest)
+
+
+def _unknown_release_warning(name: str, version: str, nearest: str, checked: IndexCheck | None, file: str) -> str:
+    when = ""
+    if _unreleased(version, checked):
+        assert checked is not None
+        when = f"; it is newer than every release on the index when the matrix was checked ({checked.newest}, {checked.date})"
+    return (
+        f"{name} {version} is not in matrix/{file}{when}: planned from the nearest known release {nearest}, "
+        f"unverified; install {name} {nearest}, or add {version} to matrix/{file}"
+    )
+
+
+def _unreleased_reason(name: str, version: str, checked: IndexCheck | None, flag: str) -> str:
+    assert checked is not None
+    return (
+        f"{name} {version} is unknown/unreleased as of {checked.date} (the newest release on the index then was "
+        f"{checked.newest}); nothing is known about it: pass {flag} {checked.newest} or an older release"
+    )
 
 
 def _cc_set_for(ctx: _Ctx, helper: str) -> tuple[list[int] | None, str | None, str]:
@@ -722,6 +762,7 @@ def resolve(
         reasons.append(bindings[op].reason)
     if vplan is not None and vplan.strategy == "none" and not unbound:
         reasons.append(vplan.reason)
+    reasons.extend(ctx.unreleased)
     supported = not reasons
     dq = bindings["dequant"]
     if dq.impl is None and supported:
@@ -737,8 +778,9 @@ def resolve(
         vllm=vplan,
         features=feats_out,
         env=env,
-        warnings=list(dict.fromkeys(ctx.warnings)),
+        warnings=list(dict.fromkeys(ctx.release_warnings + ctx.warnings)),
         unverified=list(dict.fromkeys(ctx.unverified)),
+        planned_from=dict(ctx.planned_from),
         trace=ctx.trace,
         nvfp4compat_version=__version__,
     )
@@ -794,9 +836,23 @@ def query(
         impl_env = os.environ.get(ENV_IMPL) or None
     notes: list[str] = []
     if vllm is not None:
-        rel = m.vllm_release(vllm) or m.nearest_vllm(vllm)
+        # Pins come from the release asked about only: a release not in the matrix has unknown pins.
+        rel = m.vllm_release(vllm) if parse_version(vllm).local is None else None
+        if rel is None and flashinfer is None:
+            notes.append(
+                f"flashinfer not given, and vLLM {vllm} is not in the matrix, so its flashinfer-python pin is unknown: "
+                "planning without FlashInfer (pass --flashinfer)"
+            )
         if rel is not None:
-            if flashinfer is None:
+            unpublished = rel.pins.unpublished_pin("flashinfer_python")
+            if flashinfer is None and unpublished is not None:
+                flashinfer = unpublished.install_instead
+                notes.append(
+                    f"flashinfer not given: vLLM {vllm} pins flashinfer-python=={rel.pins.flashinfer_python}, which is not "
+                    f"on the package index; assuming {flashinfer}, the release the matrix installs instead "
+                    f"(nvfp4compat constraints --vllm {vllm})"
+                )
+            elif flashinfer is None:
                 flashinfer = rel.pins.flashinfer_python
                 notes.append(f"flashinfer not given: assuming vLLM {vllm}'s pin flashinfer-python=={flashinfer}")
             if flashinfer_cubin is None and rel.pins.flashinfer_cubin is not None:

@@ -92,10 +92,54 @@ def test_flashinfer_releases_cover_0_6_10_to_0_7_4(m: Matrix) -> None:
 
 
 def test_every_vllm_pin_is_a_known_flashinfer_release(m: Matrix) -> None:
-    assert [r.version for r in m.vllm.releases] == ["0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"]
+    assert [r.version for r in m.vllm.releases] == ["0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"]
     for r in m.vllm.releases:
-        assert m.flashinfer_release(r.pins.flashinfer_python) is not None
+        unpublished = r.pins.unpublished_pin("flashinfer_python")
+        if unpublished is None:
+            assert m.flashinfer_release(r.pins.flashinfer_python) is not None, r.version
+        else:
+            assert m.flashinfer_release(r.pins.flashinfer_python) is None, r.version
+            assert m.flashinfer_release(unpublished.install_instead) is not None, r.version
     assert m.vllm_release("0.25.1").pins.flashinfer_cubin == "0.6.13"
+
+
+def test_vllm_0_34_0_records_its_unpublished_flashinfer_pin(m: Matrix) -> None:
+    r = m.vllm_release("0.34.0")
+    assert r is not None
+    assert (r.pins.torch, r.pins.flashinfer_python) == ("2.14.0", "0.7.3")
+    u = r.pins.unpublished_pin("flashinfer_python")
+    assert u is not None and u.install_instead == "0.7.4" and "0.7.3" in u.evidence
+    assert m.vllm.index_checked.newest == "0.34.0"
+    assert m.flashinfer_index_checked is not None and m.flashinfer_index_checked.newest == "0.7.4"
+
+
+def _vllm_yaml_with(tmp_path: Path, old: str, new: str) -> Path:
+    src = matrix_dir()
+    for f in src.glob("*.yaml"):
+        text = f.read_text()
+        if f.name == "vllm.yaml":
+            assert old in text
+            text = text.replace(old, new, 1)
+        (tmp_path / f.name).write_text(text)
+    return tmp_path
+
+
+def test_unpublished_pin_must_name_a_known_release_to_install_instead(tmp_path: Path) -> None:
+    d = _vllm_yaml_with(tmp_path, 'install_instead: "0.7.4"', 'install_instead: "0.7.9"')
+    with pytest.raises(MatrixError, match=r"install_instead 0.7.9 is not a release in flashinfer.yaml"):
+        load_matrix(d)
+
+
+def test_unknown_pin_without_unpublished_entry_is_an_error(tmp_path: Path) -> None:
+    d = _vllm_yaml_with(tmp_path, 'flashinfer_python: "0.7.2.post1"\n    requires_python', 'flashinfer_python: "0.7.3"\n    requires_python')
+    with pytest.raises(MatrixError, match=r"pins flashinfer-python==0.7.3, which flashinfer.yaml does not know"):
+        load_matrix(d)
+
+
+def test_index_checked_must_not_be_older_than_the_releases(tmp_path: Path) -> None:
+    d = _vllm_yaml_with(tmp_path, 'newest: "0.34.0"', 'newest: "0.33.0"')
+    with pytest.raises(MatrixError, match=r"index_checked.newest: 0.33.0 is older than the newest release"):
+        load_matrix(d)
 
 
 def test_arches_cover_the_issue_list(m: Matrix) -> None:
