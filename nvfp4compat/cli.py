@@ -141,9 +141,8 @@ def _cmd_query(a: argparse.Namespace) -> int:
 
 def _warn_planned_from(plan: Plan) -> None:
     """One ``WARNING:`` line on stderr per release planned from the nearest known one."""
-    for w in plan.warnings:
-        if "planned from the nearest known release" in w:
-            sys.stderr.write(f"WARNING: {w}\n")
+    for w in plan.release_warnings:
+        sys.stderr.write(f"WARNING: {w}\n")
 
 
 def _cmd_doctor(a: argparse.Namespace) -> int:

@@ -97,6 +97,9 @@ class Plan(_Frozen):
     planned_from : dict[str, str]
         ``{"vllm": "0.34.0"}`` when a release asked about is not in the matrix and the plan was made
         from the nearest known one (the component, and that release): unverified.
+    release_warnings : list[str]
+        One line per such release, naming the release it was planned from (also in ``warnings``);
+        ``nvfp4compat query``/``doctor`` print them as ``WARNING:`` lines, the vLLM plugin logs them.
     trace : list[TraceEntry]
         Every rule accepted or rejected, in order.
     """
@@ -111,6 +114,7 @@ class Plan(_Frozen):
     warnings: list[str]
     unverified: list[str]
     planned_from: dict[str, str] = Field(default_factory=dict)
+    release_warnings: list[str] = Field(default_factory=list)
     trace: list[TraceEntry]
     nvfp4compat_version: str
 

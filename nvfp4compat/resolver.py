@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from nvfp4compat.facts import ENV_DISABLE_TRITON, ENV_IMPL, SystemFacts
 from nvfp4compat.plan import Binding, Plan, TraceEntry, VllmPlan
 from nvfp4compat.spec import (
-    IndexCheck,
     FEATURES,
     HELPERS,
     IMPLS,
@@ -34,6 +33,7 @@ from nvfp4compat.spec import (
     PATCH_IDS,
     ArchSpec,
     FlashInferRelease,
+    IndexCheck,
     Matrix,
     Requirement,
     VllmRelease,
@@ -781,6 +781,7 @@ def resolve(
         warnings=list(dict.fromkeys(ctx.release_warnings + ctx.warnings)),
         unverified=list(dict.fromkeys(ctx.unverified)),
         planned_from=dict(ctx.planned_from),
+        release_warnings=list(dict.fromkeys(ctx.release_warnings)),
         trace=ctx.trace,
         nvfp4compat_version=__version__,
     )
