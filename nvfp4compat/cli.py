@@ -5,7 +5,7 @@ Subcommands::
     nvfp4compat query --arch sm_90 --flashinfer 0.6.14 --vllm 0.26.0 [--json]
     nvfp4compat doctor [--json] [--explain "<error text>"]
     nvfp4compat matrix [--format markdown|json]
-    nvfp4compat verify [--expect-flashinfer X] [--expect-vllm Y] [--emit]
+    nvfp4compat verify [--expect-flashinfer X] [--expect-vllm Y] [--emit [--wheel vllm-X.whl]]
     nvfp4compat constraints --vllm X [--flashinfer Y] [--json]
     nvfp4compat demo ...        (nvfp4compat.demo:main, loaded lazily)
 
@@ -23,6 +23,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
@@ -109,7 +110,8 @@ def _build() -> _Parser:
     v.add_argument("--expect-flashinfer", type=_version, help="fail unless this flashinfer-python release is installed")
     v.add_argument("--expect-vllm", type=_version, help="fail unless this vLLM release is installed")
     v.add_argument("--quiet", action="store_true", help="print only drift and the summary")
-    v.add_argument("--emit", action="store_true", help="print the installed FlashInfer's flashinfer.yaml entry (a delta) instead")
+    v.add_argument("--emit", action="store_true", help="print the matrix entries of the installed FlashInfer / vLLM instead")
+    v.add_argument("--wheel", type=Path, help="with --emit: a downloaded vLLM wheel to read instead of the installed vLLM")
 
     c = sub.add_parser("constraints", help="install lines for a vLLM release with another FlashInfer release")
     c.add_argument("--vllm", type=_version, required=True)
@@ -184,13 +186,12 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     from nvfp4compat.loader import load_matrix
     from nvfp4compat.verify import run
 
-    if a.emit:
-        from nvfp4compat.emit import EmitError, emit_flashinfer, flashinfer_delta, render_delta
+    if a.emit or a.wheel:
+        from nvfp4compat.emit import emit_text
 
-        m = load_matrix()
         try:
-            _out(render_delta(flashinfer_delta(m, emit_flashinfer(m))))
-        except EmitError as exc:
+            _out(emit_text(load_matrix(), a.wheel))
+        except RuntimeError as exc:
             raise _UsageError(f"nvfp4compat verify --emit: {exc}") from None
         return 0
     checks, msgs, code = run(load_matrix(), expect_flashinfer=a.expect_flashinfer, expect_vllm=a.expect_vllm)

@@ -1,4 +1,9 @@
-"""Write the ``matrix/flashinfer.yaml`` entry of the installed FlashInfer: ``nvfp4compat verify --emit``.
+"""Write matrix entries from a release itself: ``nvfp4compat verify --emit [--wheel vllm-X.whl]``.
+
+FlashInfer (:func:`emit_flashinfer`, from the installed, importable package) is described below;
+vLLM (:func:`emit_vllm`, from the installed package or a downloaded wheel, read statically as
+``verify`` reads it) probes its pins, nvfp4 dtypes, gate kind, writer, FlashInfer imports and error
+lines, and carries the rest from the release before it, saying so in each carried evidence.
 
 The facts come from the probes :mod:`nvfp4compat.verify` checks claims with (import, ``hasattr`` per
 export module, ``inspect.signature``, ``is_compute_capability_supported``, FlashInfer's own
@@ -35,7 +40,7 @@ from nvfp4compat.verify import (
 )
 from nvfp4compat.versions import parse_version
 
-__all__ = ["EmitError", "emit_flashinfer", "flashinfer_delta", "render_delta"]
+__all__ = ["EmitError", "emit_flashinfer", "emit_vllm", "flashinfer_delta", "render_delta", "render_vllm"]
 
 V = VERSION_PLACEHOLDER
 _CHECKED = "probed by `nvfp4compat verify --emit` (import, hasattr per module, inspect.signature)"
@@ -286,5 +291,223 @@ def render_delta(delta: dict[str, Any]) -> str:
         )
 
     _Dumper.add_representer(list, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=flow(v)))
+    _Dumper.add_representer(  # versions stay strings: "0.7" must not read back as a float
+        str, lambda d, v: d.represent_scalar("tag:yaml.org,2002:str", v, style='"' if re.fullmatch(r"\d+(\.\d+)+\S*", v) else None)
+    )
     text = yaml.dump([delta], Dumper=_Dumper, sort_keys=False, width=112, allow_unicode=True, default_flow_style=False)
-    return re.sub(r'^- version: (\S+)$', r'- version: "\1"', text, count=1, flags=re.M)
+    return text
+
+
+# ------------------------------------------------------------------------------------- vLLM
+
+_FI_PY = "v1/attention/backends/flashinfer.py"
+_BACKEND_PY = "v1/attention/backend.py"
+
+
+class _VllmSource:
+    """The files and metadata of a vLLM release: the installed one, or a downloaded wheel (no import)."""
+
+    def __init__(self, wheel: Path | None = None) -> None:
+        self.wheel = wheel
+        if wheel is None:
+            import importlib.metadata
+
+            try:
+                self.version = importlib.metadata.version("vllm")
+            except importlib.metadata.PackageNotFoundError:
+                raise EmitError("vLLM is not installed: install it (pip install --no-deps vllm==X) or pass --wheel vllm-X.whl") from None
+            installed = importlib.metadata.metadata("vllm")
+            self.requires = list(importlib.metadata.requires("vllm") or [])
+            self.requires_python = str((installed.get_all("Requires-Python") or [""])[0])
+            return
+        import zipfile
+
+        try:
+            self._zip = zipfile.ZipFile(wheel)
+        except (OSError, zipfile.BadZipFile) as exc:
+            raise EmitError(f"cannot read {wheel} as a wheel: {exc}") from None
+        metas = [n for n in self._zip.namelist() if n.endswith(".dist-info/METADATA") and n.startswith("vllm-")]
+        if not metas:
+            raise EmitError(f"{wheel} has no vllm-*.dist-info/METADATA: not a vLLM wheel")
+        import email
+
+        message = email.message_from_bytes(self._zip.read(metas[0]))
+        self.version = str(message.get("Version"))
+        self.requires = [str(r) for r in message.get_all("Requires-Dist") or []]
+        self.requires_python = str(message.get("Requires-Python") or "")
+
+    def read(self, rel_path: str) -> str | None:
+        if self.wheel is None:
+            from nvfp4compat.verify import _vllm_file
+
+            path = _vllm_file(rel_path)
+            return path.read_text(encoding="utf-8") if path is not None else None
+        try:
+            return self._zip.read(f"vllm/{rel_path}").decode("utf-8")
+        except KeyError:
+            return None
+
+
+def _message_line(text: str, pieces: list[str]) -> int | None:
+    """The source line of a message: its longest literal piece, else that piece's first words (a message
+    split over several string literals)."""
+    ordered = sorted(pieces, key=len, reverse=True)
+    for needle in [*ordered, *(" ".join(p.split()[:2]) for p in ordered)]:
+        line = _line_of(text, needle)
+        if line is not None:
+            return line
+    return None
+
+
+def _line_of(text: str, needle: str) -> int | None:
+    i = text.find(needle)
+    return None if i < 0 else text[:i].count("\n") + 1
+
+
+def emit_vllm(m: Matrix, wheel: Path | None = None) -> dict[str, Any]:
+    """The full ``vllm.yaml`` release entry (``{version}`` placeholders) of an installed or downloaded vLLM.
+
+    Probed statically, as :func:`nvfp4compat.verify.verify_vllm` does (vLLM is not imported): the
+    METADATA pins and Python bound, the nvfp4 dtypes of ``FlashInferBackend``, the gate kind, the NVFP4
+    writer, the FlashInfer helpers imported at module load, and the line of each known error string.
+    The rest (stock paths, strategy, plugin implementations, reader, window) is carried from the newest
+    older release and its evidence says so: review it against the release's code. Whether a pin is
+    published on the index (``pins.unpublished``) is not in the wheel: check it with ``pip download``.
+
+    Raises
+    ------
+    EmitError
+        When vLLM is neither installed nor given as a wheel, or is older than every release in the matrix.
+    """
+    import ast
+
+    from nvfp4compat.verify import _string_constants
+
+    src = _VllmSource(wheel)
+    version = src.version
+    v = parse_version(version).public
+    older = [r for r in m.vllm.releases if r.parsed < v]
+    if not older:
+        raise EmitError(f"vLLM {version} is older than every release in matrix/vllm.yaml ({m.vllm.releases[0].version})")
+    previous = older[-1]
+    prev = previous.model_dump(mode="json", exclude_none=True)
+    fi_src = src.read(_FI_PY)
+    if fi_src is None:
+        raise EmitError(f"vLLM {version} has no vllm/{_FI_PY}: the FlashInfer backend moved; read the release and extend nvfp4compat/emit.py")
+    be_src = src.read(_BACKEND_PY) or ""
+
+    pins: dict[str, str] = {}
+    for r in src.requires:
+        if ";" in r and "extra" in r.split(";", 1)[1]:
+            continue
+        found = re.match(r"^\s*([A-Za-z0-9_.-]+)\s*==\s*([^\s;,]+)", r)
+        if found and found.group(1).lower() in ("torch", "flashinfer-python", "flashinfer-cubin"):
+            pins[found.group(1).lower().replace("-", "_")] = found.group(2)
+    if "torch" not in pins or "flashinfer_python" not in pins:
+        raise EmitError(f"vLLM {version}'s METADATA pins no torch==/flashinfer-python== (found {pins}); read its requirements")
+    low = re.search(r">=\s*([0-9.]+)", src.requires_python)
+
+    tree = ast.parse(fi_src)
+    dtypes: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "supported_kv_cache_dtypes" and isinstance(node.value, ast.List):
+            dtypes = [e.value for e in node.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str) and e.value.startswith("nvfp4")]
+    kind = "fa2_families" if any(isinstance(n, ast.FunctionDef) and n.name == "_nvfp4_kv_on_fa2" for n in tree.body) else "fam100_trtllm"
+    fi_imports = [
+        a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "flashinfer" for a in n.names
+    ]
+    slot = "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping("
+    writer = "flashinfer_slot_mapping" if slot in fi_src else "reshape_and_cache_flash"
+    writer_line = _line_of(fi_src, slot if writer == "flashinfer_slot_mapping" else "reshape_and_cache_flash(")
+    gate_line = _line_of(fi_src, "def supports_kv_cache_dtype")
+
+    def carried(node: Any) -> Any:
+        out = dict(node)
+        for key in [k for k in out if k == "evidence"]:
+            out[key] = f"not probed; as vLLM {previous.version}: {out[key]}"
+        return out
+
+    texts = {"FI": _string_constants(fi_src), "BE": _string_constants(be_src)}
+    errors = []
+    for e in prev["errors"]:
+        pieces = [p for p in re.split(r"\{[a-z_.]+\}", e["text"]) if p.strip()]
+        where = next((name for name, t in texts.items() if all(p in t for p in pieces)), None)
+        if where is None:
+            continue  # the release no longer has this message
+        text = fi_src if where == "FI" else be_src
+        line = _message_line(text, pieces)
+        path = f"vllm/{_FI_PY}" if where == "FI" else f"vllm/{_BACKEND_PY}"
+        errors.append({**e, "evidence": f"{path}:{line} [{V}]", "status": "read"})
+
+    entry: dict[str, Any] = {
+        "version": version,
+        "evidence": f"read statically from the vllm-{V} wheel by `nvfp4compat verify --emit` (nvfp4compat/emit.py): METADATA, "
+        f"vllm/{_FI_PY}, vllm/{_BACKEND_PY}; what is not probed is carried from {previous.version} and says so",
+        "status": "read",
+        "pins": pins,
+        "requires_python": f">={low.group(1)}" if low else prev["requires_python"],
+        "nvfp4_dtypes": dtypes,
+        "compute_capability_window": prev["compute_capability_window"],
+        "gate": {
+            "kind": kind,
+            "description": prev["gate"]["description"] if kind == prev["gate"]["kind"] else f"{kind} (describe it from the code)",
+            "evidence": f"vllm/{_FI_PY}:{gate_line} [{V}] supports_kv_cache_dtype"
+            + ("; _nvfp4_kv_on_fa2 defined" if kind == "fa2_families" else ""),
+            "status": "read",
+        },
+        "writer": {"name": writer, "evidence": f"vllm/{_FI_PY}:{writer_line} [{V}] {writer}", "status": "read"},
+        "reader": carried(prev["reader"]),
+        "stock": [carried(s) for s in prev["stock"]],
+        "errors": errors,
+        "requires_flashinfer_helpers": [h for h in HELPERS if h in fi_imports],
+        "plugin": carried(prev["plugin"]),
+        "strategy": carried(prev["strategy"]),
+    }
+    return _template_tree(entry, version)
+
+
+def _template_tree(node: Any, version: str) -> Any:
+    if isinstance(node, str):
+        return node if node == version else _template(node, version)
+    if isinstance(node, list):
+        return [_template_tree(x, version) for x in node]
+    if isinstance(node, dict):
+        return {k: (v if k == "version" else _template_tree(v, version)) for k, v in node.items()}
+    return node
+
+
+def render_vllm(entry: dict[str, Any]) -> str:
+    """The entry as the YAML list item to paste under ``releases:`` in ``matrix/vllm.yaml``."""
+    return render_delta(_fill_version(entry, entry["version"]))
+
+
+def emit_text(m: Matrix, wheel: Path | None = None) -> str:
+    """What ``nvfp4compat verify --emit`` prints: the installed FlashInfer's delta and vLLM's entry
+    (or the entry of the vLLM ``wheel``), each under a comment naming the file it goes into.
+
+    Raises
+    ------
+    EmitError
+        When there is nothing to describe, or a release cannot be read.
+    """
+    import importlib.metadata
+
+    def installed(dist: str) -> bool:
+        try:
+            importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return False
+        return True
+
+    parts: list[str] = []
+    if wheel is None and installed("flashinfer-python"):
+        parts.append("# matrix/flashinfer.yaml, under flashinfer: (a delta on the release before it)\n"
+                     + render_delta(flashinfer_delta(m, emit_flashinfer(m))))
+    if wheel is not None or installed("vllm"):
+        parts.append("# matrix/vllm.yaml, under releases: (review what is carried)\n" + render_vllm(emit_vllm(m, wheel)))
+    if not parts:
+        raise EmitError(
+            "neither flashinfer-python nor vllm is installed: install the release to describe (FlashInfer the "
+            "CPU-importable way), or pass --wheel vllm-X.whl"
+        )
+    return "\n".join(parts)

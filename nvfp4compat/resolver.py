@@ -206,7 +206,7 @@ def _unknown_release_warning(name: str, version: str, nearest: str, checked: Ind
         when = f"; it is newer than every release on the index when the matrix was checked ({checked.newest}, {checked.date})"
     return (
         f"{name} {version} is not in matrix/{file}{when}: planned from the nearest known release {nearest}, "
-        f"unverified; install {name} {nearest}, or add {version} to matrix/{file}"
+        f"unverified; install {name} {nearest}, or add {version} to matrix/{file} (nvfp4compat verify --emit)"
     )
 
 
