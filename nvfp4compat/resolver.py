@@ -152,8 +152,9 @@ def _setup(ctx: _Ctx) -> None:
                 ctx.planned_from["flashinfer"] = ctx.fi.version
                 ctx.release_warnings.append(_unknown_release_warning(
                     "FlashInfer", f.flashinfer, ctx.fi.version, m.flashinfer_index_checked, "flashinfer.yaml"))
-                if _unreleased(f.flashinfer, m.flashinfer_index_checked) and f.source == "query":
-                    ctx.unreleased.append(_unreleased_reason("FlashInfer", f.flashinfer, m.flashinfer_index_checked, "--flashinfer"))
+                checked = _unreleased(f.flashinfer, m.flashinfer_index_checked)
+                if checked is not None and f.source == "query":
+                    ctx.unreleased.append(_unreleased_reason("FlashInfer", f.flashinfer, checked, "--flashinfer"))
         if f.flashinfer_helpers is not None:
             ctx.helpers = {h: bool(f.flashinfer_helpers.get(h, False)) for h in HELPERS}
             ctx.helper_params = {h: list(p) for h, p in (f.flashinfer_helper_params or {}).items()}
@@ -190,28 +191,33 @@ def _setup(ctx: _Ctx) -> None:
                     ctx.planned_from["vllm"] = ctx.vllm.version
                     ctx.release_warnings.append(_unknown_release_warning(
                         "vLLM", f.vllm, ctx.vllm.version, m.vllm.index_checked, "vllm.yaml"))
-            if exact_v is None and _unreleased(f.vllm, m.vllm.index_checked) and f.source == "query":
-                ctx.unreleased.append(_unreleased_reason("vLLM", f.vllm, m.vllm.index_checked, "--vllm"))
+            checked = _unreleased(f.vllm, m.vllm.index_checked) if exact_v is None else None
+            if checked is not None and f.source == "query":
+                ctx.unreleased.append(_unreleased_reason("vLLM", f.vllm, checked, "--vllm"))
 
 
-def _unreleased(version: str, checked: IndexCheck | None) -> bool:
-    """Whether ``version`` is newer than the newest release seen on the index when the matrix was checked."""
-    return checked is not None and parse_version(version).public > parse_version(checked.newest)
+def _unreleased(version: str, checked: IndexCheck | None) -> IndexCheck | None:
+    """``checked`` when ``version`` is newer than the newest release seen on the index at that check, else None.
+
+    Only a query can name such a release: an installed one exists, and was released after the check.
+    """
+    if checked is not None and parse_version(version).public > parse_version(checked.newest):
+        return checked
+    return None
 
 
 def _unknown_release_warning(name: str, version: str, nearest: str, checked: IndexCheck | None, file: str) -> str:
     when = ""
-    if _unreleased(version, checked):
-        assert checked is not None
-        when = f"; it is newer than every release on the index when the matrix was checked ({checked.newest}, {checked.date})"
+    newer = _unreleased(version, checked)
+    if newer is not None:
+        when = f"; it is newer than every release on the index when the matrix was checked ({newer.newest}, {newer.date})"
     return (
         f"{name} {version} is not in matrix/{file}{when}: planned from the nearest known release {nearest}, "
         f"unverified; install {name} {nearest}, or add {version} to matrix/{file} (nvfp4compat verify --emit)"
     )
 
 
-def _unreleased_reason(name: str, version: str, checked: IndexCheck | None, flag: str) -> str:
-    assert checked is not None
+def _unreleased_reason(name: str, version: str, checked: IndexCheck, flag: str) -> str:
     return (
         f"{name} {version} is unknown/unreleased as of {checked.date} (the newest release on the index then was "
         f"{checked.newest}); nothing is known about it: pass {flag} {checked.newest} or an older release"
@@ -838,7 +844,7 @@ def query(
     notes: list[str] = []
     if vllm is not None:
         # Pins come from the release asked about only: a release not in the matrix has unknown pins.
-        rel = m.vllm_release(vllm) if parse_version(vllm).local is None else None
+        rel = m.vllm_release(vllm)  # a local build (0.34.0+cu130) has its release's pins
         if rel is None and flashinfer is None:
             notes.append(
                 f"flashinfer not given, and vLLM {vllm} is not in the matrix, so its flashinfer-python pin is unknown: "

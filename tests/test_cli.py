@@ -231,3 +231,9 @@ def test_constraints_vllm_0_34_0_without_flashinfer(capsys: pytest.CaptureFixtur
     assert rc == 0 and "pip install vllm==0.33.0" in out and "FlashInfer 0.7.2.post1: pinned" in out
     rc, _, err = run(capsys, "constraints", "--vllm", "0.35.0")
     assert rc == 2 and "vLLM 0.35.0 is not in matrix/vllm.yaml, so its pins are unknown" in err
+
+
+def test_query_local_build_keeps_its_release_pins(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "query", "--arch", "sm_90", "--vllm", "0.33.0+cu130", "--json")
+    plan = json.loads(out)
+    assert plan["facts"]["flashinfer"] == "0.7.2.post1" and plan["planned_from"] == {} and err == ""
