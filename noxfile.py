@@ -5,18 +5,20 @@ Sessions are generated from the capability matrix, never hand-listed:
 * ``tests``: the CPU test suite (Triton kernels under ``TRITON_INTERPRET=1``), what CI runs first.
 * ``flashinfer(version=...)``: one per release in ``matrix/flashinfer.yaml``; installs that real release
   with the dependency set the matrix records as importable on a CPU-only torch, runs
-  ``nvfp4compat verify`` against it and the tests that apply.
+  ``nvfp4compat verify`` against it, prints its entry (``verify --emit``; ``tests/test_emit.py`` checks it
+  equals the matrix entry) and the tests that apply.
 * ``vllm(version=...)``: one per vLLM release that has a pinned ``--no-deps`` requirement list under
   ``tests/vllm/requirements/``; installs the real release over CPU torch and runs the plugin tests.
 * ``lint``: ruff and mypy. ``wheel``: builds the wheel and runs the CLI from a fresh venv.
 
-``nox -t ci`` runs what CI runs (tests, lint, wheel, FlashInfer 0.6.14/0.6.15/0.7.4, vLLM
-0.26.0/0.31.0/0.33.0). CPU torch: ``torch==2.13.0`` is installed first in every session so that nothing
+``nox -t ci`` runs what CI runs (tests, lint, wheel, FlashInfer 0.6.14/0.6.15/0.7.2.post1/0.7.4, vLLM
+0.26.0/0.31.0/0.33.0/0.34.0). The release lists come from ``matrix/`` through nvfp4compat's validating
+loader (pydantic and PyYAML must be importable where nox runs). CPU torch: ``torch==2.13.0`` is installed first in every session so that nothing
 pulls a multi-GB CUDA build; set ``NVFP4COMPAT_TORCH_SPEC`` (e.g. ``"torch==2.13.0 --index-url
 https://download.pytorch.org/whl/cpu"``) where the local CPU wheel is not on the machine.
 
 Disk: every session's venv carries its own torch, triton and (for the FlashInfer/vLLM sessions) the real
-release, 2-4 GB each; all nine CI venvs together need about 19 GB. So each session deletes its venv
+release, 2-4 GB each; all eleven CI venvs together need about 19 GB. So each session deletes its venv
 when it ends, pass or fail, unless it was asked to reuse it (``nox -r``) or ``NVFP4COMPAT_KEEP_VENVS=1``
 is set: ``nox -t ci`` then needs the largest single venv (about 4 GB) plus pip's download cache.
 """
@@ -31,7 +33,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import nox
-import yaml
 
 nox.needs_version = ">=2024.3.2"
 nox.options.default_venv_backend = "venv"
@@ -41,23 +42,27 @@ nox.options.error_on_missing_interpreters = True
 ROOT = Path(__file__).parent
 TORCH_SPEC = shlex.split(os.environ.get("NVFP4COMPAT_TORCH_SPEC", "torch==2.13.0"))
 TRITON_SPEC = os.environ.get("NVFP4COMPAT_TRITON_SPEC", "triton==3.9.0")
-CI_FLASHINFER = ("0.6.14", "0.6.15", "0.7.4")
-CI_VLLM = ("0.26.0", "0.31.0", "0.33.0")
+CI_FLASHINFER = ("0.6.14", "0.6.15", "0.7.2.post1", "0.7.4")
+CI_VLLM = ("0.26.0", "0.31.0", "0.33.0", "0.34.0")
 VLLM_REQS = ROOT / "tests" / "vllm" / "requirements"
 
 
-def _flashinfer_releases() -> list[dict]:
-    with open(ROOT / "matrix" / "flashinfer.yaml") as f:
-        return yaml.safe_load(f)["flashinfer"]
+def _matrix():  # noqa: ANN202 - nvfp4compat.spec.Matrix, imported lazily
+    """The capability matrix through nvfp4compat's validating loader (a bad matrix fails here)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from nvfp4compat.loader import load_matrix
+
+    return load_matrix(ROOT / "matrix")
+
+
+MATRIX = _matrix()
+FLASHINFER = {r.version: r for r in MATRIX.flashinfer}
 
 
 def _vllm_versions() -> list[str]:
-    with open(ROOT / "matrix" / "vllm.yaml") as f:
-        releases = yaml.safe_load(f)["vllm"]["releases"]
-    return [r["version"] for r in releases if (VLLM_REQS / f"extras-{r['version']}.txt").exists()]
-
-
-FLASHINFER = {r["version"]: r for r in _flashinfer_releases()}
+    return [r.version for r in MATRIX.vllm.releases if (VLLM_REQS / f"extras-{r.version}.txt").exists()]
 
 
 def _pruned(func: Callable[..., None]) -> Callable[..., None]:
@@ -134,14 +139,16 @@ def flashinfer(session: nox.Session, version: str) -> None:
     _base(session)
     session.log(f"installing FlashInfer {version} (--no-deps) and the set it imports with on a CPU-only torch")
     session.install("--no-deps", f"flashinfer-python=={version}")
-    session.install(*release["cpu_import"]["requirements"])
+    session.install(*release.cpu_import.requirements)
     session.install(TRITON_SPEC, "-e", ".[test]")
     session.run("nvfp4compat", "verify", "--expect-flashinfer", version)
+    session.run("nvfp4compat", "verify", "--emit")
     session.run(
         "pytest",
         "-m",
         "not gpu and not vllm",
         "tests/test_verify.py",
+        "tests/test_emit.py",
         "tests/test_matrix.py",
         "tests/test_resolver.py",
         "tests/test_cli.py",

@@ -6,14 +6,15 @@ Subcommands::
     nvfp4compat doctor [--json] [--explain "<error text>"]
     nvfp4compat errors
     nvfp4compat matrix [--format markdown|json]
-    nvfp4compat verify [--expect-flashinfer X] [--expect-vllm Y]
-    nvfp4compat constraints --vllm X --flashinfer Y [--json]
+    nvfp4compat verify [--expect-flashinfer X] [--expect-vllm Y] [--emit [--wheel vllm-X.whl]]
+    nvfp4compat constraints --vllm X [--flashinfer Y] [--json]
     nvfp4compat demo ...        (nvfp4compat.demo:main, loaded lazily)
 
 Exit codes: 0 ok (``query``/``doctor``: a supported plan), 1 not supported here (an unsupported
 plan, drift in ``verify``, a failed demo, output that cannot be written), 2 bad input (usage), 3
-unverified (``query``/``doctor``: a plan that would serve, on an arch the matrix does not know, so it
-is planned conservatively and not reported as supported). Every failure is one line on
+unverified (``query``/``doctor``: a plan that would serve, on an arch the matrix does not know or
+made from the nearest known release because a release asked about is not in the matrix; a
+``WARNING:`` line on stderr names the release it was planned from). Every failure is one line on
 stderr, never a traceback (``NVFP4COMPAT_DEBUG=1`` re-raises an unexpected error to show one).
 """
 
@@ -26,14 +27,21 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from nvfp4compat.plan import Plan
 
-__all__ = ["EXIT_OK", "EXIT_UNSUPPORTED", "EXIT_UNVERIFIED", "EXIT_USAGE", "EXTERNAL_COMMANDS", "main"]
+__all__ = [
+    "EXIT_OK", "EXIT_UNSUPPORTED", "EXIT_UNVERIFIED", "EXIT_UNVERIFIED_RELEASE", "EXIT_USAGE",
+    "EXTERNAL_COMMANDS", "main",
+]
 
 EXIT_OK, EXIT_UNSUPPORTED, EXIT_USAGE, EXIT_UNVERIFIED = 0, 1, 2, 3
+# ``query``: the plan is supported but was made from the nearest known release (the same code as an
+# unknown arch: both are unverified).
+EXIT_UNVERIFIED_RELEASE = EXIT_UNVERIFIED
 
 # Subcommands implemented in other modules, imported only when invoked:
 # name -> (module, function, help). The function receives the remaining argv and returns an exit code.
@@ -117,10 +125,12 @@ def _build() -> _Parser:
     v.add_argument("--expect-flashinfer", type=_version, help="fail unless this flashinfer-python release is installed")
     v.add_argument("--expect-vllm", type=_version, help="fail unless this vLLM release is installed")
     v.add_argument("--quiet", action="store_true", help="print only drift and the summary")
+    v.add_argument("--emit", action="store_true", help="print the matrix entries of the installed FlashInfer / vLLM instead")
+    v.add_argument("--wheel", type=Path, help="with --emit: a downloaded vLLM wheel to read instead of the installed vLLM")
 
     c = sub.add_parser("constraints", help="install lines for a vLLM release with another FlashInfer release")
     c.add_argument("--vllm", type=_version, required=True)
-    c.add_argument("--flashinfer", type=_version, required=True)
+    c.add_argument("--flashinfer", type=_version, help="default: vLLM's pin, or the release the matrix installs instead of an unpublished pin")
     c.add_argument("--json", action="store_true")
 
     for name, (_, _, help_text) in EXTERNAL_COMMANDS.items():
@@ -141,15 +151,25 @@ def _cmd_query(a: argparse.Namespace) -> int:
         flashinfer_jit_cache=a.flashinfer_jit_cache, trtllm_gen_usable=a.trtllm, overrides=a.impl, features=a.feature,
     )
     _out(plan.to_json() if a.json else plan.render_text(trace=not a.no_trace))
+    _warn_planned_from(plan)
     return _plan_code(plan)
 
 
+def _warn_planned_from(plan: Plan) -> None:
+    """One ``WARNING:`` line on stderr per release planned from the nearest known one."""
+    for w in plan.release_warnings:
+        sys.stderr.write(f"WARNING: {w}\n")
+
+
 def _plan_code(plan: Plan) -> int:
-    """0 supported, 1 not supported, 3 unverified: a plan that would serve, on an arch the matrix does not know."""
+    """0 supported, 1 not supported, 3 unverified: a plan that would serve, on an arch the matrix
+    does not know or made from the nearest known release."""
     from nvfp4compat.loader import load_matrix
 
     if not plan.supported:
         return EXIT_UNSUPPORTED
+    if plan.planned_from:
+        return EXIT_UNVERIFIED_RELEASE
     if plan.facts.arch is not None and plan.facts.arch not in load_matrix().arches:
         return EXIT_UNVERIFIED
     return EXIT_OK
@@ -182,6 +202,7 @@ def _cmd_doctor(a: argparse.Namespace) -> int:
         _out(plan.to_json())
     else:
         _out(plan.render_text(trace=not a.no_trace))
+    _warn_planned_from(plan)
     return _plan_code(plan)
 
 
@@ -198,6 +219,14 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     from nvfp4compat.loader import load_matrix
     from nvfp4compat.verify import run
 
+    if a.emit or a.wheel:
+        from nvfp4compat.emit import emit_text
+
+        try:
+            _out(emit_text(load_matrix(), a.wheel))
+        except RuntimeError as exc:
+            raise _UsageError(f"nvfp4compat verify --emit: {exc}") from None
+        return 0
     checks, msgs, code = run(load_matrix(), expect_flashinfer=a.expect_flashinfer, expect_vllm=a.expect_vllm)
     for msg in msgs:
         _out(msg)

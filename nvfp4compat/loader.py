@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from nvfp4compat.spec import Matrix
 
-__all__ = ["FILES", "MatrixError", "load_matrix", "matrix_dir"]
+__all__ = ["FILES", "MatrixError", "expand_flashinfer", "load_matrix", "matrix_dir"]
 
 FILES: dict[str, str] = {
     "arches": "arches.yaml",
@@ -27,6 +27,12 @@ FILES: dict[str, str] = {
     "vllm": "vllm.yaml",
     "implementations": "implementations.yaml",
     "errors": "errors.yaml",
+}
+
+
+# Optional top-level keys of a file besides its main key, and the Matrix field each one fills.
+_EXTRA_TOP_LEVEL: dict[str, dict[str, str]] = {
+    "flashinfer": {"index_checked": "flashinfer_index_checked"},
 }
 
 
@@ -99,6 +105,75 @@ def _read_yaml(path: Path) -> Any:
         raise MatrixError(f"{path.name}: invalid YAML: {exc}") from None
 
 
+# flashinfer.yaml stores each release as a delta on the release before it: these sections, and each
+# helper and consumer inside ``helpers``/``consumers``, may be left out to mean "as the previous
+# release", with ``{version}`` in its text read as this release's version.
+_FI_WHOLE_SECTIONS = ("nvfp4_4over6", "scale_check", "version_check", "cpu_import")
+_FI_OPTIONAL_SECTIONS = ("fa3_ragged",)  # inherited when the previous release has it
+_FI_KEYED_SECTIONS = ("helpers", "consumers")
+VERSION_PLACEHOLDER = "{version}"
+
+
+def _fill_version(node: Any, version: str) -> Any:
+    """``node`` with every ``{version}`` in its strings replaced by ``version`` (other braces kept)."""
+    if isinstance(node, str):
+        return node.replace(VERSION_PLACEHOLDER, version)
+    if isinstance(node, list):
+        return [_fill_version(x, version) for x in node]
+    if isinstance(node, dict):
+        return {k: _fill_version(v, version) for k, v in node.items()}
+    return node
+
+
+def expand_flashinfer(releases: Any) -> Any:
+    """Expand the delta form of ``flashinfer.yaml`` into one full entry per release.
+
+    Each release inherits from the release before it every section it leaves out (``helpers`` and
+    ``consumers`` entry by entry); ``{version}`` in any string (its own or inherited) becomes the
+    release's version. The first release must state everything. Anything not a list of mappings is
+    returned unchanged for the schema to reject.
+
+    Raises
+    ------
+    MatrixError
+        When a section is left out of the first release, or ``helpers``/``consumers`` is not a mapping.
+    """
+    if not isinstance(releases, list):
+        return releases
+    out: list[Any] = []
+    previous: dict[str, Any] | None = None  # the previous release, with {version} left in
+    for i, rel in enumerate(releases):
+        if not isinstance(rel, dict):
+            out.append(rel)
+            continue
+        label = f"flashinfer[{i}] ({rel.get('version', '?')})"
+        template = dict(rel)
+        for key in _FI_KEYED_SECTIONS:
+            own = rel.get(key, {})
+            if not isinstance(own, dict):
+                raise MatrixError(f"flashinfer.yaml: {label}: {key} must be a mapping of name to entry; got {type(own).__name__}")
+            if previous is None:
+                if key not in rel:
+                    raise MatrixError(f"flashinfer.yaml: {label}: {key} is missing; the first release must state every section")
+                continue
+            merged = dict(previous.get(key, {}))
+            merged.update(own)
+            template[key] = merged
+        for key in _FI_WHOLE_SECTIONS:
+            if key in rel:
+                continue
+            if previous is None or key not in previous:
+                raise MatrixError(f"flashinfer.yaml: {label}: {key} is missing; the first release must state every section")
+            template[key] = previous[key]
+        for key in _FI_OPTIONAL_SECTIONS:
+            if key not in rel and previous is not None and key in previous:
+                template[key] = previous[key]
+        previous = template
+        version = rel.get("version")
+        out.append(_fill_version(template, version) if isinstance(version, str) else template)
+    return out
+
+
 def _entry_label(data: Any, loc: tuple[Any, ...]) -> str:
     """Turn a pydantic error location into ``file: entry: field`` words."""
     parts: list[str] = []
@@ -143,12 +218,16 @@ def _load(directory: str) -> Matrix:
         data = _read_yaml(root / fname)
         if not isinstance(data, dict) or key not in data:
             raise MatrixError(f"{fname}: the top level must be a mapping with the key {key!r}; got {type(data).__name__} with keys {sorted(data) if isinstance(data, dict) else '-'}")
-        extra = sorted(set(data) - {key, "schema_version"})
+        allowed = {key, "schema_version", *_EXTRA_TOP_LEVEL.get(key, {})}
+        extra = sorted(set(data) - allowed)
         if extra:
-            raise MatrixError(f"{fname}: unknown top-level key(s) {extra}; allowed are [{key!r}, 'schema_version']")
+            raise MatrixError(f"{fname}: unknown top-level key(s) {extra}; allowed are {sorted(allowed)}")
+        for top, field_name in _EXTRA_TOP_LEVEL.get(key, {}).items():
+            if top in data:
+                raw[field_name] = data[top]
         if data.get("schema_version", 1) != 1:
             raise MatrixError(f"{fname}: schema_version {data.get('schema_version')!r} is not supported; this nvfp4compat reads schema_version 1")
-        raw[key] = data[key]
+        raw[key] = expand_flashinfer(data[key]) if key == "flashinfer" else data[key]
     try:
         return importlib.import_module("nvfp4compat.explain").check_placeholders(
             Matrix.model_validate(raw))

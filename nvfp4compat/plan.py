@@ -94,6 +94,12 @@ class Plan(_Frozen):
         ``FLASHINFER_DISABLE_VERSION_CHECK``).
     warnings, unverified : list[str]
         Remarks, and the releases/arches resolved from probes or nearest knowledge only.
+    planned_from : dict[str, str]
+        ``{"vllm": "0.34.0"}`` when a release asked about is not in the matrix and the plan was made
+        from the nearest known one (the component, and that release): unverified.
+    release_warnings : list[str]
+        One line per such release, naming the release it was planned from (also in ``warnings``);
+        ``nvfp4compat query``/``doctor`` print them as ``WARNING:`` lines, the vLLM plugin logs them.
     trace : list[TraceEntry]
         Every rule accepted or rejected, in order.
     """
@@ -107,6 +113,8 @@ class Plan(_Frozen):
     env: dict[str, str]
     warnings: list[str]
     unverified: list[str]
+    planned_from: dict[str, str] = Field(default_factory=dict)
+    release_warnings: list[str] = Field(default_factory=list)
     trace: list[TraceEntry]
     nvfp4compat_version: str
 
@@ -130,6 +138,9 @@ class Plan(_Frozen):
         head = "SUPPORTED" if self.supported else "NOT SUPPORTED"
         if arch_unverified:
             head = ("UNVERIFIED" if self.supported else head) + f" ({f.arch} is not in the matrix)"
+        elif self.supported and self.planned_from:
+            basis = ", ".join(f"{k} {v}" for k, v in self.planned_from.items())
+            head = f"UNVERIFIED (planned from the nearest release in the matrix: {basis})"
         lines.append(f"nvfp4compat {self.nvfp4compat_version} plan: {head}")
         shown = {b.reason for b in self.bindings.values() if b.impl is None}
         if self.reason:

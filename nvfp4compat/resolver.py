@@ -33,6 +33,7 @@ from nvfp4compat.spec import (
     PATCH_IDS,
     ArchSpec,
     FlashInferRelease,
+    IndexCheck,
     Matrix,
     Requirement,
     VllmRelease,
@@ -107,6 +108,9 @@ class _Ctx:
     trace: list[TraceEntry] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     unverified: list[str] = field(default_factory=list)
+    planned_from: dict[str, str] = field(default_factory=dict)
+    release_warnings: list[str] = field(default_factory=list)
+    unreleased: list[str] = field(default_factory=list)
     arch: ArchSpec | None = None
     fi: FlashInferRelease | None = None
     fi_exact: bool = False
@@ -146,6 +150,13 @@ def _setup(ctx: _Ctx) -> None:
             basis = f"nearest known release {ctx.fi.version}" if ctx.fi else "no known release (older than all)"
             why = "a local build" if local else "not in the matrix"
             ctx.unverified.append(f"flashinfer {f.flashinfer}: {why}; release facts taken from {basis}" + (" and the probe" if f.flashinfer_helpers is not None else ""))
+            if ctx.fi is not None and not local:
+                ctx.planned_from["flashinfer"] = ctx.fi.version
+                ctx.release_warnings.append(_unknown_release_warning(
+                    "FlashInfer", f.flashinfer, ctx.fi.version, m.flashinfer_index_checked, "flashinfer.yaml"))
+                checked = _unreleased(f.flashinfer, m.flashinfer_index_checked)
+                if checked is not None and f.source == "query":
+                    ctx.unreleased.append(_unreleased_reason("FlashInfer", f.flashinfer, checked, "--flashinfer"))
         if f.flashinfer_helpers is not None:
             ctx.helpers = {h: bool(f.flashinfer_helpers.get(h, False)) for h in HELPERS}
             ctx.helper_params = {h: list(p) for h, p in (f.flashinfer_helper_params or {}).items()}
@@ -178,6 +189,41 @@ def _setup(ctx: _Ctx) -> None:
             ctx.vllm = exact_v or m.nearest_vllm(f.vllm)
             if ctx.vllm is not None:
                 ctx.unverified.append(f"vllm {f.vllm}: not in the matrix; treated like {ctx.vllm.version}")
+                if exact_v is None:
+                    ctx.planned_from["vllm"] = ctx.vllm.version
+                    ctx.release_warnings.append(_unknown_release_warning(
+                        "vLLM", f.vllm, ctx.vllm.version, m.vllm.index_checked, "vllm.yaml"))
+            checked = _unreleased(f.vllm, m.vllm.index_checked) if exact_v is None else None
+            if checked is not None and f.source == "query":
+                ctx.unreleased.append(_unreleased_reason("vLLM", f.vllm, checked, "--vllm"))
+
+
+def _unreleased(version: str, checked: IndexCheck | None) -> IndexCheck | None:
+    """``checked`` when ``version`` is newer than the newest release seen on the index at that check, else None.
+
+    Only a query can name such a release: an installed one exists, and was released after the check.
+    """
+    if checked is not None and parse_version(version).public > parse_version(checked.newest):
+        return checked
+    return None
+
+
+def _unknown_release_warning(name: str, version: str, nearest: str, checked: IndexCheck | None, file: str) -> str:
+    when = ""
+    newer = _unreleased(version, checked)
+    if newer is not None:
+        when = f"; it is newer than every release on the index when the matrix was checked ({newer.newest}, {newer.date})"
+    return (
+        f"{name} {version} is not in matrix/{file}{when}: planned from the nearest known release {nearest}, "
+        f"unverified; install {name} {nearest}, or add {version} to matrix/{file} (nvfp4compat verify --emit)"
+    )
+
+
+def _unreleased_reason(name: str, version: str, checked: IndexCheck, flag: str) -> str:
+    return (
+        f"{name} {version} is unknown/unreleased as of {checked.date} (the newest release on the index then was "
+        f"{checked.newest}); nothing is known about it: pass {flag} {checked.newest} or an older release"
+    )
 
 
 def _cc_set_for(ctx: _Ctx, helper: str) -> tuple[list[int] | None, str | None, str]:
@@ -774,6 +820,7 @@ def resolve(
         reasons.append(bindings[op].reason)
     if vplan is not None and vplan.strategy == "none" and not unbound:
         reasons.append(vplan.reason)
+    reasons.extend(ctx.unreleased)
     supported = not reasons
     dq = bindings["dequant"]
     if dq.impl is None and supported:
@@ -789,8 +836,10 @@ def resolve(
         vllm=vplan,
         features=feats_out,
         env=env,
-        warnings=list(dict.fromkeys(ctx.warnings)),
+        warnings=list(dict.fromkeys(ctx.release_warnings + ctx.warnings)),
         unverified=list(dict.fromkeys(ctx.unverified)),
+        planned_from=dict(ctx.planned_from),
+        release_warnings=list(dict.fromkeys(ctx.release_warnings)),
         trace=ctx.trace,
         nvfp4compat_version=__version__,
     )
@@ -846,9 +895,23 @@ def query(
         impl_env = os.environ.get(ENV_IMPL) or None
     notes: list[str] = []
     if vllm is not None:
-        rel = m.vllm_release(vllm) or m.nearest_vllm(vllm)
+        # Pins come from the release asked about only: a release not in the matrix has unknown pins.
+        rel = m.vllm_release(vllm)  # a local build (0.34.0+cu130) has its release's pins
+        if rel is None and flashinfer is None:
+            notes.append(
+                f"flashinfer not given, and vLLM {vllm} is not in the matrix, so its flashinfer-python pin is unknown: "
+                "planning without FlashInfer (pass --flashinfer)"
+            )
         if rel is not None:
-            if flashinfer is None:
+            unpublished = rel.pins.unpublished_pin("flashinfer_python")
+            if flashinfer is None and unpublished is not None:
+                flashinfer = unpublished.install_instead
+                notes.append(
+                    f"flashinfer not given: vLLM {vllm} pins flashinfer-python=={rel.pins.flashinfer_python}, which is not "
+                    f"on the package index; assuming {flashinfer}, the release the matrix installs instead "
+                    f"(nvfp4compat constraints --vllm {vllm})"
+                )
+            elif flashinfer is None:
                 flashinfer = rel.pins.flashinfer_python
                 notes.append(f"flashinfer not given: assuming vLLM {vllm}'s pin flashinfer-python=={flashinfer}")
             if flashinfer_cubin is None and rel.pins.flashinfer_cubin is not None:

@@ -14,6 +14,7 @@ arch named in a preference list that ``arches.yaml`` lacks, ...) are checked in
 
 from __future__ import annotations
 
+import datetime
 import re
 from typing import Annotated, Literal
 
@@ -491,15 +492,44 @@ class Implementations(_Model):
 # ----------------------------------------------------------------------------- vllm.yaml
 
 
+class UnpublishedPin(_Model):
+    """A pin whose release is not on the package index (``pip install vllm==X`` fails on it)."""
+
+    pin: Literal["torch", "flashinfer_python", "flashinfer_cubin"]
+    evidence: str = Field(min_length=1)
+    status: Status
+    install_instead: str = Field(min_length=1)
+
+    @field_validator("install_instead")
+    @classmethod
+    def _v(cls, v: str) -> str:
+        return _check_version(v)
+
+
 class Pins(_Model):
     torch: str
     flashinfer_python: str
     flashinfer_cubin: str | None = None
+    unpublished: list[UnpublishedPin] = Field(default_factory=list)
 
     @field_validator("torch", "flashinfer_python", "flashinfer_cubin")
     @classmethod
     def _v(cls, v: str | None) -> str | None:
         return None if v is None else _check_version(v)
+
+    @model_validator(mode="after")
+    def _unpublished_once(self) -> Pins:
+        names = [u.pin for u in self.unpublished]
+        if len(set(names)) != len(names):
+            raise ValueError(f"unpublished: each pin may be listed once, got {names}")
+        for name in names:
+            if getattr(self, name) is None:
+                raise ValueError(f"unpublished: pin {name!r} is listed but not set")
+        return self
+
+    def unpublished_pin(self, name: str) -> UnpublishedPin | None:
+        """The :class:`UnpublishedPin` for ``name`` (``"flashinfer_python"``, ...), or None."""
+        return next((u for u in self.unpublished if u.pin == name), None)
 
 
 class StockPath(_Model):
@@ -641,9 +671,23 @@ class Combination(_Model):
         return _check_version(v)
 
 
+class IndexCheck(_Model):
+    """The newest release seen on the package index, and when: anything newer is unreleased as of ``date``."""
+
+    newest: str
+    date: datetime.date
+    evidence: str = Field(min_length=1)
+
+    @field_validator("newest")
+    @classmethod
+    def _v(cls, v: str) -> str:
+        return _check_version(v)
+
+
 class VllmFile(_Model):
     patches: dict[str, PatchSpec]
     backport_patches: list[str]
+    index_checked: IndexCheck
     releases: list[VllmRelease]
     combinations: list[Combination]
 
@@ -689,6 +733,7 @@ class Matrix(_Model):
 
     arches: dict[str, ArchSpec]
     flashinfer: list[FlashInferRelease]
+    flashinfer_index_checked: IndexCheck | None = None
     vllm: VllmFile
     implementations: Implementations
     errors: list[ErrorEntry]
@@ -707,6 +752,12 @@ class Matrix(_Model):
         if parsed != sorted(parsed):
             problems.append("flashinfer.yaml: releases: must be sorted by version, oldest first")
         fi_set = {parse_version(v) for v in fi_versions}
+        fic = self.flashinfer_index_checked
+        if fic is not None and parsed and parse_version(fic.newest) < max(parsed):
+            problems.append(
+                f"flashinfer.yaml: index_checked.newest: {fic.newest} is older than the newest release in the file "
+                f"({fi_versions[-1]}); re-check the index and update newest and date"
+            )
         vl = [r.version for r in self.vllm.releases]
         if len(set(vl)) != len(vl):
             problems.append(f"vllm.yaml: releases: duplicate version in {vl}")
@@ -717,12 +768,27 @@ class Matrix(_Model):
                 problems.append(f"vllm.yaml: backport_patches: unknown patch {bp!r}; valid values are {list(PATCH_IDS)}")
         for r in self.vllm.releases:
             where = f"vllm.yaml: releases[{r.version}]"
-            if parse_version(r.pins.flashinfer_python) not in fi_set:
+            for u in r.pins.unpublished:
+                if u.pin.startswith("flashinfer") and parse_version(getattr(r.pins, u.pin)) in fi_set:
+                    problems.append(
+                        f"{where}: pins.unpublished: {u.pin} {getattr(r.pins, u.pin)} is listed as unpublished but "
+                        "flashinfer.yaml has that release; drop it from unpublished"
+                    )
+                if u.pin.startswith("flashinfer") and parse_version(u.install_instead) not in fi_set:
+                    problems.append(
+                        f"{where}: pins.unpublished: install_instead {u.install_instead} is not a release in flashinfer.yaml; "
+                        f"known releases are {fi_versions}"
+                    )
+            if r.pins.unpublished_pin("flashinfer_python") is None and parse_version(r.pins.flashinfer_python) not in fi_set:
                 problems.append(
                     f"{where}: pins.flashinfer_python: vLLM {r.version} pins flashinfer-python=={r.pins.flashinfer_python}, "
                     f"which flashinfer.yaml does not know; known releases are {fi_versions}"
                 )
-            if r.pins.flashinfer_cubin is not None and parse_version(r.pins.flashinfer_cubin) not in fi_set:
+            if (
+                r.pins.flashinfer_cubin is not None
+                and r.pins.unpublished_pin("flashinfer_cubin") is None
+                and parse_version(r.pins.flashinfer_cubin) not in fi_set
+            ):
                 problems.append(f"{where}: pins.flashinfer_cubin: {r.pins.flashinfer_cubin} is not a release in flashinfer.yaml")
             for h in r.requires_flashinfer_helpers:
                 if h not in HELPERS:
@@ -739,6 +805,12 @@ class Matrix(_Model):
             unassigned = sorted(known_arches - set(r.strategy.backport + r.strategy.extend + r.strategy.native + r.strategy.none))
             if unassigned:
                 problems.append(f"{where}: strategy: arches {unassigned} have no strategy; list each arch of arches.yaml once")
+        newest = parse_version(self.vllm.index_checked.newest)
+        if vl and newest < max(parse_version(v) for v in vl):
+            problems.append(
+                f"vllm.yaml: index_checked.newest: {newest} is older than the newest release in the file ({vl[-1]}); "
+                "re-check the index and update newest and date"
+            )
         for c in self.vllm.combinations:
             if parse_version(c.flashinfer) not in fi_set:
                 problems.append(f"vllm.yaml: combinations: flashinfer {c.flashinfer} is not a release in flashinfer.yaml")

@@ -58,12 +58,14 @@ def matrix_markdown(m: Matrix) -> str:
     out.append("| vLLM (pinned FlashInfer) | " + " | ".join(_sm_label(g[0]) for g in groups) + " |")
     out.append("|---|" + "---|" * len(groups))
     for i, r in enumerate(m.vllm.releases):
-        out.append(f"| {r.version} ({r.pins.flashinfer_python}) | " + " | ".join(g[1][i] for g in groups) + " |")
+        u = r.pins.unpublished_pin("flashinfer_python")
+        pin = r.pins.flashinfer_python if u is None else f"{r.pins.flashinfer_python}, unpublished: {u.install_instead}"
+        out.append(f"| {r.version} ({pin}) | " + " | ".join(g[1][i] for g in groups) + " |")
     out.append("")
     out.append(
         "Cells: patch strategy, then the bound writer (W) and readers (R); FI = FlashInfer, `native` = vLLM's own "
         "trtllm-gen path, `no` = unsupported (`nvfp4compat query --arch ... --vllm ...` says why). Assumes the pinned "
-        "FlashInfer, Triton installed and trtllm-gen usable on SM100/103/107."
+        "FlashInfer (or, for a pin that is not on the package index, the release named after it), Triton installed and trtllm-gen usable on SM100/103/107."
     )
     out.append("")
     out.append("| FlashInfer | slot-mapping writer | paged dequant | writer `nvfp4_4over6` | trtllm-gen SMs | writer scale check | cubin/jit-cache mismatch | CPU `import flashinfer` (default deps) |")

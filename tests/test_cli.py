@@ -165,3 +165,75 @@ def test_version_flag_and_python_m(capsys: pytest.CaptureFixture[str]) -> None:
     r = subprocess.run([sys.executable, "-m", "nvfp4compat", "query", "--arch", "sm_86", "--vllm", "0.31.0", "--no-trace"],
                        cwd=REPO, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
     assert r.returncode == 0 and "strategy backport" in r.stdout, r.stderr
+
+
+def test_query_vllm_0_34_0_names_its_real_pin(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "query", "--arch", "sm_90", "--vllm", "0.34.0", "--json")
+    plan = json.loads(out)
+    assert rc == 0 and plan["supported"] and not plan["planned_from"] and err == ""
+    assert not [u for u in plan["unverified"] if "vllm" in u]
+    assert plan["facts"]["flashinfer"] == "0.7.4"
+    assert any("pins flashinfer-python==0.7.3, which is not on the package index" in n for n in plan["facts"]["notes"])
+
+
+def test_query_unknown_release_is_loud_and_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "query", "--arch", "sm_90", "--vllm", "0.33.5", "--flashinfer", "0.7.4", "--no-trace")
+    assert rc == 3
+    assert "plan: UNVERIFIED (planned from the nearest release in the matrix: vllm 0.33.0)" in out
+    assert err.startswith("WARNING: vLLM 0.33.5 is not in matrix/vllm.yaml: planned from the nearest known release 0.33.0")
+    rc, out, err = run(capsys, "query", "--arch", "sm_90", "--flashinfer", "0.7.0rc9", "--json")
+    assert rc == 3 and json.loads(out)["planned_from"] == {"flashinfer": "0.6.18.post1"}
+    assert "WARNING: FlashInfer 0.7.0rc9 is not in matrix/flashinfer.yaml" in err
+
+
+def test_query_unknown_vllm_takes_no_pin_from_the_nearest_release(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "query", "--arch", "sm_90", "--vllm", "0.33.5", "--json")
+    plan = json.loads(out)
+    assert plan["facts"]["flashinfer"] is None and plan["facts"]["torch"] is None
+    assert any("its flashinfer-python pin is unknown" in n for n in plan["facts"]["notes"])
+    assert not any("0.7.2.post1" in n for n in plan["facts"]["notes"])
+
+
+def test_query_unreleased_version_is_not_supported(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "query", "--arch", "sm_90", "--vllm", "0.35.0", "--flashinfer", "0.7.4", "--no-trace")
+    assert rc == 1 and "plan: NOT SUPPORTED" in out
+    assert "vLLM 0.35.0 is unknown/unreleased as of 2026-12-02 (the newest release on the index then was 0.34.0)" in out
+    assert "WARNING: vLLM 0.35.0 is not in matrix/vllm.yaml" in err
+    rc, out, _ = run(capsys, "query", "--arch", "sm_90", "--flashinfer", "0.7.5", "--no-trace")
+    assert rc == 1 and "FlashInfer 0.7.5 is unknown/unreleased as of 2026-12-02" in out
+
+
+def test_doctor_warns_about_an_unknown_installed_release(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nvfp4compat.facts as facts_mod
+
+    real = facts_mod.detect
+
+    def fake_detect(**kwargs: object) -> facts_mod.SystemFacts:
+        return real(**kwargs).model_copy(update={"vllm": "0.33.5", "arch": "sm_90"})
+
+    monkeypatch.setattr(facts_mod, "detect", fake_detect)
+    rc, out, err = run(capsys, "doctor", "--no-trace")
+    assert "WARNING: vLLM 0.33.5 is not in matrix/vllm.yaml: planned from the nearest known release 0.33.0" in err
+    assert "unknown/unreleased" not in out  # an installed release exists; only a query can name one that does not
+
+
+def test_constraints_vllm_0_34_0_without_flashinfer(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "constraints", "--vllm", "0.34.0", "--json")
+    rep = json.loads(out)
+    assert rc == 0 and rep["flashinfer"] == "0.7.4" and rep["pinned_flashinfer"] == "0.7.3"
+    assert rep["status"] == "known combination (verified)"
+    assert rep["pip_lines"][0] == "pip install --no-deps vllm==0.34.0"
+    assert rep["pip_lines"][-1] == "pip install flashinfer-python==0.7.4"
+    assert rep["uv_overrides"] == ["flashinfer-python==0.7.4"]
+    rc, out, _ = run(capsys, "constraints", "--vllm", "0.33.0")
+    assert rc == 0 and "pip install vllm==0.33.0" in out and "FlashInfer 0.7.2.post1: pinned" in out
+    rc, _, err = run(capsys, "constraints", "--vllm", "0.35.0")
+    assert rc == 2 and "vLLM 0.35.0 is not in matrix/vllm.yaml, so its pins are unknown" in err
+
+
+def test_query_local_build_keeps_its_release_pins(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "query", "--arch", "sm_90", "--vllm", "0.33.0+cu130", "--json")
+    plan = json.loads(out)
+    assert plan["facts"]["flashinfer"] == "0.7.2.post1" and plan["planned_from"] == {} and err == ""

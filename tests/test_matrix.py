@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from pathlib import Path
 
@@ -92,10 +94,54 @@ def test_flashinfer_releases_cover_0_6_10_to_0_7_4(m: Matrix) -> None:
 
 
 def test_every_vllm_pin_is_a_known_flashinfer_release(m: Matrix) -> None:
-    assert [r.version for r in m.vllm.releases] == ["0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"]
+    assert [r.version for r in m.vllm.releases] == ["0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"]
     for r in m.vllm.releases:
-        assert m.flashinfer_release(r.pins.flashinfer_python) is not None
+        unpublished = r.pins.unpublished_pin("flashinfer_python")
+        if unpublished is None:
+            assert m.flashinfer_release(r.pins.flashinfer_python) is not None, r.version
+        else:
+            assert m.flashinfer_release(r.pins.flashinfer_python) is None, r.version
+            assert m.flashinfer_release(unpublished.install_instead) is not None, r.version
     assert m.vllm_release("0.25.1").pins.flashinfer_cubin == "0.6.13"
+
+
+def test_vllm_0_34_0_records_its_unpublished_flashinfer_pin(m: Matrix) -> None:
+    r = m.vllm_release("0.34.0")
+    assert r is not None
+    assert (r.pins.torch, r.pins.flashinfer_python) == ("2.14.0", "0.7.3")
+    u = r.pins.unpublished_pin("flashinfer_python")
+    assert u is not None and u.install_instead == "0.7.4" and "0.7.3" in u.evidence
+    assert m.vllm.index_checked.newest == "0.34.0"
+    assert m.flashinfer_index_checked is not None and m.flashinfer_index_checked.newest == "0.7.4"
+
+
+def _vllm_yaml_with(tmp_path: Path, old: str, new: str) -> Path:
+    src = matrix_dir()
+    for f in src.glob("*.yaml"):
+        text = f.read_text()
+        if f.name == "vllm.yaml":
+            assert old in text
+            text = text.replace(old, new, 1)
+        (tmp_path / f.name).write_text(text)
+    return tmp_path
+
+
+def test_unpublished_pin_must_name_a_known_release_to_install_instead(tmp_path: Path) -> None:
+    d = _vllm_yaml_with(tmp_path, 'install_instead: "0.7.4"', 'install_instead: "0.7.9"')
+    with pytest.raises(MatrixError, match=r"install_instead 0.7.9 is not a release in flashinfer.yaml"):
+        load_matrix(d)
+
+
+def test_unknown_pin_without_unpublished_entry_is_an_error(tmp_path: Path) -> None:
+    d = _vllm_yaml_with(tmp_path, 'flashinfer_python: "0.7.2.post1"\n    requires_python', 'flashinfer_python: "0.7.3"\n    requires_python')
+    with pytest.raises(MatrixError, match=r"pins flashinfer-python==0.7.3, which flashinfer.yaml does not know"):
+        load_matrix(d)
+
+
+def test_index_checked_must_not_be_older_than_the_releases(tmp_path: Path) -> None:
+    d = _vllm_yaml_with(tmp_path, 'newest: "0.34.0"', 'newest: "0.33.0"')
+    with pytest.raises(MatrixError, match=r"index_checked.newest: 0.33.0 is older than the newest release"):
+        load_matrix(d)
 
 
 def test_arches_cover_the_issue_list(m: Matrix) -> None:
@@ -243,3 +289,87 @@ def test_strategy_must_cover_every_arch(tmp_path: Path) -> None:
     _dump(d / "vllm.yaml", data)
     with pytest.raises(MatrixError, match=r"arches \['sm_110'\] have no strategy"):
         load_matrix(d)
+
+
+# ------------------------------------------------------------------- flashinfer.yaml as deltas
+
+
+def test_flashinfer_yaml_stores_deltas_that_expand_to_full_entries(m: Matrix) -> None:
+    raw = _load(matrix_dir() / "flashinfer.yaml")["flashinfer"]
+    assert [r["version"] for r in raw] == [r.version for r in m.flashinfer]
+    # most releases repeat the previous one: they state only their version and evidence
+    bare = [r["version"] for r in raw if set(r) == {"version", "evidence"}]
+    assert len(bare) >= 8, bare
+    post = m.flashinfer_release("0.6.16.post2")
+    assert post is not None and "version" not in raw[[r["version"] for r in raw].index("0.6.16.post2")].get("helpers", {})
+    # inherited text names the release it belongs to, never the one it was inherited from
+    slot = post.helpers["nvfp4_quantize_append_paged_kv_cache_with_slot_mapping"]
+    assert "[0.6.16.post2]" in slot.evidence and "[0.6.16]" not in slot.evidence
+    assert "{version}" not in m.model_dump_json()
+
+
+def test_delta_inherits_entry_by_entry_and_fills_the_version() -> None:
+    from nvfp4compat.loader import expand_flashinfer
+
+    first = {
+        "version": "1.0", "evidence": "e",
+        "helpers": {"a": {"x": "a.py:1 [{version}]"}, "b": {"x": "b"}},
+        "consumers": {"c": {"sms": [80]}},
+        "nvfp4_4over6": {"n": "{version}"}, "scale_check": {}, "version_check": {"message": "{installed} {flashinfer}"},
+        "cpu_import": {},
+    }  # fmt: skip
+    second = {"version": "1.1", "evidence": "f", "helpers": {"b": {"x": "b2 [{version}]"}}, "scale_check": {"m": 1}}
+    a, b = expand_flashinfer([first, second])
+    assert a["helpers"] == {"a": {"x": "a.py:1 [1.0]"}, "b": {"x": "b"}}
+    assert b["helpers"] == {"a": {"x": "a.py:1 [1.1]"}, "b": {"x": "b2 [1.1]"}}
+    assert b["nvfp4_4over6"] == {"n": "1.1"} and b["scale_check"] == {"m": 1} and b["consumers"] == {"c": {"sms": [80]}}
+    assert b["version_check"]["message"] == "{installed} {flashinfer}"  # other placeholders are kept
+
+
+def test_first_flashinfer_release_must_state_every_section(tmp_path: Path) -> None:
+    d = _copy_matrix(tmp_path)
+    data = _load(d / "flashinfer.yaml")
+    del data["flashinfer"][0]["scale_check"]
+    _dump(d / "flashinfer.yaml", data)
+    with pytest.raises(MatrixError, match=r"flashinfer\[0\] \(0.6.10\): scale_check is missing; the first release must state"):
+        load_matrix(d)
+
+
+def test_a_delta_is_validated_as_strictly_as_a_full_entry(tmp_path: Path) -> None:
+    d = _copy_matrix(tmp_path)
+    data = _load(d / "flashinfer.yaml")
+    data["flashinfer"][1]["helpers"] = {"nvfp4_kv_dequantize": {"present": "maybe"}}
+    _dump(d / "flashinfer.yaml", data)
+    with pytest.raises(MatrixError, match=r"\[flashinfer.yaml\] \[1\] \(0.6.10.post1\).helpers.nvfp4_kv_dequantize"):
+        load_matrix(d)
+
+
+# ------------------------------------------------------------------------------- evidence
+
+# What a reader can open: an upstream file (path with an extension, ":line" where it applies, "[release]"),
+# vllm.yaml's FI:/BE: abbreviations of the release's flashinfer.py/backend.py (file:line), a URL (an
+# upstream PR, a PyPI page), a "vllm#N"/"flashinfer#N" PR reference, or a path in this repo.
+_OPENABLE = re.compile(
+    r"[\w./*-]+\.(py|cuh|cu|h|hpp|cpp|inc|jinja|md|txt|yaml|whl|toml|sh|json)\b|\b(FI|BE):\d+|https?://\S+|\b(vllm|flashinfer)#\d+"
+)
+
+
+def _evidence_strings(node: object, path: str = "") -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if isinstance(v, str) and "evidence" in k:
+                out.append((f"{path}.{k}", v))
+            else:
+                out.extend(_evidence_strings(v, f"{path}.{k}"))
+    elif isinstance(node, list):
+        for i, x in enumerate(node):
+            out.extend(_evidence_strings(x, f"{path}[{i}]"))
+    return out
+
+
+def test_every_evidence_points_at_something_openable(m: Matrix) -> None:
+    found = _evidence_strings(json.loads(m.model_dump_json()))
+    assert len(found) > 500
+    bad = [f"{p}: {e[:100]}" for p, e in found if not _OPENABLE.search(e)]
+    assert not bad, "\n".join(bad)

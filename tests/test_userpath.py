@@ -94,15 +94,8 @@ def _repo_paths(text: str) -> list[str]:
     return found
 
 
-# matrix/flashinfer.yaml is compacted, and its evidence fixed, on another branch; it is checked here once
-# that lands (remove it from this list then).
-_NOT_YET = {"flashinfer.yaml"}
-
-
 @pytest.mark.parametrize("fname", sorted(p.name for p in (REPO / "matrix").glob("*.yaml")))
 def test_evidence_names_only_paths_that_exist(fname: str) -> None:
-    if fname in _NOT_YET:
-        pytest.skip(f"{fname}: evidence is being rewritten on another branch")
     data = yaml.safe_load((REPO / "matrix" / fname).read_text())
     missing = []
     for where, text in _evidence(data):

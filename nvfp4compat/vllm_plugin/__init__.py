@@ -87,6 +87,10 @@ def summary_line(plan: Any, route: Route | None) -> str:
     vllm_v = _fact(plan, "vllm") or "?"
     fi_v = _fact(plan, "flashinfer") or "not installed"
     head = f"nvfp4compat: vLLM {vllm_v} on {_arch(plan)} with FlashInfer {fi_v}"
+    planned_from = getattr(plan, "planned_from", None) or {}
+    if planned_from:
+        basis = ", ".join(f"{k} {v}" for k, v in planned_from.items())
+        head += f" (UNVERIFIED: planned from the nearest release in the matrix: {basis})"
     vllm_plan = getattr(plan, "vllm", None)
     strategy = getattr(vllm_plan, "strategy", None) or "none"
     if route is not None and route.refusal is not None:
@@ -251,6 +255,10 @@ def register() -> None:
     # the pid tells the processes apart (API, EngineCore, every tensor-parallel worker): a worker
     # logs this before vLLM prefixes its lines with "(Worker_TP1 pid=...)"
     logger.info("%s [pid %d]", summary_line(plan, route), os.getpid())
+    release_warnings = getattr(plan, "release_warnings", None) or []
+    for warning in release_warnings:  # a release not in the matrix: always said, supported or not
+        logger.warning("nvfp4compat: %s", warning)
     if getattr(plan, "supported", False):
         for warning in getattr(plan, "warnings", None) or []:
-            logger.warning("nvfp4compat: %s", warning)
+            if warning not in release_warnings:
+                logger.warning("nvfp4compat: %s", warning)

@@ -27,7 +27,7 @@ import dataclasses
 import inspect
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -74,12 +74,41 @@ def _current_cache_dtype() -> str | None:
     return getattr(cache_config, "cache_dtype", None)
 
 
-def _layer_cache_dtype(kv_cache_spec: Any, vllm_config: Any) -> str:
-    """The KV-cache dtype of the layers behind ``kv_cache_spec`` (``"auto"`` for skipped layers)."""
+def _layer_cache_dtype(
+    kv_cache_spec: Any, vllm_config: Any, layer_names: Sequence[str] | None = None
+) -> str:
+    """The KV-cache dtype of the layers behind ``kv_cache_spec`` (``"auto"`` for skipped layers).
+
+    ``cache_config.cache_dtype`` when it names one. vLLM 0.34+ resolves the dtype per layer
+    (``FlashInferMetadataBuilder._resolve_cache_dtype``, FI:1137 [0.34.0]): a layer can be NVFP4
+    while ``cache_config.cache_dtype`` is ``"auto"``; then the layers' own ``kv_cache_dtype``
+    decides, as in vLLM (``"nvfp4"`` for an NVFP4 spec when no layer names are given).
+    """
     mode = getattr(kv_cache_spec, "kv_quant_mode", None)
     if mode is not None and not getattr(mode, "is_nvfp4", False):
         return "auto"
-    return str(vllm_config.cache_config.cache_dtype)
+    configured = str(vllm_config.cache_config.cache_dtype)
+    if configured != "auto" or mode is None:
+        return configured
+    own = _layers_cache_dtype(vllm_config, layer_names or ())
+    return own if own is not None else "nvfp4"
+
+
+def _layers_cache_dtype(vllm_config: Any, layer_names: Sequence[str]) -> str | None:
+    """The ``kv_cache_dtype`` the layers ``layer_names`` were built with (None when unknown)."""
+    context = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {}
+    dtypes = {
+        str(context[name].kv_cache_dtype)
+        for name in layer_names
+        if name in context and getattr(context[name], "kv_cache_dtype", None) not in (None, "auto")
+    }
+    if len(dtypes) > 1:
+        raise ValueError(
+            f"nvfp4compat: the layers of one attention group have different KV-cache dtypes {sorted(dtypes)} "
+            f"({list(layer_names)}); vLLM groups layers by KV-cache spec, so this group is inconsistent. "
+            "Way out: one --kv-cache-dtype for these layers"
+        )
+    return dtypes.pop() if dtypes else None
 
 
 def page_views(
@@ -218,7 +247,7 @@ class Nvfp4CompatMetadataBuilder(_fi.FlashInferMetadataBuilder):
     ) -> None:
         self._nvfp4_route: Route | None = None
         self._nvfp4_attach = False
-        cache_dtype = _layer_cache_dtype(kv_cache_spec, vllm_config)
+        cache_dtype = _layer_cache_dtype(kv_cache_spec, vllm_config, layer_names)
         route = _handled(cache_dtype)
         if route is None:
             super().__init__(kv_cache_spec, layer_names, vllm_config, device)

@@ -24,7 +24,8 @@ from nvfp4compat.kernels.reference_attention import (  # noqa: E402
     relative_l2,
 )
 
-BLOCK = 16
+# vLLM <= 0.33 defaults to 16 tokens per block, 0.34 to 64 (CacheConfig.DEFAULT_BLOCK_SIZE).
+BLOCK_SIZES = (16, 64)
 
 
 @pytest.fixture
@@ -70,6 +71,7 @@ def _run_case(
     seq_lens,
     query_lens,
     decode_threshold=None,
+    block_size=16,
     **layer_kwargs,
 ):
     from vllm.config import set_current_vllm_config
@@ -78,8 +80,10 @@ def _run_case(
 
     setup = make_layer(
         cpu_vllm, "nvfp4", num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
-        **layer_kwargs,
+        block_size=block_size, **layer_kwargs,
     )  # fmt: skip
+    BLOCK = setup.spec.block_size  # noqa: N806 - the page size the cache was built with
+    assert block_size == BLOCK
     layer, impl = setup.layer, setup.layer.impl
     builder = setup.builder()
     if decode_threshold is not None:
@@ -127,12 +131,15 @@ def _run_case(
     return md, err
 
 
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_forward_mixed_batch_matches_float32_reference(cpu_vllm, plugin_for_read, layout):
-    # Two decodes then two prefill chunks (one continuing a cached context), GQA 4:2.
+def test_forward_mixed_batch_matches_float32_reference(cpu_vllm, plugin_for_read, layout, block_size):
+    # Two decodes then two prefill chunks (one continuing a cached context), GQA 4:2; at 16 tokens
+    # per block the sequences span several pages, at 64 (vLLM 0.34's default) one page each but 71.
     md, err = _run_case(
         cpu_vllm, layout=layout, head_size=128, num_heads=4, num_kv_heads=2,
-        seq_lens=[37, 9, 21, 5], query_lens=[1, 1, 6, 5],
+        seq_lens=[37, 9, 21, 5] if block_size == 16 else [71, 9, 130, 5],
+        query_lens=[1, 1, 6, 5], block_size=block_size,
     )  # fmt: skip
     split = (md.num_decodes, md.num_decode_tokens, md.num_prefills, md.num_prefill_tokens)
     assert split == (2, 2, 2, 11) and md.decode_q_len == 1

@@ -130,3 +130,25 @@ def test_register_never_raises_on_a_broken_resolver(cpu_vllm, clean_plugin, monk
         vllm_plugin.register()
     assert vllm_plugin.applied() == {}
     assert any("matrix could not be loaded" in r.getMessage() for r in log.records)
+
+
+def test_unknown_vllm_release_is_logged_as_unverified(cpu_vllm, clean_plugin, monkeypatch):
+    """A vLLM release not in the matrix: the INFO line and a WARNING name the release planned from."""
+    import nvfp4compat
+
+    real = nvfp4compat.detect
+    monkeypatch.setattr(
+        nvfp4compat, "detect", lambda **kw: real(**kw).model_copy(update={"vllm": "0.33.5"})
+    )
+    cpu_vllm.set_arch("sm_90")
+    with recording() as log:
+        load_plugin_through_entry_point()
+    messages = [(r.levelno, r.getMessage()) for r in log.records]
+    info = [m for level, m in messages if level == logging.INFO and m.startswith("nvfp4compat: vLLM")]
+    assert len(info) == 1
+    assert "(UNVERIFIED: planned from the nearest release in the matrix: vllm 0.33.0)" in info[0]
+    assert any(
+        level == logging.WARNING
+        and "vLLM 0.33.5 is not in matrix/vllm.yaml: planned from the nearest known release 0.33.0" in m
+        for level, m in messages
+    ), messages

@@ -110,6 +110,13 @@ def setup_cpu_vllm() -> CpuVllm:
     import torch
     import vllm
     import vllm.platforms as platforms
+    import vllm.triton_utils
+
+    # vLLM 0.34's CpuPlatform.check_and_update_config (which VllmConfig still calls: vllm/config
+    # bound the CPU platform at import) raises "vLLM on x86 CPUs requires Triton (triton-cpu)" when
+    # Triton has no active driver, as on this GPU-less machine; here Triton runs interpreted
+    # (TRITON_INTERPRET=1), which is what the tests need.
+    vllm.triton_utils.HAS_TRITON = True
     from vllm.platforms.cuda import CudaPlatform
     from vllm.platforms.interface import DeviceCapability
 
@@ -228,6 +235,7 @@ def make_layer(
     num_kv_heads: int = 2,
     head_size: int = 128,
     prefix: str = "model.layers.0.self_attn.attn",
+    block_size: int = 16,
     **layer_kwargs: Any,
 ) -> LayerSetup:
     """Build a real ``Attention`` layer (vLLM selects its backend) and its customized spec.
@@ -238,7 +246,7 @@ def make_layer(
     import torch
     from vllm.config import set_current_vllm_config
 
-    config = vllm_config(cache_dtype)
+    config = vllm_config(cache_dtype, block_size)
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)  # the model dtype when no model config is set
     try:
