@@ -445,12 +445,12 @@ def _decode_kernel(
     total = _total_tiles(batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                          BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
     # Find this chunk's request b, its index j within b, b's chunk count and b's first partial slot.
-    base = 0
-    base_m = 0
-    b = -1
-    j = 0
-    n_chunks = 0
-    slot0 = 0
+    base = tl.zeros((), tl.int32)
+    base_m = tl.zeros((), tl.int32)
+    b = tl.full((), -1, tl.int32)
+    j = tl.zeros((), tl.int32)
+    n_chunks = tl.zeros((), tl.int32)
+    slot0 = tl.zeros((), tl.int32)
     for b0 in range(0, batch, BATCH_BLOCK):
         bs = b0 + tl.arange(0, BATCH_BLOCK)
         tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
@@ -583,8 +583,8 @@ def _decode_reduce_kernel(
     max_kv = max_pages.to(tl.int64) * page_size
     total = _total_tiles(batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                          BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
-    slot0 = 0
-    n_chunks = 0
+    slot0 = tl.zeros((), tl.int32)
+    n_chunks = tl.zeros((), tl.int32)
     for b0 in range(0, batch, BATCH_BLOCK):
         bs = b0 + tl.arange(0, BATCH_BLOCK)
         tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
