@@ -71,6 +71,29 @@ def test_kernels_codec_matches_the_reference_codec():
         assert _err(a, b) < 4e-3  # the kernels' dequant is un-rotated in bf16, the reference in fp32
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "rotated_4over6"])
+def test_attention_codec_runs_the_bound_writer_and_prefill(fmt):
+    """codec='attention' (bound writer + prefill kernel, Triton interpreter here) against causal
+    float32 attention over the reference codec's round trip of the same format."""
+    pytest.importorskip("triton")
+    from nvfp4compat import query
+
+    plan = query("sm_90", "0.6.15", impl_env="triton", kv_rotation=None)
+    rt = KVRoundTrip("attention", plan=plan)
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 6, 19, 64, generator=g)
+    k, v = _kv(3, (2, 2, 19, 64))
+    out = rt.attend(fmt, q, k, v, scaling=0.125)
+    assert out.shape == (2, 19, 6, 64) and out.dtype == q.dtype
+    k2, v2 = KVRoundTrip("reference")(fmt, k, v)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, k2.repeat_interleave(3, dim=1), v2.repeat_interleave(3, dim=1), is_causal=True, scale=0.125
+    ).transpose(1, 2)
+    assert _err(out, ref) < 1e-2
+    with pytest.raises(AccuracyError, match="codec 'attention'"):
+        rt.attend("fp8", q, k, v, scaling=0.125)
+
+
 def test_text_and_windows():
     text = default_text()
     assert len(text) > 20_000 and text.isascii()
@@ -93,3 +116,12 @@ def test_smollm2_orderings():
     assert res["bf16"].kl_per_token == 0.0 and res["bf16"].top1 == 1.0
     assert 0.0 < res["fp8"].kl_per_token < res["nvfp4"].kl_per_token
     assert res["bf16"].perplexity < 100, "the model predicts English prose"
+    # the registered attention function routes the NVFP4 formats to the bound writer + prefill kernel
+    pytest.importorskip("triton")
+    from nvfp4compat import query
+
+    plan = query("sm_90", "0.6.15", impl_env="triton", kv_rotation=None)
+    real = evaluate(model, windows(ids, 16, 1), ["rotated"], codec="attention", plan=plan)
+    sim = evaluate(model, windows(ids, 16, 1), ["rotated"], codec="reference")
+    assert 0.0 < real["rotated"].kl_per_token < 0.5 and real["rotated"].top1 > 0.6
+    assert abs(real["rotated"].kl_per_token - sim["rotated"].kl_per_token) < 0.1

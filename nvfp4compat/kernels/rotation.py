@@ -60,10 +60,14 @@ def _check_head_dim(head_dim: int, what: str) -> None:
 
 @functools.lru_cache(maxsize=32)
 def _hadamard_cached(n: int, device: torch.device) -> torch.Tensor:
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < n:
-        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
-    return (h / math.sqrt(n)).to(device=device, dtype=torch.float32)
+    # Built with device ops only (no host-to-device copy), so a first call inside CUDA-graph
+    # capture stays capturable: H[i, j] = (-1)^popcount(i & j) / sqrt(n).
+    i = torch.arange(n, device=device)
+    both = i[:, None] & i[None, :]
+    parity = torch.zeros_like(both)
+    for bit in range(n.bit_length()):
+        parity ^= (both >> bit) & 1
+    return (1 - 2 * parity).to(torch.float32) / math.sqrt(n)
 
 
 def hadamard(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
