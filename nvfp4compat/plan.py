@@ -145,6 +145,8 @@ class Plan(_Frozen):
     @model_validator(mode="after")
     def _rotation_tied(self) -> Plan:
         agreed = check_rotation_bindings(self.bindings)
+        if not any(b.impl is not None for b in self.bindings.values()):
+            return self  # nothing bound (an unsupported plan): nothing to tie together
         if self.kv_rotation is not None and agreed != self.kv_rotation:
             raise ValueError(
                 f"plan.kv_rotation is {self.kv_rotation!r} but the bound ops carry {agreed!r}: "

@@ -68,6 +68,13 @@ def test_rotation_is_on_every_bound_op_with_a_trace_line(facts):
     assert '"kv_rotation": "hadamard"' in plan.to_json()
 
 
+def test_an_unsupported_plan_still_records_the_request():
+    plan = query(None, kv_rotation="hadamard", impl_env=None)  # no arch: nothing binds
+    assert not plan.supported and plan.kv_rotation == "hadamard"
+    plan = query("sm_75", vllm="0.33.0", kv_rotation="hadamard", impl_env=None)
+    assert not plan.supported
+
+
 def test_the_feature_request_turns_it_on():
     plan = query("sm_90", "0.6.15", kv_rotation=None, impl_env=None, features=["kv_rotation"])
     assert plan.kv_rotation == "hadamard"
@@ -143,3 +150,25 @@ def test_plan_kernel_wraps_what_the_plan_binds():
 
     with pytest.raises(RotationError, match="prefill=unrotated"):
         plan_kernel(Duck(), "write")
+
+
+def test_every_matrix_cell_resolves_rotated_into_a_consistent_route():
+    """Every (arch, vLLM release) of the matrix: the rotated plan validates, never binds native, and a
+    supported one routes the writer and both readers (or leaves vLLM untouched)."""
+    from nvfp4compat import load_matrix
+
+    m = load_matrix()
+    checked = 0
+    for arch in m.arches:
+        for rel in m.vllm.releases:
+            for trtllm in (True, False):
+                plan = query(arch, vllm=rel.version, trtllm_gen_usable=trtllm, kv_rotation="hadamard", impl_env=None)
+                assert plan.kv_rotation == "hadamard"
+                assert all(b.impl != "native" for b in plan.bindings.values())
+                if not plan.supported:
+                    continue
+                route = route_from_plan(plan)
+                assert route is not None and route.kv_rotation == "hadamard", (arch, rel.version)
+                assert route.write is not None and route.reads_all, (arch, rel.version)
+                checked += 1
+    assert checked > 0
