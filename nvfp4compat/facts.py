@@ -28,11 +28,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from nvfp4compat.spec import ARCH_RE, HELPERS
 from nvfp4compat.versions import VersionError, parse_version
 
-__all__ = ["ENV_ARCH", "ENV_DISABLE_TRITON", "ENV_IMPL", "SystemFacts", "detect", "normalize_arch"]
+__all__ = ["ENV_ARCH", "ENV_DISABLE_TRITON", "ENV_IMPL", "ENV_KV_ROTATION", "SystemFacts", "detect", "normalize_arch"]
 
 ENV_IMPL = "NVFP4COMPAT_IMPL"
 ENV_DISABLE_TRITON = "NVFP4COMPAT_DISABLE_TRITON"
 ENV_ARCH = "NVFP4COMPAT_ARCH"
+ENV_KV_ROTATION = "NVFP4COMPAT_KV_ROTATION"
 
 def normalize_arch(text: str) -> str:
     """Accept ``sm_90``, ``sm90``, ``SM90``, ``9.0`` or ``90``; return ``sm_90``.
@@ -84,6 +85,9 @@ class SystemFacts(BaseModel):
         ``NVFP4COMPAT_DISABLE_TRITON`` was set (negative control).
     impl_env : str or None
         The value of ``NVFP4COMPAT_IMPL`` captured with the facts (the resolver applies it).
+    kv_rotation_env : str or None
+        The value of ``NVFP4COMPAT_KV_ROTATION`` captured with the facts (the resolver parses it:
+        ``hadamard`` turns the rotated cache on, ``none`` or empty leaves it off).
     source : {"detect", "query"}
         Whether the facts were detected or written by hand.
     notes : list[str]
@@ -110,6 +114,7 @@ class SystemFacts(BaseModel):
     trtllm_gen_usable: bool | None = None
     triton_disabled: bool = False
     impl_env: str | None = None
+    kv_rotation_env: str | None = None
     source: Literal["detect", "query"] = "query"
     notes: list[str] = Field(default_factory=list)
 
@@ -411,6 +416,7 @@ def detect(*, import_modules: bool = False, environ: dict[str, str] | None = Non
         trtllm_gen_usable=trtllm,
         triton_disabled=_truthy(env.get(ENV_DISABLE_TRITON)),
         impl_env=env.get(ENV_IMPL) or None,
+        kv_rotation_env=env.get(ENV_KV_ROTATION) or None,
         source="detect",
         notes=notes,
     )

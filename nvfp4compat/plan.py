@@ -8,13 +8,14 @@ A :class:`Plan` is produced by :func:`nvfp4compat.resolver.resolve` and consumed
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nvfp4compat.facts import SystemFacts
 
-__all__ = ["Binding", "Plan", "TraceEntry", "VllmPlan"]
+__all__ = ["Binding", "Plan", "TraceEntry", "VllmPlan", "check_rotation_bindings"]
 
 ImplName = Literal["native", "flashinfer", "triton", "dequant_fa3"]
 Source = Literal["argument", "environment", "matrix", "probe", "fallback"]
@@ -40,7 +41,8 @@ class Binding(_Frozen):
     reason : str
         Why this implementation (or why none).
     options : dict
-        Per-implementation options, e.g. ``{"nvfp4_4over6": true}`` for ``write``.
+        Per-implementation options, e.g. ``{"nvfp4_4over6": true}`` for ``write``;
+        ``{"kv_rotation": "hadamard"}`` on every bound op of a rotated cache.
     """
 
     op: str
@@ -48,6 +50,32 @@ class Binding(_Frozen):
     source: Source
     reason: str
     options: dict[str, Any] = Field(default_factory=dict)
+
+
+def check_rotation_bindings(bindings: Mapping[str, Any]) -> str | None:
+    """The KV rotation every bound op of ``bindings`` agrees on (None: unrotated).
+
+    A cache written rotated is never read unrotated, nor the reverse: every bound op (``write``,
+    ``dequant``, ``decode``, ``prefill``) must carry the same ``options["kv_rotation"]``.
+
+    Raises
+    ------
+    ValueError
+        When two bound ops disagree (the message names both).
+    """
+    seen: dict[str, str | None] = {}
+    for op, b in bindings.items():
+        if getattr(b, "impl", None) is None:
+            continue
+        seen[op] = (getattr(b, "options", None) or {}).get("kv_rotation")
+    kinds = set(seen.values())
+    if len(kinds) > 1:
+        detail = ", ".join(f"{op}={kind or 'unrotated'}" for op, kind in seen.items())
+        raise ValueError(
+            f"the bindings disagree on the KV rotation ({detail}): a cache written rotated is never "
+            "read unrotated. Way out: resolve the plan again (resolve() sets the rotation on every op)"
+        )
+    return next(iter(kinds)) if kinds else None
 
 
 class VllmPlan(_Frozen):
@@ -88,7 +116,10 @@ class Plan(_Frozen):
         Present when the facts name a vLLM release.
     features : dict[str, bool]
         Optional capabilities the bound implementations provide (``nvfp4_4over6``,
-        ``head_size_64``, ``sinks``), in the vLLM context when vLLM is present.
+        ``head_size_64``, ``sinks``, ``kv_rotation``), in the vLLM context when vLLM is present.
+    kv_rotation : str or None
+        ``"hadamard"``: the cache stores ``K @ H`` and ``V @ H`` (``NVFP4COMPAT_KV_ROTATION``); every
+        bound op carries it in its options and is wrapped by :mod:`nvfp4compat.kernels.rotation`.
     env : dict[str, str]
         Environment changes to apply before importing FlashInfer (e.g.
         ``FLASHINFER_DISABLE_VERSION_CHECK``).
@@ -117,6 +148,21 @@ class Plan(_Frozen):
     release_warnings: list[str] = Field(default_factory=list)
     trace: list[TraceEntry]
     nvfp4compat_version: str
+    kv_rotation: str | None = None
+
+    @model_validator(mode="after")
+    def _rotation_tied(self) -> Plan:
+        agreed = check_rotation_bindings(self.bindings)
+        if not any(b.impl is not None for b in self.bindings.values()):
+            return self  # nothing bound (an unsupported plan): nothing to tie together
+        if self.kv_rotation is not None and agreed != self.kv_rotation:
+            raise ValueError(
+                f"plan.kv_rotation is {self.kv_rotation!r} but the bound ops carry {agreed!r}: "
+                "a cache written rotated is never read unrotated"
+            )
+        if self.kv_rotation is None and agreed is not None:
+            raise ValueError(f"the bound ops carry kv_rotation={agreed!r} but plan.kv_rotation is None")
+        return self
 
     def impl(self, op: str) -> str | None:
         """The implementation bound to ``op`` (None when unbound)."""
@@ -184,6 +230,7 @@ class Plan(_Frozen):
             ("vllm", f.vllm or "not installed"),
             ("trtllm-gen usable", {True: "yes", False: "no", None: "unknown"}[f.trtllm_gen_usable]),
             ("NVFP4COMPAT_IMPL", f.impl_env),
+            ("NVFP4COMPAT_KV_ROTATION", f.kv_rotation_env),
         ):
             if value is not None:
                 lines.append(f"  {label}: {value}")
@@ -199,6 +246,11 @@ class Plan(_Frozen):
             lines.append(f"  {op:8s} -> {b.impl or '(none)':10s} [{b.source}] {b.reason}{opts}")
         if self.features:
             lines.append("features: " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in self.features.items()))
+        if self.kv_rotation is not None:
+            lines.append(
+                f"kv_rotation: {self.kv_rotation} (the writer stores K@H and V@H; decode/prefill attend with "
+                "Q@H and multiply the output by H; dequant returns the real K/V)"
+            )
         if self.vllm is not None:
             v = self.vllm
             lines.append(f"vllm {v.version}: strategy {v.strategy}; patches: {', '.join(v.patches) or '(none)'}; kv_cache_dtypes: {', '.join(v.kv_cache_dtypes) or '(none)'}")

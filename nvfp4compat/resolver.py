@@ -23,12 +23,13 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from nvfp4compat.facts import ENV_DISABLE_TRITON, ENV_IMPL, SystemFacts
+from nvfp4compat.facts import ENV_DISABLE_TRITON, ENV_IMPL, ENV_KV_ROTATION, SystemFacts
 from nvfp4compat.plan import Binding, Plan, TraceEntry, VllmPlan
 from nvfp4compat.spec import (
     FEATURES,
     HELPERS,
     IMPLS,
+    KV_ROTATIONS,
     OPS,
     PATCH_IDS,
     ArchSpec,
@@ -40,7 +41,7 @@ from nvfp4compat.spec import (
 )
 from nvfp4compat.versions import parse_version
 
-__all__ = ["ResolutionError", "parse_impl_spec", "query", "resolve"]
+__all__ = ["ResolutionError", "parse_impl_spec", "parse_kv_rotation", "query", "resolve"]
 
 SLOT_HELPER = "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping"
 WRITER_REQUIRED = "FlashInfer NVFP4 slot-mapping KV cache update is required"
@@ -100,6 +101,32 @@ def parse_impl_spec(spec: str | Mapping[str, str] | None, *, source: str = "argu
     return out
 
 
+def parse_kv_rotation(value: str | None, *, source: str = ENV_KV_ROTATION) -> str | None:
+    """Parse a KV-rotation request: ``"hadamard"`` turns it on; None, ``""`` or ``"none"`` leave it off.
+
+    Raises
+    ------
+    ResolutionError
+        On any other value, naming the accepted ones.
+    """
+    text = (value or "").strip().lower()
+    if text in ("", "none"):
+        return None
+    if text in KV_ROTATIONS:
+        return text
+    raise ResolutionError(f"{source}={value!r} is not a KV rotation; accepted values are {list(KV_ROTATIONS)} or 'none' (unset: no rotation)")
+
+
+def _tie_rotation(ctx: _Ctx, bindings: dict[str, Binding], rotation: str) -> dict[str, Binding]:
+    """Put ``kv_rotation`` in the options of every bound op: writer and readers are rotated together."""
+    bound = [op for op in OPS if bindings[op].impl is not None]
+    for op in bound:
+        b = bindings[op]
+        bindings[op] = b.model_copy(update={"options": {**b.options, "kv_rotation": rotation}})
+    ctx.note(None, None, "kv_rotation", True, f"{rotation}: the cache stores K@H and V@H; {', '.join(bound) or 'no op'} wrapped with the rotation (readers attend with Q@H and multiply the output by H, dequant un-rotates); native excluded (vLLM's own path cannot be wrapped)")
+    return bindings
+
+
 @dataclass
 class _Ctx:
     matrix: Matrix
@@ -121,6 +148,7 @@ class _Ctx:
     vllm: VllmRelease | None = None
     vllm_exact: bool = False
     features_supported: dict[str, bool] = field(default_factory=dict)
+    rotation: str | None = None
 
     def note(self, op: str | None, impl: str | None, rule: str, accepted: bool, reason: str) -> None:
         self.trace.append(TraceEntry(op=op, impl=impl, rule=rule, accepted=accepted, reason=reason))
@@ -666,6 +694,8 @@ def _vllm_plan(ctx: _Ctx, bindings: Mapping[str, Binding], required_ok: bool) ->
             patches.add("gate_nvfp4_4over6")
         if triton_readers and stock.refuses:
             patches.add("gate_combination")
+        if ctx.rotation is not None:
+            patches.update(("kv_cache_update", "forward_reader"))  # the plugin wraps only what it routes
         why = f"stock vLLM {f.vllm} already serves nvfp4 on {f.arch} (writer {stock.writer}, reader {stock.reader}); patch only what the plan changes"
     else:
         strategy = "backport"
@@ -767,8 +797,10 @@ def resolve(
         Explicit implementation choice: ``"triton"``, ``{"write": "triton"}`` or
         ``"write=triton,decode=flashinfer"``. Beats ``facts.impl_env`` (``NVFP4COMPAT_IMPL``).
     features : iterable of str
-        Features the caller needs (``nvfp4_4over6``, ``head_size_64``, ``sinks``): only
-        implementations providing them are bound.
+        Features the caller needs (``nvfp4_4over6``, ``head_size_64``, ``sinks``, ``kv_rotation``):
+        only implementations providing them are bound. ``kv_rotation`` (also requested by
+        ``facts.kv_rotation_env``, i.e. ``NVFP4COMPAT_KV_ROTATION=hadamard``) rotates the cache:
+        every bound op carries ``options["kv_rotation"]`` and ``plan.kv_rotation`` is set.
 
     Returns
     -------
@@ -785,13 +817,20 @@ def resolve(
     for feat in feats:
         if feat not in FEATURES:
             raise ResolutionError(f"unknown feature {feat!r}; valid features are {list(FEATURES)}")
-    ctx = _Ctx(matrix=matrix, facts=facts, features=feats)
+    rotation = parse_kv_rotation(facts.kv_rotation_env)
+    if rotation is None and "kv_rotation" in feats:
+        rotation = KV_ROTATIONS[0]
+    if rotation is not None and "kv_rotation" not in feats:
+        feats += ("kv_rotation",)
+    ctx = _Ctx(matrix=matrix, facts=facts, features=feats, rotation=rotation)
     arg = parse_impl_spec(overrides, source="argument")
     env_over = parse_impl_spec(facts.impl_env, source=ENV_IMPL)
     if env_over:
         ctx.note(None, None, "precedence", True, f"{ENV_IMPL}={facts.impl_env} applies to {sorted(set(env_over) - set(arg))}" + (f"; the explicit argument overrides {sorted(set(env_over) & set(arg))}" if set(env_over) & set(arg) else ""))
     _setup(ctx)
     bindings = _bind(ctx, arg, env_over)
+    if rotation is not None:
+        bindings = _tie_rotation(ctx, bindings, rotation)
     required = [op for op in OPS if matrix.implementations.ops[op].required]
     unbound = [op for op in required if bindings[op].impl is None]
     vplan = _vllm_plan(ctx, bindings, not unbound)
@@ -842,6 +881,7 @@ def resolve(
         release_warnings=list(dict.fromkeys(ctx.release_warnings)),
         trace=ctx.trace,
         nvfp4compat_version=__version__,
+        kv_rotation=rotation,
     )
 
 
@@ -860,6 +900,7 @@ def query(
     gpu_name: str | None = None,
     triton_disabled: bool = False,
     impl_env: str | None | object = _FROM_ENV,
+    kv_rotation: str | None | object = _FROM_ENV,
     overrides: str | Mapping[str, str] | None = None,
     features: Iterable[str] = (),
     matrix: Matrix | None = None,
@@ -882,6 +923,9 @@ def query(
     impl_env : str or None, optional
         Value of ``NVFP4COMPAT_IMPL`` to apply; by default it is read from ``os.environ`` (the
         environment beats the matrix, an explicit ``overrides`` beats both); None ignores it.
+    kv_rotation : str or None, optional
+        Value of ``NVFP4COMPAT_KV_ROTATION`` (``"hadamard"`` or ``"none"``); by default it is read
+        from ``os.environ``; None means no rotation.
 
     Raises
     ------
@@ -893,6 +937,8 @@ def query(
     m = matrix if matrix is not None else load_matrix()
     if impl_env is _FROM_ENV:
         impl_env = os.environ.get(ENV_IMPL) or None
+    if kv_rotation is _FROM_ENV:
+        kv_rotation = os.environ.get(ENV_KV_ROTATION) or None
     notes: list[str] = []
     if vllm is not None:
         # Pins come from the release asked about only: a release not in the matrix has unknown pins.
@@ -943,6 +989,7 @@ def query(
         trtllm_gen_usable=trtllm_gen_usable,
         triton_disabled=triton_disabled,
         impl_env=impl_env,  # type: ignore[arg-type]
+        kv_rotation_env=kv_rotation,  # type: ignore[arg-type]
         source="query",
         notes=notes,
     )

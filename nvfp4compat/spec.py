@@ -26,6 +26,7 @@ __all__ = [
     "ARCH_RE",
     "HELPERS",
     "IMPLS",
+    "KV_ROTATIONS",
     "OPS",
     "PATCH_IDS",
     "ArchSpec",
@@ -78,7 +79,9 @@ PATCH_IDS: tuple[str, ...] = (
     "kv_cache_update",
     "forward_reader",
 )
-FEATURES: tuple[str, ...] = ("nvfp4_4over6", "head_size_64", "sinks")
+FEATURES: tuple[str, ...] = ("nvfp4_4over6", "head_size_64", "sinks", "kv_rotation")
+# Values of NVFP4COMPAT_KV_ROTATION / query(kv_rotation=...) that turn the rotated cache on.
+KV_ROTATIONS: tuple[str, ...] = ("hadamard",)
 ARCH_RE = re.compile(r"^sm_(?P<major>[1-9][0-9]?)(?P<minor>[0-9])$")
 
 

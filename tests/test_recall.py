@@ -305,6 +305,21 @@ def test_shipped_model_recall_nvfp4_triton(shipped):
     assert abs(nv - fake) <= 1 / n + 1e-9
 
 
+def test_shipped_model_recall_rotated_cache(shipped):
+    """A Hadamard-rotated NVFP4 cache (kv_rotation, Triton write/prefill/decode wrapped) recalls
+    within one miss of bf16."""
+    from nvfp4compat.recall.evaluate import evaluate_recall
+
+    model, layout, _ = shipped
+    res = evaluate_recall(
+        model, [CPU_LENGTH], ("bf16", "nvfp4"), impl="triton", layout=layout, depths=(0.0, 0.9),
+        n_per_depth=2, seed=5, kv_rotation="hadamard",
+    )
+    n = 4
+    assert res["nvfp4"]["config"]["kv_rotation"] == "hadamard"
+    assert res["nvfp4"]["recall"][CPU_LENGTH] >= res["bf16"]["recall"][CPU_LENGTH] - 1 / n - 1e-9
+
+
 def test_shipped_model_paged_logits_match_reference_codec(shipped):
     """Prefill + one decode step through the Triton kernels (HND, page 32) against dense attention on
     the reference codec's decoded K/V: the same cache contents, so the logits agree closely."""

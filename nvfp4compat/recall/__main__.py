@@ -57,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--4over6", dest="four_over_six", action="store_true", help="nvfp4_4over6 writer"
     )
+    ap.add_argument(
+        "--kv-rotation", choices=["hadamard"], default=None,
+        help="the nvfp4 mode writes and reads a Hadamard-rotated cache",
+    )  # fmt: skip
     ap.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
     ap.add_argument("--max-batch-tokens", type=int, default=65536)
     ap.add_argument("--max-gap", type=float, default=1.0, help="allowed recall gap to bf16, points")
@@ -88,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         nvfp4_4over6=args.four_over_six,
         max_batch_tokens=args.max_batch_tokens,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
+        kv_rotation=args.kv_rotation,
     )
     print(format_results(results))
     ok = True

@@ -115,6 +115,7 @@ class PagedNvfp4Cache:
         nvfp4_4over6: bool = False,
         seed: int = 0,
         stats: BlockScaleStats | None = None,
+        kv_rotation: str | None = None,
     ) -> None:
         from nvfp4compat.kernels import get_kernel
 
@@ -123,6 +124,12 @@ class PagedNvfp4Cache:
         self.write = get_kernel("write", impl)
         self.prefill = get_kernel("prefill", impl)
         self.decode = get_kernel("decode", impl)
+        if kv_rotation is not None:  # a Hadamard-rotated cache (nvfp4compat.kernels.rotation)
+            from nvfp4compat.kernels.rotation import rotated
+
+            self.write = rotated("write", self.write, kv_rotation)
+            self.prefill = rotated("prefill", self.prefill, kv_rotation)
+            self.decode = rotated("decode", self.decode, kv_rotation)
         self.impl, self.page_size, self.kv_layout = impl, page_size, kv_layout
         self.k_scale, self.v_scale, self.nvfp4_4over6 = float(k_scale), float(v_scale), nvfp4_4over6
         self.sm_scale = head_dim**-0.5
@@ -318,6 +325,7 @@ def evaluate_recall(
     nvfp4_4over6: bool = False,
     max_batch_tokens: int = 65536,
     progress: Callable[[str], None] | None = None,
+    kv_rotation: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Exact-match needle recall per KV mode.
 
@@ -340,6 +348,8 @@ def evaluate_recall(
         Prompts per batch = ``max(1, max_batch_tokens // length)``.
     progress : callable, optional
         Called with one line per (mode, length) as it finishes: recall so far and elapsed time.
+    kv_rotation : {"hadamard"} or None
+        The ``nvfp4`` mode writes and reads a Hadamard-rotated cache (``NVFP4COMPAT_KV_ROTATION``).
 
     Returns
     -------
@@ -385,6 +395,7 @@ def evaluate_recall(
                     "v_scale": v_scale,
                     "nvfp4_4over6": nvfp4_4over6,
                     "stats": stats,
+                    "kv_rotation": kv_rotation,
                 }
                 gen = _generate_paged(model, ids, 2, bs, kw, dev)
             else:
@@ -406,6 +417,7 @@ def evaluate_recall(
             "k_scale": k_scale if mode != "bf16" else None,
             "v_scale": v_scale if mode != "bf16" else None,
             "nvfp4_4over6": nvfp4_4over6 if mode == "nvfp4" else None,
+            "kv_rotation": kv_rotation if mode == "nvfp4" else None,
             "n_per_depth": n_per_depth,
             "depths": list(depths),
             "seed": seed,
@@ -439,6 +451,7 @@ def format_results(results: dict[str, dict[str, Any]]) -> str:
             + (
                 f" (impl {res['config']['impl']}, {res['config']['kv_layout']}, page {res['config']['page_size']}"
                 + (", 4over6" if res["config"].get("nvfp4_4over6") else "")
+                + (f", {res['config']['kv_rotation']}-rotated" if res["config"].get("kv_rotation") else "")
                 + ")"
                 if res["config"]["impl"]
                 else ""

@@ -19,6 +19,8 @@ What the NVFP4 path does (per patch id, see ``docs/patches.md``):
   ``reshape_and_cache_flash(..., "nvfp4")`` never runs.
 * ``forward_reader``: decode and prefill go to the bound readers (``get_kernel("decode", impl)``,
   ``get_kernel("prefill", impl)``); a phase the plan leaves on vLLM's reader runs vLLM's code.
+* a rotated plan (``NVFP4COMPAT_KV_ROTATION=hadamard``, ``Route.kv_rotation``): the routed writer
+  and readers are wrapped by :func:`nvfp4compat.kernels.rotation.rotated`.
 """
 
 from __future__ import annotations
@@ -450,6 +452,17 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
                 impl = self._dequant_fa3_or_triton(head_size)
                 self._nvfp4_host_lens = impl == "dequant_fa3"
             self._nvfp4_read[op] = get_kernel(op, impl)
+        if route.kv_rotation is not None:  # route_from_plan checked that all three are routed
+            from nvfp4compat.kernels.rotation import rotated
+
+            if self._nvfp4_write is None or set(self._nvfp4_read) != {"decode", "prefill"}:
+                raise ValueError(
+                    f"the plan rotates the KV cache ({route.kv_rotation}) but this route leaves the "
+                    f"writer or a reader to vLLM (write={route.write}, read={route.read})"
+                )
+            self._nvfp4_write = rotated("write", self._nvfp4_write, route.kv_rotation)
+            for op in self._nvfp4_read:
+                self._nvfp4_read[op] = rotated(op, self._nvfp4_read[op], route.kv_rotation)
 
     def _dequant_fa3_or_triton(self, head_size: int) -> str:
         """The plan binds dequant_fa3 for prefill; a layer it cannot serve (sinks, or a head size

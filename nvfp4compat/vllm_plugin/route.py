@@ -58,6 +58,9 @@ class Route:
     read : dict[str, str]
         ``{"decode": impl, "prefill": impl}`` for the phases routed to nvfp4compat's readers; a phase
         absent from it stays on vLLM's own reader.
+    kv_rotation : str or None
+        ``"hadamard"``: the plan's cache is rotated; the backend wraps the routed writer and readers
+        with :func:`nvfp4compat.kernels.rotation.rotated` (it routes all of them then).
     refusal : str or None
         When set, NVFP4 is refused in this process with the plan's reason (e.g. "FlashInfer NVFP4
         slot-mapping KV cache update is required: ..."): the gate reports it as the validation
@@ -74,6 +77,7 @@ class Route:
     write: str | None = None
     write_4over6: bool = False
     read: dict[str, str] = field(default_factory=dict)
+    kv_rotation: str | None = None
     refusal: str | None = None
     plan: Any = None
 
@@ -199,6 +203,13 @@ def route_from_plan(plan: Any, *, refuse_here: bool = False) -> Route | None:
         raise RouteError(
             f"kv_cache_update needs write=flashinfer or triton, the plan binds {write}"
         )
+    rotation = getattr(plan, "kv_rotation", None)
+    if rotation is not None and ("kv_cache_update" not in patches or not reads_all):
+        raise RouteError(
+            f"the plan rotates the KV cache ({rotation}) but does not route the writer and both "
+            f"readers to nvfp4compat (patches {list(patches)}, reads {read}); vLLM's own code would "
+            "read a rotated cache unrotated. Way out: unset NVFP4COMPAT_KV_ROTATION"
+        )
     if not patches:
         return None  # e.g. extend where vLLM's own path already is the plan
 
@@ -213,5 +224,6 @@ def route_from_plan(plan: Any, *, refuse_here: bool = False) -> Route | None:
         write=write if "kv_cache_update" in patches else None,
         write_4over6=write_4over6,
         read=read,
+        kv_rotation=rotation,
         plan=plan,
     )

@@ -1,0 +1,253 @@
+"""The Hadamard-rotated NVFP4 cache (nvfp4compat.kernels.rotation): math, wrappers, kernels.
+
+The reference codec runs the rotated writer/readers at any size; the Triton kernels run under
+``TRITON_INTERPRET=1`` on small shapes. The oracle is exact float32 attention on the real
+(unquantized) K/V: a rotated write + rotated read must match it within the NVFP4 error, and an
+unrotated read of a rotated cache must not.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nvfp4compat.kernels import reference as codec
+from nvfp4compat.kernels import reference_attention as ra
+from nvfp4compat.kernels.rotation import HEAD_DIMS, RotationError, hadamard, rotate, rotated
+
+bf16 = torch.bfloat16
+
+
+@pytest.mark.parametrize("n", HEAD_DIMS)
+def test_hadamard_is_symmetric_orthogonal_and_normalized(n):
+    h = hadamard(n).double()
+    assert torch.equal(h, h.T)
+    torch.testing.assert_close(h @ h, torch.eye(n, dtype=torch.float64), atol=1e-6, rtol=0)
+    assert torch.allclose(h.abs(), torch.full_like(h, 1 / math.sqrt(n)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, bf16])
+def test_rotate_is_its_own_inverse_and_keeps_norms(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 3, 128, generator=g).to(dtype)
+    y = rotate(x)
+    assert y.dtype == dtype and y.shape == x.shape
+    torch.testing.assert_close(y.float().norm(dim=-1), x.float().norm(dim=-1), rtol=1e-2, atol=0)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(rotate(y).float(), x.float(), atol=tol, rtol=tol)
+    # strided input (a view of a wider row) is read correctly
+    wide = torch.randn(4, 256, generator=g)
+    torch.testing.assert_close(rotate(wide[:, :128]), rotate(wide[:, :128].contiguous()))
+
+
+@pytest.mark.parametrize("head_dim", [32, 96, 1024])
+def test_rotation_refuses_other_head_dims(head_dim):
+    with pytest.raises(RotationError, match=r"power-of-two head_dim in \[64, 128, 256, 512\].*got"):
+        rotate(torch.zeros(2, head_dim))
+    w = rotated("write", codec.append_slot_mapping)
+    with pytest.raises(RotationError, match="NVFP4COMPAT_KV_ROTATION"):
+        w(torch.zeros(1, 1, head_dim), torch.zeros(1, 1, head_dim), torch.zeros(1, dtype=torch.int64), None, None, 1.0, 1.0)
+
+
+def test_rotated_refuses_unknown_kind_op_and_double_wrap():
+    with pytest.raises(RotationError, match=r"accepted: \['hadamard'\]"):
+        rotated("write", codec.append_slot_mapping, "givens")
+    with pytest.raises(RotationError, match="unknown op"):
+        rotated("append", codec.append_slot_mapping)
+    once = rotated("write", codec.append_slot_mapping)
+    assert once.kv_rotation == "hadamard" and once.__wrapped__ is codec.append_slot_mapping
+    with pytest.raises(RotationError, match="already rotated"):
+        rotated("write", once)
+
+
+def test_rotation_is_exact_without_quantization():
+    """(QH)(KH)^T = QK^T and P(VH)H = PV: same output and LSE, float32."""
+    g = torch.Generator().manual_seed(1)
+    seq = [9, 30]
+    q = torch.randn(sum(seq), 4, 64, generator=g)
+    keys = [torch.randn(n, 2, 64, generator=g) for n in seq]
+    values = [torch.randn(n, 2, 64, generator=g) for n in seq]
+    qsl = torch.tensor([0, seq[0], sum(seq)], dtype=torch.int32)
+    out, lse = ra.attention_reference(q, keys, values, qsl, sm_scale=0.125)
+    out_r, lse_r = ra.attention_reference(
+        rotate(q), [rotate(k) for k in keys], [rotate(v) for v in values], qsl, sm_scale=0.125
+    )
+    torch.testing.assert_close(rotate(out_r), out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse_r, lse, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+
+def _ref_reader(op):
+    """The float32 reference reader with the decode/prefill signature (out=, return_lse=)."""
+
+    def read(query, kv, sf, block_table, seq_lens, *args, sm_scale, kv_layout="NHD", q_len_per_req=1,
+             causal=True, out=None, return_lse=False, **_):
+        if op == "decode":
+            qsl = ra.decode_query_start_loc(block_table.shape[0], q_len_per_req, query.device)
+            ks, vs = args
+        else:
+            qsl, ks, vs = args
+        o, lse = ra.paged_attention_reference(
+            query.float(), kv, sf, block_table, seq_lens, qsl, ks, vs, sm_scale=sm_scale,
+            kv_layout=kv_layout, causal=causal,
+        )
+        o = o.to(query.dtype)
+        if out is not None:
+            out.copy_(o)
+            o = out
+        return (o, lse) if return_lse else o
+
+    return read
+
+
+def _case(seq_lens, hq=4, hkv=2, head_dim=64, page_size=16, seed=0, layout="NHD"):
+    """Real K/V (with outlier channels), a paged cache geometry and the exact decode/prefill oracle."""
+    g = torch.Generator().manual_seed(seed)
+    case = ra.make_paged_cache(seq_lens, hkv, head_dim, page_size, layout=layout, dtype=bf16, generator=g)
+    slots = []
+    for b, n in enumerate(seq_lens):
+        pos = torch.arange(n)
+        slots.append(case.block_table[b].long()[pos // page_size] * page_size + pos % page_size)
+    return case, torch.cat(slots), g
+
+
+def _write(case, slots, writer):
+    writer(
+        torch.cat(case.keys), torch.cat(case.values), slots, case.paged_kv_cache, case.kv_cache_sf,
+        case.k_scale, case.v_scale, case.kv_layout,
+    )
+
+
+def _decode(case, reader, query, q_len):
+    out = torch.full_like(query, float("nan"))
+    res = reader(
+        query, case.paged_kv_cache, case.kv_cache_sf, case.block_table, case.seq_lens, case.k_scale,
+        case.v_scale, sm_scale=query.shape[-1] ** -0.5, kv_layout=case.kv_layout, q_len_per_req=q_len,
+        out=out, return_lse=True,
+    )
+    assert res[0] is out
+    return res
+
+
+def _prefill(case, reader, query, qsl):
+    return reader(
+        query, case.paged_kv_cache, case.kv_cache_sf, case.block_table, case.seq_lens, qsl,
+        case.k_scale, case.v_scale, sm_scale=query.shape[-1] ** -0.5, kv_layout=case.kv_layout,
+        return_lse=True,
+    )
+
+
+def _exact(case, query, qsl):
+    return ra.attention_reference(
+        query.float(), [k.float() for k in case.keys], [v.float() for v in case.values], qsl,
+        sm_scale=query.shape[-1] ** -0.5,
+    )
+
+
+# ------------------------------------------------------------------------------ reference codec
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_rotated_cache_matches_exact_attention_reference_codec(head_dim):
+    seq_lens, q_len, hq = [40, 77], 2, 4
+    case, slots, g = _case(seq_lens, hq=hq, head_dim=head_dim)
+    # peaked attention (queries aligned with a few keys), as in a trained model
+    picks = [case.keys[b][torch.randint(0, n, (q_len,), generator=g)] for b, n in enumerate(seq_lens)]
+    anchors = torch.cat(picks).float().repeat_interleave(hq // 2, dim=1)
+    query = (0.5 * anchors + torch.randn(anchors.shape, generator=g)).to(bf16)
+    qsl = ra.decode_query_start_loc(len(seq_lens), q_len, "cpu")
+    exact, exact_lse = _exact(case, query, qsl)
+
+    _write(case, slots, codec.append_slot_mapping)
+    plain, plain_lse = _decode(case, _ref_reader("decode"), query, q_len)
+    err_plain = ra.relative_l2(plain, exact)
+
+    _write(case, slots, rotated("write", codec.append_slot_mapping))
+    rot, rot_lse = _decode(case, rotated("decode", _ref_reader("decode")), query, q_len)
+    err_rot = ra.relative_l2(rot, exact)
+    unrot, _ = _decode(case, _ref_reader("decode"), query, q_len)  # what the plan refuses to do
+    err_unrot = ra.relative_l2(unrot, exact)
+    print(f"D={head_dim}: rel L2 plain {err_plain:.4f} rotated {err_rot:.4f} rotated-read-unrotated {err_unrot:.4f}")
+
+    assert err_rot < 1.25 * err_plain, "rotated write + rotated read: within the NVFP4 error"
+    assert err_unrot > 3 * err_plain, "an unrotated read of a rotated cache is wrong"
+    lse_err = float((rot_lse - exact_lse).abs().max())
+    assert lse_err < 2 * float((plain_lse - exact_lse).abs().max()), "the LSE is not rotated"
+
+
+def _dequant(case, fn, extra=5):
+    shape = (len(case.keys), max(k.shape[0] for k in case.keys) + extra, *case.keys[0].shape[1:])
+    out_k = torch.full(shape, float("nan"), dtype=bf16)
+    out_v = torch.full_like(out_k, float("nan"))
+    fn(case.paged_kv_cache, case.kv_cache_sf, case.block_table, case.seq_lens, case.k_scale,
+       case.v_scale, out_k, out_v, kv_layout=case.kv_layout)
+    k_err = ra.relative_l2(torch.cat([out_k[b, : k.shape[0]] for b, k in enumerate(case.keys)]), torch.cat(case.keys))
+    v_err = ra.relative_l2(torch.cat([out_v[b, : v.shape[0]] for b, v in enumerate(case.values)]), torch.cat(case.values))
+    for b, k in enumerate(case.keys):
+        assert torch.isnan(out_k[b, k.shape[0]:]).all() and torch.isnan(out_v[b, k.shape[0]:]).all(), "unwritten rows untouched"
+    return k_err, v_err
+
+
+def test_rotated_prefill_and_dequant_reference_codec():
+    seq_lens, hq, d = [21, 50], 4, 64
+    case, slots, g = _case(seq_lens, hq=hq, head_dim=d, seed=3, layout="HND")
+    q_lens = [21, 13]
+    query = torch.randn(sum(q_lens), hq, d, generator=g).to(bf16)
+    qsl = torch.tensor([0, q_lens[0], sum(q_lens)], dtype=torch.int32)
+    exact, _ = _exact(case, query, qsl)
+
+    _write(case, slots, codec.append_slot_mapping)
+    plain, _ = _prefill(case, _ref_reader("prefill"), query, qsl)
+    plain_k, plain_v = _dequant(case, codec.dequantize_paged)
+    _write(case, slots, rotated("write", codec.append_slot_mapping))
+    rot, _ = _prefill(case, rotated("prefill", _ref_reader("prefill")), query, qsl)
+    rot_k, rot_v = _dequant(case, rotated("dequant", codec.dequantize_paged))
+    raw_k, _ = _dequant(case, codec.dequantize_paged)
+    print(f"prefill rel L2 plain {ra.relative_l2(plain, exact):.4f} rotated {ra.relative_l2(rot, exact):.4f}; "
+          f"dequant K {plain_k:.4f} -> {rot_k:.4f}, V {plain_v:.4f} -> {rot_v:.4f}, unrotated K {raw_k:.4f}")
+    assert ra.relative_l2(rot, exact) < 1.25 * ra.relative_l2(plain, exact)
+    assert rot_k < 1.25 * plain_k, "dequant returns the real K within the NVFP4 error"
+    assert rot_v < 1.25 * plain_v, "dequant returns the real V within the NVFP4 error"
+    assert raw_k > 5 * plain_k, "a rotated cache dequantized without un-rotating is not K"
+
+
+# ----------------------------------------------------------------------------- Triton kernels
+
+
+def test_rotated_triton_kernels_interpreter():
+    """Triton writer + decode + prefill + dequant, rotated, against the rotated reference codec."""
+    from nvfp4compat.kernels import get_kernel
+
+    try:
+        kernels = {op: get_kernel(op, "triton") for op in ("write", "decode", "prefill", "dequant")}
+    except ImportError as exc:
+        pytest.skip(f"triton implementation unavailable: {exc}")
+    seq_lens, hq, d = [5, 33], 4, 64
+    case, slots, g = _case(seq_lens, hq=hq, head_dim=d, seed=5)
+    _write(case, slots, rotated("write", codec.append_slot_mapping))
+    ref_bytes = [t.clone() for t in case.paged_kv_cache]
+    _write(case, slots, rotated("write", kernels["write"]))
+    for a, b in zip(case.paged_kv_cache, ref_bytes, strict=True):
+        assert torch.equal(a, b), "the rotated Triton writer stores the rotated reference bytes"
+
+    query = torch.randn(len(seq_lens), hq, d, generator=g).to(bf16)
+    qsl = ra.decode_query_start_loc(len(seq_lens), 1, "cpu")
+    exact, _ = _exact(case, query, qsl)
+    ref, ref_lse = _decode(case, rotated("decode", _ref_reader("decode")), query, 1)
+    tri, tri_lse = _decode(case, rotated("decode", kernels["decode"]), query, 1)
+    assert ra.relative_l2(tri, ref) < 1e-2
+    assert float((tri_lse - ref_lse).abs().max()) < 1e-2
+
+    pq = torch.randn(8, hq, d, generator=g).to(bf16)
+    pqsl = torch.tensor([0, 3, 8], dtype=torch.int32)
+    ref_p, _ = _prefill(case, rotated("prefill", _ref_reader("prefill")), pq, pqsl)
+    tri_p, _ = _prefill(case, rotated("prefill", kernels["prefill"]), pq, pqsl)
+    assert ra.relative_l2(tri_p, ref_p) < 1e-2
+
+    assert _dequant(case, rotated("dequant", kernels["dequant"])) == pytest.approx(
+        _dequant(case, rotated("dequant", codec.dequantize_paged)), rel=1e-3
+    )

@@ -1,0 +1,174 @@
+"""The rotated NVFP4 cache as an option of the plan (NVFP4COMPAT_KV_ROTATION), on CPU.
+
+The resolver records the rotation on every bound op with a trace line, excludes vLLM's native path
+(it cannot be wrapped), ties writer and readers together (a plan whose ops disagree does not
+validate), and inside vLLM routes the writer and both readers so that the plugin wraps them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from nvfp4compat import detect, query
+from nvfp4compat.plan import Plan
+from nvfp4compat.resolver import ResolutionError, parse_kv_rotation
+from nvfp4compat.vllm_plugin.route import RouteError, route_from_plan
+
+OPS = ("write", "dequant", "decode", "prefill")
+
+
+def _rotations(plan):
+    return {op: b.options.get("kv_rotation") for op, b in plan.bindings.items() if b.impl is not None}
+
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [(None, None), ("", None), ("none", None), (" NONE ", None), ("hadamard", "hadamard"), ("Hadamard", "hadamard")],
+)
+def test_parse_kv_rotation(value, expected):
+    assert parse_kv_rotation(value) == expected
+
+
+@pytest.mark.parametrize("value", ["1", "on", "hadamard64", "walsh"])
+def test_parse_kv_rotation_is_strict(value):
+    with pytest.raises(ResolutionError, match=r"NVFP4COMPAT_KV_ROTATION=.*accepted values are \['hadamard'\]"):
+        parse_kv_rotation(value)
+    with pytest.raises(ResolutionError, match="accepted values"):
+        query("sm_90", "0.6.15", kv_rotation=value, impl_env=None)
+
+
+def test_unrotated_by_default():
+    plan = query("sm_90", "0.6.15", kv_rotation=None, impl_env=None)
+    assert plan.kv_rotation is None
+    assert set(_rotations(plan).values()) == {None}
+    assert "kv_rotation:" not in plan.render_text(trace=False)
+
+
+@pytest.mark.parametrize(
+    "facts",
+    [
+        dict(arch="sm_90", flashinfer="0.6.15"),
+        dict(arch="sm_80", flashinfer="0.7.4"),
+        dict(arch="sm_90", vllm="0.26.0"),
+        dict(arch="sm_90", vllm="0.33.0"),
+        dict(arch="sm_120", vllm="0.33.0"),
+    ],
+)
+def test_rotation_is_on_every_bound_op_with_a_trace_line(facts):
+    plan = query(**facts, kv_rotation="hadamard", impl_env=None)
+    assert plan.supported, plan.reason
+    assert plan.kv_rotation == "hadamard"
+    assert set(_rotations(plan)) >= {"write", "decode", "prefill"}
+    assert set(_rotations(plan).values()) == {"hadamard"}
+    assert plan.features["kv_rotation"] is True
+    assert [t for t in plan.trace if t.rule == "kv_rotation" and t.accepted]
+    text = plan.render_text()
+    assert "kv_rotation: hadamard" in text and "NVFP4COMPAT_KV_ROTATION: hadamard" in text
+    assert '"kv_rotation": "hadamard"' in plan.to_json()
+
+
+def test_an_unsupported_plan_still_records_the_request():
+    plan = query(None, kv_rotation="hadamard", impl_env=None)  # no arch: nothing binds
+    assert not plan.supported and plan.kv_rotation == "hadamard"
+    plan = query("sm_75", vllm="0.33.0", kv_rotation="hadamard", impl_env=None)
+    assert not plan.supported
+
+
+def test_the_feature_request_turns_it_on():
+    plan = query("sm_90", "0.6.15", kv_rotation=None, impl_env=None, features=["kv_rotation"])
+    assert plan.kv_rotation == "hadamard"
+
+
+def test_detect_reads_the_environment():
+    facts = detect(environ={"NVFP4COMPAT_KV_ROTATION": "hadamard"})
+    assert facts.kv_rotation_env == "hadamard"
+
+
+def test_rotation_excludes_vllms_native_path():
+    plain = query("sm_100", vllm="0.33.0", trtllm_gen_usable=True, kv_rotation=None, impl_env=None)
+    assert plain.bindings["write"].impl == "native"
+    rot = query("sm_100", vllm="0.33.0", trtllm_gen_usable=True, kv_rotation="hadamard", impl_env=None)
+    assert rot.supported and rot.kv_rotation == "hadamard"
+    assert {rot.bindings[op].impl for op in ("write", "decode", "prefill")} <= {"triton", "flashinfer"}
+    assert any(
+        t.impl == "native" and not t.accepted and "kv_rotation" in t.reason for t in rot.trace
+    ), "the trace says why native was rejected"
+    with pytest.raises(ResolutionError, match="kv_rotation"):
+        query("sm_100", vllm="0.33.0", trtllm_gen_usable=True, kv_rotation="hadamard", impl_env="native")
+
+
+def test_inside_vllm_the_readers_are_routed_and_wrapped():
+    # SM120 + vLLM 0.33: the unrotated plan reads with vLLM's FlashInfer reader and keeps its writer
+    plain = query("sm_120", vllm="0.33.0", kv_rotation=None, impl_env=None)
+    assert plain.bindings["decode"].impl == "flashinfer"
+    rot = query("sm_120", vllm="0.33.0", kv_rotation="hadamard", impl_env=None)
+    assert rot.bindings["decode"].impl == "triton" and rot.bindings["prefill"].impl == "triton"
+    assert {"kv_cache_update", "forward_reader"} <= set(rot.vllm.patches)
+    route = route_from_plan(rot)
+    assert route is not None and route.kv_rotation == "hadamard"
+    assert route.write in ("flashinfer", "triton") and route.reads_all
+    with pytest.raises(ResolutionError, match="kv_rotation"):
+        query("sm_120", vllm="0.33.0", kv_rotation="hadamard", impl_env="decode=flashinfer")
+
+
+def test_route_refuses_a_rotated_plan_that_leaves_a_reader_to_vllm():
+    rot = query("sm_90", vllm="0.33.0", kv_rotation="hadamard", impl_env=None)
+    broken = rot.model_copy(
+        update={"vllm": rot.vllm.model_copy(update={"patches": [p for p in rot.vllm.patches if p != "kv_cache_update"]})}
+    )
+    with pytest.raises(RouteError, match="read a rotated cache unrotated"):
+        route_from_plan(broken)
+
+
+def test_a_plan_whose_writer_and_readers_disagree_does_not_validate():
+    rot = query("sm_90", "0.6.15", kv_rotation="hadamard", impl_env=None)
+    data = rot.model_dump()
+    data["bindings"]["decode"]["options"] = {}
+    with pytest.raises(ValidationError, match="never read unrotated"):
+        Plan.model_validate(data)
+    data = rot.model_dump()
+    data["kv_rotation"] = None
+    with pytest.raises(ValidationError, match="plan.kv_rotation is None"):
+        Plan.model_validate(data)
+
+
+def test_plan_kernel_wraps_what_the_plan_binds():
+    pytest.importorskip("torch")
+    from nvfp4compat.kernels import get_kernel
+    from nvfp4compat.kernels.rotation import RotationError, plan_kernel
+
+    plain = query("sm_90", "0.6.15", kv_rotation=None, impl_env="triton")
+    assert plan_kernel(plain, "decode") is get_kernel("decode", "triton")
+    rot = query("sm_90", "0.6.15", kv_rotation="hadamard", impl_env="triton")
+    for op in OPS:
+        fn = plan_kernel(rot, op)
+        assert fn.kv_rotation == "hadamard" and fn.__wrapped__ is get_kernel(op, rot.bindings[op].impl)
+
+    class Duck:  # a plan-like object that skipped validation
+        bindings = {**rot.bindings, "prefill": plain.bindings["prefill"]}
+
+    with pytest.raises(RotationError, match="prefill=unrotated"):
+        plan_kernel(Duck(), "write")
+
+
+def test_every_matrix_cell_resolves_rotated_into_a_consistent_route():
+    """Every (arch, vLLM release) of the matrix: the rotated plan validates, never binds native, and a
+    supported one routes the writer and both readers (or leaves vLLM untouched)."""
+    from nvfp4compat import load_matrix
+
+    m = load_matrix()
+    checked = 0
+    for arch in m.arches:
+        for rel in m.vllm.releases:
+            for trtllm in (True, False):
+                plan = query(arch, vllm=rel.version, trtllm_gen_usable=trtllm, kv_rotation="hadamard", impl_env=None)
+                assert plan.kv_rotation == "hadamard"
+                assert all(b.impl != "native" for b in plan.bindings.values())
+                if not plan.supported:
+                    continue
+                route = route_from_plan(plan)
+                assert route is not None and route.kv_rotation == "hadamard", (arch, rel.version)
+                assert route.write is not None and route.reads_all, (arch, rel.version)
+                checked += 1
+    assert checked > 0
