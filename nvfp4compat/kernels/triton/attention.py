@@ -6,11 +6,12 @@ fp16/bf16 MMA operands (``e2m1 * sf``, exact in both), and the global scales are
 (``k_scale`` into the softmax scale, ``v_scale`` into the output). Signatures and semantics are those of
 ``docs/architecture.md``; the design and the tuning heuristic are in ``docs/attention.md``.
 
-* :func:`decode`: flash-decoding. One program per ``(kv split, kv head, request)`` serves every query
-  head of its KV head (the GQA group ``G = Hq / Hkv``) and every one of the request's ``q_len_per_req``
-  query tokens: ``G * q_len`` rows padded to the MMA minimum of 16. The KV range is split into
-  ``num_splits`` pieces (:func:`choose_num_splits`) and a second kernel merges the partial results
-  (log-sum-exp weighted); with one split the first kernel writes the output directly.
+* :func:`decode`: flash-decoding. One program per ``(work chunk, kv head)`` serves every query head of
+  its KV head (the GQA group ``G = Hq / Hkv``) and every one of its request's ``q_len_per_req`` query
+  tokens: ``G * q_len`` rows padded to the MMA minimum of 16. The batch's KV tiles are shared out on the
+  device, by the real lengths, over one wave of programs (:func:`decode_programs`,
+  :func:`_decode_kernel`); a second kernel merges the chunks of split requests (log-sum-exp weighted),
+  and a request of one chunk is written directly.
 * :func:`prefill`: FlashAttention-2 over query tiles of all requests (``BLOCK_M`` rows = ``BLOCK_M // G``
   tokens x ``G`` heads, one program per tile and KV head), with the causal diagonal, the sliding window
   and the sequence end masked only on the tiles that need it. Requests with at most ``16 // G`` query
