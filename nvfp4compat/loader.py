@@ -95,6 +95,11 @@ def _read_yaml(path: Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise MatrixError(f"{path.name}: cannot read {path}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise MatrixError(
+            f"{path.name}: not UTF-8 text ({path}, byte {exc.start}: {exc.reason}); save it as UTF-8 "
+            "or restore it from the release (git checkout / reinstall nvfp4compat)"
+        ) from None
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.MarkedYAMLError as exc:

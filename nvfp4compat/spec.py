@@ -101,6 +101,15 @@ def arch_cc(arch: str) -> int:
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
+    @model_validator(mode="after")
+    def _evidence_is_not_blank(self) -> _Model:
+        # Every claim's evidence must say something: whitespace passes min_length but names nothing.
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if "evidence" in name and isinstance(value, str) and not value.strip():
+                raise ValueError(f"{name} is blank: name the upstream file:line, PR or repository file behind the claim")
+        return self
+
 
 def _check_version(value: str) -> str:
     try:

@@ -373,3 +373,20 @@ def test_every_evidence_points_at_something_openable(m: Matrix) -> None:
     assert len(found) > 500
     bad = [f"{p}: {e[:100]}" for p, e in found if not _OPENABLE.search(e)]
     assert not bad, "\n".join(bad)
+
+
+def test_a_matrix_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    d = _copy_matrix(tmp_path)
+    with open(d / "arches.yaml", "ab") as f:
+        f.write(b"\n# \xff\xfe\n")
+    with pytest.raises(MatrixError, match=r"arches\.yaml: not UTF-8 text .*save it as UTF-8"):
+        load_matrix(d)
+
+
+def test_whitespace_only_evidence_is_refused(tmp_path: Path) -> None:
+    d = _copy_matrix(tmp_path)
+    data = _load(d / "vllm.yaml")
+    data["vllm"]["releases"][0]["evidence"] = "   "
+    _dump(d / "vllm.yaml", data)
+    with pytest.raises(MatrixError, match=r"evidence is blank"):
+        load_matrix(d)
