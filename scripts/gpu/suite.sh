@@ -74,6 +74,7 @@ for stage in "$@"; do
           python3 benchmarks/profile_attention.py --shape "$shape"
       done ;;
     safety)
+      use_fi 0.7.2.post1 || exit 1  # (for PYTHONPATH and pydantic; the kernels need no FlashInfer)
       export PYTORCH_NO_CUDA_MEMORY_CACHING=1
       step bitexact timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_attention.py -k "bit_exact"
       step sanitize timeout 120 python3 scripts/sanitize.py
@@ -81,6 +82,7 @@ for stage in "$@"; do
       step racecheck timeout 200 compute-sanitizer --tool racecheck --error-exitcode 3 python3 scripts/sanitize.py --ops decode,prefill
       unset PYTORCH_NO_CUDA_MEMORY_CACHING ;;
     decode-check)
+      use_fi 0.7.2.post1 || exit 1
       base=(); [ -f .gpu/att_baseline.py ] && base=(--baseline .gpu/att_baseline.py)
       step bench-decode-check timeout 240 python3 benchmarks/bench_attention.py --no-sweep --no-flashinfer \
         --shapes "decode 16,decode 128,decode ragged,decode 1 x,decode 4 x,decode 32" "${base[@]}" \
