@@ -44,7 +44,7 @@ __all__ = ["EmitError", "emit_flashinfer", "emit_vllm", "flashinfer_delta", "ren
 
 V = VERSION_PLACEHOLDER
 _CHECKED = "probed by `nvfp4compat verify --emit` (import, hasattr per module, inspect.signature)"
-_FACT_KEYS = ("helpers", "nvfp4_4over6", "consumers", "scale_check", "version_check", "cpu_import")
+_FACT_KEYS = ("helpers", "nvfp4_4over6", "consumers", "scale_check", "version_check", "cpu_import", "fa3_ragged")
 
 
 class EmitError(RuntimeError):
@@ -193,7 +193,7 @@ def emit_flashinfer(m: Matrix) -> dict[str, Any]:
         "status": "read",
     }
 
-    return {
+    entry = {
         "version": version,
         "evidence": f"flashinfer_python-{V}-py3-none-any.whl from PyPI, imported on a CPU-only torch; entry written by "
         "`nvfp4compat verify --emit` (nvfp4compat/emit.py)",
@@ -204,6 +204,25 @@ def emit_flashinfer(m: Matrix) -> dict[str, Any]:
         "version_check": version_check,
         "cpu_import": _carried(prev["cpu_import"], previous),
     }
+    fa3 = _fa3_ragged(Path(fi.__file__).parent, prev, previous)
+    if fa3 is not None:
+        entry["fa3_ragged"] = fa3
+    return entry
+
+
+def _fa3_ragged(pkg_dir: Path, prev: dict[str, Any], previous: FlashInferRelease) -> dict[str, Any] | None:
+    """The FA3 ragged prefill (the dequant_fa3 prefill's attention), with verify's probe: present or
+    not; its SMs, head dims and sinks are not probed and come from ``previous``."""
+    from nvfp4compat.facts import _probe_fa3_ragged
+
+    if not _probe_fa3_ragged(pkg_dir) or "fa3_ragged" not in prev:
+        return None
+    text = (pkg_dir / "prefill.py").read_text(encoding="utf-8")
+    found = re.search(r"^class BatchPrefillWithRaggedKVCacheWrapper\b", text, re.M)
+    where = f"flashinfer/prefill.py:{text[: found.start()].count(chr(10)) + 1}" if found else "flashinfer/prefill.py"
+    out = _carried(prev["fa3_ragged"], previous)
+    out["evidence"] = f"{where} [{V}] BatchPrefillWithRaggedKVCacheWrapper dispatches backend fa3; " + out["evidence"]
+    return out
 
 
 def _version_check(fi: Any, previous: FlashInferRelease) -> dict[str, Any]:

@@ -113,7 +113,10 @@ def _unrotate_output(
     if out is not None:
         out.copy_(back)
         back = out
-    return (back, lse) if return_lse else back  # type: ignore[return-value]
+    if return_lse:
+        assert lse is not None
+        return back, lse
+    return back
 
 
 def rotated(op: str, fn: Callable[..., Any], rotation: str = "hadamard") -> Callable[..., Any]:
