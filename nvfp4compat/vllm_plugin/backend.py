@@ -449,7 +449,7 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
         self._nvfp4_host_lens = False
         for op, impl in route.read.items():
             if op == "prefill" and impl == "dequant_fa3":
-                impl = self._dequant_fa3_or_triton(head_size)
+                impl = self._nvfp4_dequant_fa3_or_triton(head_size)
                 self._nvfp4_host_lens = impl == "dequant_fa3"
             self._nvfp4_read[op] = get_kernel(op, impl)
         if route.kv_rotation is not None:  # route_from_plan checked that all three are routed
@@ -464,7 +464,7 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
             for op in self._nvfp4_read:
                 self._nvfp4_read[op] = rotated(op, self._nvfp4_read[op], route.kv_rotation)
 
-    def _dequant_fa3_or_triton(self, head_size: int) -> str:
+    def _nvfp4_dequant_fa3_or_triton(self, head_size: int) -> str:
         """The plan binds dequant_fa3 for prefill; a layer it cannot serve (sinks, or a head size
         FA3 does not instantiate) keeps the fused Triton prefill, logged once per layer kind."""
         from nvfp4compat.kernels.composite.prefill_dequant_fa3 import FA3_HEAD_DIMS
@@ -629,7 +629,7 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
             )
         if "prefill" in phases and npt:
             if self._nvfp4_host_lens and not self._nvfp4_fa3_checked:
-                self._check_fa3_device(query.device)
+                self._nvfp4_check_fa3_device(query.device)
             qsl = prefill_qsl if prefill_qsl is not None else md.prefill_query_start_loc
             self._nvfp4_read["prefill"](
                 query[ndt : ndt + npt],
@@ -643,10 +643,10 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
                 causal=getattr(md, "causal", True),
                 out=output[ndt : ndt + npt],
                 **common,
-                **self._host_lens(md, nd, npf, ndt),
+                **self._nvfp4_lens_kwargs(md, nd, npf, ndt),
             )
 
-    def _check_fa3_device(self, device: torch.device) -> None:
+    def _nvfp4_check_fa3_device(self, device: torch.device) -> None:
         """First prefill of a layer bound to dequant_fa3: the plan may come from a pretended arch
         (``NVFP4COMPAT_ARCH``) while the tensors live elsewhere; if FA3 cannot run on ``device``
         the layer keeps the fused Triton prefill (warned once), as the plugin never raises for
@@ -667,7 +667,7 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
         self._nvfp4_read["prefill"] = get_kernel("prefill", "triton")
         self._nvfp4_host_lens = False
 
-    def _host_lens(self, md: Any, nd: int, npf: int, ndt: int) -> dict[str, torch.Tensor]:
+    def _nvfp4_lens_kwargs(self, md: Any, nd: int, npf: int, ndt: int) -> dict[str, torch.Tensor]:
         """``seq_lens_cpu`` / ``query_start_loc_cpu`` of the prefill rows for a reader that plans on
         the host (dequant_fa3); empty otherwise or when vLLM's metadata lacks them (it then reads the
         device tensors once)."""
