@@ -339,6 +339,15 @@ def _finish(
 
 
 @triton.jit
+def _query_span(q0, q1, num_tokens):
+    """``query_start_loc`` entries ``qsl[b], qsl[b+1]`` -> ``(start, length)`` of request ``b``'s query
+    rows, clamped to ``[0, num_tokens]`` and non-decreasing: what every kernel reads of hostile
+    metadata, so that they agree on which rows exist."""
+    start = tl.minimum(tl.maximum(q0, 0), num_tokens)
+    return start, tl.minimum(tl.maximum(q1, start), num_tokens) - start
+
+
+@triton.jit
 def _request_tiles(
     bs, ok, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
     BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
@@ -353,14 +362,15 @@ def _request_tiles(
     seq_len = tl.load(seq_lens_ptr + bs, mask=ok, other=0).to(tl.int64)
     seq_len = tl.minimum(tl.maximum(seq_len, 0), max_kv)
     if VARLEN:
-        q0 = tl.minimum(tl.maximum(tl.load(qsl_ptr + bs, mask=ok, other=0), 0), num_tokens)
-        q1 = tl.minimum(tl.maximum(tl.load(qsl_ptr + bs + 1, mask=ok, other=0), q0), num_tokens)
-        q_len = (q1 - q0).to(tl.int64)
+        _, q_len = _query_span(
+            tl.load(qsl_ptr + bs, mask=ok, other=0), tl.load(qsl_ptr + bs + 1, mask=ok, other=0), num_tokens
+        )
+        q_len = q_len.to(tl.int64)
         live = ok & (q_len > 0) & (q_len <= QMAX)
     else:
         q_len = QMAX
         live = ok
-    kv_hi = tl.minimum(seq_len, max_kv)
+    kv_hi = seq_len  # (clamped to the row above)
     if HAS_WINDOW:
         kv_lo = tl.maximum(seq_len - q_len - window + 1, 0)
     else:
@@ -384,6 +394,20 @@ def _total_tiles(
                            BLOCK_N, QMAX, VARLEN, HAS_WINDOW).to(tl.int64), 0
         )
     return tl.maximum(total, 1)
+
+
+@triton.jit
+def _block_chunks(
+    b0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+    BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    BATCH_BLOCK: tl.constexpr,
+):
+    """Requests ``bs = b0 + [0, BATCH_BLOCK)`` and their chunk counts (0 past ``batch``): one step of
+    the decode and merge kernels' scan over the batch, which must agree chunk for chunk."""
+    bs = b0 + tl.arange(0, BATCH_BLOCK)
+    tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                           BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
+    return bs, _request_chunks(tiles, total, programs, min_tiles)
 
 
 @triton.jit
@@ -453,10 +477,8 @@ def _decode_kernel(
     n_chunks = tl.zeros((), tl.int32)
     slot0 = tl.zeros((), tl.int32)
     for b0 in range(0, batch, BATCH_BLOCK):
-        bs = b0 + tl.arange(0, BATCH_BLOCK)
-        tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                               BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
-        ch = _request_chunks(tiles, total, programs, min_tiles)
+        bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv,
+                               num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
         lo = base + tl.cumsum(ch, 0) - ch
         multi = tl.where(ch > 1, ch, 0)
         lo_m = base_m + tl.cumsum(multi, 0) - multi
@@ -473,8 +495,7 @@ def _decode_kernel(
     # clamped to the row as in _request_tiles: the query positions move with it, as in the reference
     seq_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b).to(tl.int64), 0), max_kv)
     if VARLEN:
-        q_start = tl.minimum(tl.maximum(tl.load(qsl_ptr + b), 0), num_tokens)
-        q_len = tl.minimum(tl.maximum(tl.load(qsl_ptr + b + 1), q_start), num_tokens) - q_start
+        q_start, q_len = _query_span(tl.load(qsl_ptr + b), tl.load(qsl_ptr + b + 1), num_tokens)
     else:
         q_start = b * QMAX
         q_len = QMAX
@@ -490,9 +511,9 @@ def _decode_kernel(
         k_scale, v_scale, sm_scale_log2, softcap, q_ptr, K_SCALE_PTR, V_SCALE_PTR, FAST
     )
 
-    # Keys this request's rows can see: [kv_lo, kv_hi), kv_hi clamped to the block-table row. The
-    # bounds are worked out in int64 (hostile lengths must not wrap) and are int32 once clamped.
-    kv_hi = tl.minimum(seq_len, max_kv)
+    # Keys this request's rows can see: [kv_lo, kv_hi), seq_len being clamped to the block-table row.
+    # The bounds are worked out in int64 (hostile lengths must not wrap) and are int32 once clamped.
+    kv_hi = seq_len
     if HAS_WINDOW:
         kv_lo = tl.minimum(tl.maximum(seq_len - q_len - window + 1, 0), kv_hi)
         full_lo = seq_len - window  # visible to every row from here on
@@ -574,8 +595,7 @@ def _decode_reduce_kernel(
     if VARLEN:  # the decode kernel's clamps, so both agree on which rows exist
         if tl.load(status_ptr) != 0:
             return
-        q_start = tl.minimum(tl.maximum(tl.load(qsl_ptr + b), 0), num_tokens)
-        q_len = tl.minimum(tl.maximum(tl.load(qsl_ptr + b + 1), q_start), num_tokens) - q_start
+        q_start, q_len = _query_span(tl.load(qsl_ptr + b), tl.load(qsl_ptr + b + 1), num_tokens)
     else:
         q_start = b * QMAX
         q_len = QMAX
@@ -587,10 +607,8 @@ def _decode_reduce_kernel(
     slot0 = tl.zeros((), tl.int32)
     n_chunks = tl.zeros((), tl.int32)
     for b0 in range(0, batch, BATCH_BLOCK):
-        bs = b0 + tl.arange(0, BATCH_BLOCK)
-        tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                               BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
-        ch = _request_chunks(tiles, total, programs, min_tiles)
+        bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv,
+                               num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
         slot0 += tl.sum(tl.where((bs < b) & (ch > 1), ch, 0), 0)
         n_chunks += tl.sum(tl.where(bs == b, ch, 0), 0)
     if n_chunks == 1:
@@ -725,8 +743,7 @@ def _prefill_kernel(
         lo = tl.where(go_up, mid, lo)
         hi = tl.where(go_up, hi, mid - 1)
     b = lo
-    q_start = tl.minimum(tl.maximum(tl.load(qsl_ptr + b), 0), num_tokens)
-    q_len = tl.minimum(tl.maximum(tl.load(qsl_ptr + b + 1), q_start), num_tokens) - q_start
+    q_start, q_len = _query_span(tl.load(qsl_ptr + b), tl.load(qsl_ptr + b + 1), num_tokens)
     tile = pid - (q_start // block_q + b)
     q0 = tile * block_q
     if (q0 < 0) | (q0 >= q_len) | (q_len < min_q_len):
