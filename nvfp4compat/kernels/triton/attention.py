@@ -1253,6 +1253,18 @@ def _launch_decode_path(
     return d
 
 
+_zero_statuses: dict[torch.device, torch.Tensor] = {}
+
+
+def _zero_status(device: torch.device) -> torch.Tensor:
+    """A status word that stays 0 (the kernels only read it), one per device: a varlen decode launch
+    without the guard kernel needs no allocation and fill per call."""
+    t = _zero_statuses.get(device)
+    if t is None:
+        t = _zero_statuses[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return t
+
+
 def _run_decode(
     d: _DecodeLaunch,
     query: torch.Tensor,
@@ -1280,7 +1292,7 @@ def _run_decode(
     if status is not None:
         status_arg = status
     elif qsl is not None:  # no guard kernel ran: query_start_loc is taken as it is (clamped)
-        status_arg = torch.zeros(1, dtype=torch.int32, device=device)
+        status_arg = _zero_status(device)
     else:
         status_arg = seq_lens  # never read without VARLEN
     num_tokens = query.shape[0]
