@@ -59,6 +59,7 @@ def _full_shapes() -> list[Shape]:
     # The decode and prefill tables of the performance issues: uniform, ragged and single-request
     # decode batches, GQA 4/5/8, pages of 16 and 32; prompt prefill, chunked prefill, a mixed batch.
     ragged = (1024, 30720, 4096, 16384, 2048, 24576, 8192, 12288)
+    ragged40 = tuple(512 + (i * 7919) % 15873 for i in range(40))  # spread 0.5K-16K, fixed
     dec = "<= 0.40x FlashInfer bf16 TC decode"
     return [
         Shape("decode 16 x 16K", "decode", (16384,) * 16, (1,) * 16, target=dec),
@@ -68,6 +69,10 @@ def _full_shapes() -> list[Shape]:
         Shape("decode 4 x 32K 40/8 heads page 32", "decode", (32768,) * 4, (1,) * 4, num_qo_heads=40,
               page_size=32, target=dec),
         Shape("decode 32 x 8K 64/8 heads", "decode", (8192,) * 32, (1,) * 32, num_qo_heads=64, target=dec),
+        # batches whose length-proportional shares round badly onto one wave (see _split_size)
+        Shape("decode 64 x 8K", "decode", (8192,) * 64, (1,) * 64, target=dec),
+        Shape("decode 48 x 4K 64/8 heads", "decode", (4096,) * 48, (1,) * 48, num_qo_heads=64, target=dec),
+        Shape("decode ragged 40 x 0.5K-16K", "decode", ragged40, (1,) * 40, target=dec),
         Shape("prefill 2 x 8K causal", "prefill", (8192,) * 2, (8192,) * 2, target="<= 0.90x FlashInfer bf16 FA3"),
         Shape("prefill 6 x 1K chunks on 16K", "prefill", (17408,) * 6, (1024,) * 6,
               target="<= 0.90x FlashInfer bf16 FA3"),
@@ -293,7 +298,8 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
             sms = att._sm_count(case.q.device)
             programs0, min_tiles0 = att.decode_programs(att.decode_config(s.head_dim), s.num_kv_heads, sms)
             max_tiles = -(-case.block_table.shape[1] * s.page_size // att.decode_config(s.head_dim).block_n)
-            chunks0, _ = att.decode_grid(len(s.seq_lens), programs0, min_tiles0, max_tiles)
+            waves = att.decode_waves() if hasattr(att, "decode_waves") else 1
+            chunks0, _ = att.decode_grid(len(s.seq_lens), programs0, min_tiles0, max_tiles, *([waves] if waves > 1 else []))
             # the config decode() launches (BLOCK_M 16 for GQA <= 16 and one query token)
             base = att.decode_config(s.head_dim, 16, chunks0 * s.num_kv_heads, sms)
             default_label = f"default {base} programs/head={programs0}"
@@ -301,18 +307,11 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
             base, default_label, sweep = None, "default", False
         variants: list[tuple[str, dict[str, Any]]] = [(default_label, {})]
         if sweep:
-            for cfg in (att.DecodeConfig(64, 2, 3, None, 4), att.DecodeConfig(64, 2, 3, 168, 5),
-                        att.DecodeConfig(128, 4, 3, None, 2), att.DecodeConfig(128, 8, 3, None, 2),
-                        att.DecodeConfig(128, 8, 3, 128, 2), att.DecodeConfig(64, 4, 3, None, 3),
-                        att.DecodeConfig(256, 8, 3, None, 1)):
-                if cfg != base:
-                    variants.append((f"{cfg}", {"decode": cfg}))
+            # the work split's wave limit (decode_waves): 1 = one wave of length-proportional shares
+            for w in (1, 2):
+                variants.append((f"default tiles, max {w} wave(s)", {"max_waves": w}))
             for w in (2, 4):
                 variants.append((f"default tiles, {w} programs/SM", {"decode": dataclasses.replace(base, programs_per_sm=w)}))
-            for tok in (128, 512):
-                variants.append((f"default tiles, chunks >= {tok} keys", {"knobs": {"SPLIT_MIN_CHUNK_TOKENS": tok}}))
-            # the opt-in bf16 bit-placement decoder (docs/attention.md), not the default until timed
-            variants.append(("bitwise bf16 E2M1 decoder", {"decoder": "bitwise"}))
     else:
         def run():
             return att.prefill(case.q, *args, case.qsl, ks, vs, sm_scale=case.sm_scale)
