@@ -69,8 +69,8 @@ def main() -> int:
     fi_fn, fi_version = None, "not installed"
     if not quick:
         try:
-            from nvfp4compat.kernels.flashinfer import append as fia
             from nvfp4compat.kernels.flashinfer import dequant as fid
+            from nvfp4compat.kernels.flashinfer import write as fia
 
             fi_fn, fi_version = fid._helper, fia.flashinfer_version()
         except ImportError as exc:

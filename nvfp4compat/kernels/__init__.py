@@ -20,11 +20,11 @@ IMPLS = ("native", "flashinfer", "triton", "dequant_fa3")
 
 # (op, impl) -> "module:function". Imported lazily: nothing here imports torch, triton or flashinfer.
 KERNELS: dict[tuple[str, str], str] = {
-    ("write", "triton"): "nvfp4compat.kernels.triton.append:append_slot_mapping",
+    ("write", "triton"): "nvfp4compat.kernels.triton.write:append_slot_mapping",
     ("dequant", "triton"): "nvfp4compat.kernels.triton.dequant:dequantize_paged",
     ("decode", "triton"): "nvfp4compat.kernels.triton.attention:decode",
     ("prefill", "triton"): "nvfp4compat.kernels.triton.attention:prefill",
-    ("write", "flashinfer"): "nvfp4compat.kernels.flashinfer.append:append_slot_mapping",
+    ("write", "flashinfer"): "nvfp4compat.kernels.flashinfer.write:append_slot_mapping",
     ("dequant", "flashinfer"): "nvfp4compat.kernels.flashinfer.dequant:dequantize_paged",
     ("decode", "flashinfer"): "nvfp4compat.kernels.flashinfer.attention:decode",
     ("prefill", "flashinfer"): "nvfp4compat.kernels.flashinfer.attention:prefill",

@@ -1,7 +1,7 @@
 """Paged attention over an NVFP4 KV cache through FlashInfer's FA2 wrappers (``kv_cache_sf``).
 
-The same signatures as :mod:`nvfp4compat.kernels.triton.attention` (``docs/architecture.md``), served
-by FlashInfer 0.6.10-0.7.4:
+The ``decode`` and ``prefill`` contracts (:mod:`nvfp4compat.kernels.contract`), served by FlashInfer
+0.6.10-0.7.4:
 
 * ``decode`` with one query token per request: ``BatchDecodeWithPagedKVCacheWrapper(
   use_tensor_cores=True)`` (the tensor-core FA2 path; the CUDA-core decode does not build for a uint8
@@ -216,10 +216,8 @@ def decode(
     out: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Paged decode over an NVFP4 cache with FlashInfer's tensor-core FA2 decode.
-
-    Arguments and results as :func:`nvfp4compat.kernels.triton.attention.decode` (shapes, dtypes,
-    layouts, semantics); ``sinks`` raises :class:`NotImplementedError`. ``q_len_per_req > 1`` runs
+    """The ``decode`` op (:class:`~nvfp4compat.kernels.contract.DecodeOp`) with FlashInfer's
+    tensor-core FA2 decode; ``sinks`` raises :class:`NotImplementedError`. ``q_len_per_req > 1`` runs
     FlashInfer's FA2 prefill wrapper with causal masking (queries at the end of each sequence), and
     so raises :class:`NotImplementedError` at head_dim 64 (see the module docstring).
     """
@@ -289,12 +287,8 @@ def prefill(
     out: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Varlen paged prefill over an NVFP4 cache with FlashInfer's FA2 prefill wrapper.
-
-    Arguments and results as :func:`nvfp4compat.kernels.triton.attention.prefill`; ``sinks`` and
-    head_dim 64 raise :class:`NotImplementedError` (see the module docstring). FlashInfer aligns each
-    request's queries to the end of its keys (bottom-right causal), as the contract requires; a
-    sliding window with ``causal=False`` bounds keys from below only (``window_left = W - 1``).
+    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillOp`) with FlashInfer's FA2
+    prefill wrapper; ``sinks`` and head_dim 64 raise :class:`NotImplementedError` (module docstring).
     """
     views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
     _refuse_head_dim_64_prefill("prefill", views)
