@@ -38,7 +38,7 @@ from nvfp4compat.verify import (
     _import,
     _without_env,
 )
-from nvfp4compat.versions import parse_version, public_version
+from nvfp4compat.versions import public_version
 
 __all__ = ["EmitError", "emit_flashinfer", "emit_vllm", "flashinfer_delta", "render_delta", "render_vllm"]
 
