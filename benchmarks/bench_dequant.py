@@ -126,7 +126,7 @@ def main() -> int:
         heur = tdq.INTERPRETER_CONFIG if quick else tdq.pick_config(B * S * H, D)
         for cfg in configs:
             t = bench(
-                lambda cfg=cfg: tdq.launch_dequant(
+                lambda cfg=cfg: tdq.dequantize_paged(
                     cache, sf, bt, seq_lens, ks, vs, out_k, out_v, args.layout, config=cfg
                 )
             )

@@ -221,7 +221,7 @@ def test_triton_tile_configs(cfg):
     ]
     cache, sf = cache_args(spec, bufs)
     ref.dequantize_paged(cache, sf, bt, seq_lens, 0.5, 0.25, out[0], out[1], "HND")
-    tdq.launch_dequant(
+    tdq.dequantize_paged(
         cache, sf, bt, seq_lens, 0.5, 0.25, out[2], out[3], "HND", config=tdq.CONFIG_BY_NAME[cfg]
     )
     assert bits_equal(out[0], out[2]) and bits_equal(out[1], out[3])

@@ -292,7 +292,7 @@ def test_every_dequant_config(cfg):
     ]
     cache, sf = cache_args(spec, bufs)
     ref.dequantize_paged(cache, sf, bt, seq_lens, ks, vs, outs[0], outs[1], "NHD")
-    tdq.launch_dequant(
+    tdq.dequantize_paged(
         cache, sf, bt, seq_lens, ks, vs, outs[2], outs[3], "NHD", config=tdq.CONFIG_BY_NAME[cfg]
     )
     torch.cuda.synchronize()

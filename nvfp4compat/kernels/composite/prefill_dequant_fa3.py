@@ -45,7 +45,7 @@ import torch
 
 from nvfp4compat.kernels.layout import normalize_cache
 from nvfp4compat.kernels.triton import attention as tri
-from nvfp4compat.kernels.triton.dequant import launch_dequant
+from nvfp4compat.kernels.triton.dequant import dequantize_paged
 
 __all__ = [
     "prefill",
@@ -482,7 +482,7 @@ def prefill(
         k_s, v_s = flat[0], flat[1]
         off = 0
         for first, count, n in g.runs:
-            launch_dequant(
+            dequantize_paged(
                 (views.k_data, views.v_data), (views.k_sf, views.v_sf),
                 block_table[first : first + count], seq_lens[first : first + count],
                 1.0, a.v_scale, k_s[off : off + count * n].view(count, n, h, d),

@@ -37,7 +37,6 @@ __all__ = [
     "CONFIGS",
     "pick_config",
     "dequantize_paged",
-    "launch_dequant",
     "aot_kernels",
 ]
 
@@ -177,7 +176,7 @@ def pick_config(n_rows: int, head_dim: int) -> DequantConfig:
     return CONFIG_BY_NAME["b512w8"]
 
 
-def launch_dequant(
+def dequantize_paged(
     paged_kv_cache: torch.Tensor | Sequence[torch.Tensor],
     kv_cache_sf: torch.Tensor | Sequence[torch.Tensor],
     block_table: torch.Tensor,
@@ -190,7 +189,11 @@ def launch_dequant(
     *,
     config: DequantConfig | None = None,
 ) -> None:
-    """:func:`dequantize_paged` with the tile configuration exposed (tests and benchmarks)."""
+    """The ``dequant`` op (:class:`~nvfp4compat.kernels.contract.DequantOp`) with the Triton kernel.
+
+    No host sync; a device-tensor scale is read on the device and not checked. ``config`` picks the
+    tile configuration (tests and benchmarks); None means :func:`pick_config`.
+    """
     views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
     check_dequant_inputs(views, block_table, seq_lens, output_k, output_v)
     if metadata_checks_on():
@@ -238,27 +241,6 @@ def launch_dequant(
         HEAD_DIM=head_dim, ROWS=rows, SCALE_PTR=scale_ptr,
         SOFT_BF16=interpreting() and output_k.dtype == torch.bfloat16,
         num_warps=config.num_warps,
-    )  # fmt: skip
-
-
-def dequantize_paged(
-    paged_kv_cache: torch.Tensor | Sequence[torch.Tensor],
-    kv_cache_sf: torch.Tensor | Sequence[torch.Tensor],
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
-    output_k: torch.Tensor,
-    output_v: torch.Tensor,
-    kv_layout: str = "NHD",
-) -> None:
-    """The ``dequant`` op (:class:`~nvfp4compat.kernels.contract.DequantOp`) with the Triton kernel.
-
-    No host sync; a device-tensor scale is read on the device and not checked.
-    """
-    launch_dequant(
-        paged_kv_cache, kv_cache_sf, block_table, seq_lens, k_scale, v_scale, output_k, output_v,
-        kv_layout,
     )  # fmt: skip
 
 
