@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,13 +181,35 @@ def _host_k_scale(k_scale: float | torch.Tensor) -> float:
     return float(k_scale)
 
 
-def _finish(
-    out: torch.Tensor,
-    lse: torch.Tensor | None,
+def _run(
+    key: tuple[Any, ...],
+    meta: Any,
+    make: Callable[[torch.Tensor], Any],
+    plan: Callable[[Any], None],
+    query: torch.Tensor,
+    views: CacheViews,
+    k_scale: float | torch.Tensor,
     v_scale: float | torch.Tensor,
     user_out: torch.Tensor | None,
     return_lse: bool,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Run the wrapper cached under ``key`` (built by ``make(workspace)``), re-planned with ``plan``
+    when its page metadata differs from ``meta``; apply a device ``v_scale``, copy into a strided
+    ``out``, return the LSE in natural-log units."""
+    with _lock:
+        planned = _wrappers.get(key)
+        if planned is None:
+            planned = _wrappers[key] = _Planned(make(_workspace(query.device)))
+        if planned.meta != meta:
+            plan(planned.wrapper)
+            planned.meta = meta
+    fi_out = user_out if user_out is not None and user_out.is_contiguous() else None
+    res = planned.wrapper.run(
+        query, (views.k_data, views.v_data), k_scale=_host_k_scale(k_scale),
+        v_scale=None if isinstance(v_scale, torch.Tensor) else float(v_scale),
+        out=fi_out, return_lse=return_lse, kv_cache_sf=(views.k_sf, views.v_sf),
+    )
+    out, lse = (res[0], res[1]) if return_lse else (res, None)
     if isinstance(v_scale, torch.Tensor):
         out.mul_(v_scale.reshape(()))  # a 0-dim float32 factor keeps out's dtype
     if user_out is not None and user_out is not out:
@@ -243,29 +266,17 @@ def decode(
     meta_key, indptr, indices, last = _paged_metadata(block_table, seq_lens, views.page_size)
     key = ("decode", query.device, kv_layout, query.dtype, query.shape[1], views.num_kv_heads,
            views.head_dim, views.page_size, window_left, cap, float(sm_scale), batch)
-    with _lock:
-        planned = _wrappers.get(key)
-        if planned is None:
-            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                _workspace(query.device), kv_layout, use_tensor_cores=True
-            )
-            planned = _wrappers[key] = _Planned(wrapper)
-        if planned.meta != meta_key:
-            planned.wrapper.plan(
-                indptr, indices, last, query.shape[1], views.num_kv_heads, views.head_dim,
-                views.page_size, window_left=window_left, logits_soft_cap=cap,
-                q_data_type=query.dtype, kv_data_type=torch.uint8, o_data_type=query.dtype,
-                sm_scale=float(sm_scale),
-            )
-            planned.meta = meta_key
-    fi_out = out if out is not None and out.is_contiguous() else None
-    res = planned.wrapper.run(
-        query, (views.k_data, views.v_data), k_scale=_host_k_scale(k_scale),
-        v_scale=None if isinstance(v_scale, torch.Tensor) else float(v_scale),
-        out=fi_out, return_lse=return_lse, kv_cache_sf=(views.k_sf, views.v_sf),
-    )
-    o, lse = (res[0], res[1]) if return_lse else (res, None)
-    return _finish(o, lse, v_scale, out, return_lse)
+    return _run(
+        key, meta_key,
+        lambda ws: flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout, use_tensor_cores=True),
+        lambda w: w.plan(
+            indptr, indices, last, query.shape[1], views.num_kv_heads, views.head_dim,
+            views.page_size, window_left=window_left, logits_soft_cap=cap,
+            q_data_type=query.dtype, kv_data_type=torch.uint8, o_data_type=query.dtype,
+            sm_scale=float(sm_scale),
+        ),
+        query, views, k_scale, v_scale, out, return_lse,
+    )  # fmt: skip
 
 
 def prefill(
@@ -304,26 +315,14 @@ def prefill(
     qsl_host = tuple(qsl.to("cpu").tolist())
     key = ("prefill", query.device, kv_layout, query.dtype, query.shape[1], views.num_kv_heads,
            views.head_dim, views.page_size, window_left, cap, float(sm_scale), bool(causal), batch)
-    with _lock:
-        planned = _wrappers.get(key)
-        if planned is None:
-            wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-                _workspace(query.device), kv_layout, backend="fa2"
-            )
-            planned = _wrappers[key] = _Planned(wrapper)
-        if planned.meta != (meta_key, qsl_host):
-            planned.wrapper.plan(
-                qsl, indptr, indices, last, query.shape[1], views.num_kv_heads, views.head_dim,
-                views.page_size, causal=bool(causal), sm_scale=float(sm_scale),
-                window_left=window_left, logits_soft_cap=cap, q_data_type=query.dtype,
-                kv_data_type=torch.uint8, o_data_type=query.dtype,
-            )
-            planned.meta = (meta_key, qsl_host)
-    fi_out = out if out is not None and out.is_contiguous() else None
-    res = planned.wrapper.run(
-        query, (views.k_data, views.v_data), k_scale=_host_k_scale(k_scale),
-        v_scale=None if isinstance(v_scale, torch.Tensor) else float(v_scale),
-        out=fi_out, return_lse=return_lse, kv_cache_sf=(views.k_sf, views.v_sf),
-    )
-    o, lse = (res[0], res[1]) if return_lse else (res, None)
-    return _finish(o, lse, v_scale, out, return_lse)
+    return _run(
+        key, (meta_key, qsl_host),
+        lambda ws: flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, kv_layout, backend="fa2"),
+        lambda w: w.plan(
+            qsl, indptr, indices, last, query.shape[1], views.num_kv_heads, views.head_dim,
+            views.page_size, causal=bool(causal), sm_scale=float(sm_scale),
+            window_left=window_left, logits_soft_cap=cap, q_data_type=query.dtype,
+            kv_data_type=torch.uint8, o_data_type=query.dtype,
+        ),
+        query, views, k_scale, v_scale, out, return_lse,
+    )  # fmt: skip
