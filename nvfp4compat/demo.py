@@ -173,28 +173,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # ---- write: random K/V (4 outlier channels in K, as real keys have) through the bound writer
     g = torch.Generator().manual_seed(args.seed)
+
+    def written_case(lens: list[int]) -> ra.PagedCase:
+        """A paged cache of random bf16 K/V for ``lens``, its pages written by the bound writer."""
+        keys, values = [], []
+        for n in lens:
+            k = torch.randn(n, hkv, d, generator=g)
+            k[..., :4] *= 8.0
+            keys.append(k.to(torch.bfloat16))
+            values.append(torch.randn(n, hkv, d, generator=g).to(torch.bfloat16))
+        c = ra.make_paged_cache(lens, hkv, d, s.page_size, layout="NHD", device=device, generator=g,
+                                keys=keys, values=values)
+        # Rewrite the pages through the bound writer (make_paged_cache wrote them with the reference).
+        for t in (*c.paged_kv_cache, *c.kv_cache_sf):
+            t.view(torch.uint8).zero_()
+        slots = []
+        for b, n in enumerate(lens):
+            pos = torch.arange(n, device=device)
+            slots.append(c.block_table[b].long()[pos // s.page_size] * s.page_size + pos % s.page_size)
+        write(torch.cat(c.keys), torch.cat(c.values), torch.cat(slots), c.paged_kv_cache,
+              c.kv_cache_sf, c.k_scale, c.v_scale, "NHD")
+        if use_cuda:
+            torch.cuda.synchronize()
+        return c
+
     lens = [s.seq_len] * s.batch
-    keys = []
-    values = []
-    for n in lens:
-        k = torch.randn(n, hkv, d, generator=g)
-        k[..., :4] *= 8.0
-        keys.append(k.to(torch.bfloat16))
-        values.append(torch.randn(n, hkv, d, generator=g).to(torch.bfloat16))
-    case = ra.make_paged_cache(lens, hkv, d, s.page_size, layout="NHD", device=device, generator=g,
-                               keys=keys, values=values)
-    # Rewrite the pages through the bound writer (make_paged_cache wrote them with the reference).
-    for t in (*case.paged_kv_cache, *case.kv_cache_sf):
-        t.view(torch.uint8).zero_()
-    slots = []
-    for b, n in enumerate(lens):
-        pos = torch.arange(n, device=device)
-        slots.append(case.block_table[b].long()[pos // s.page_size] * s.page_size + pos % s.page_size)
     t0 = time.perf_counter()
-    write(torch.cat(case.keys), torch.cat(case.values), torch.cat(slots), case.paged_kv_cache,
-          case.kv_cache_sf, case.k_scale, case.v_scale, "NHD")
-    if use_cuda:
-        torch.cuda.synchronize()
+    case = written_case(lens)
     _say(f"\n== write: {sum(lens)} tokens x {hkv} heads through {impl_w} in {time.perf_counter() - t0:.2f} s")
 
     ok = True
@@ -229,22 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # ---- prefill: fresh requests of prefill_len tokens, causal
     pl = [s.prefill_len] * s.prefill_batch
-    pk, pv = [], []
-    for n in pl:
-        k = torch.randn(n, hkv, d, generator=g)
-        k[..., :4] *= 8.0
-        pk.append(k.to(torch.bfloat16))
-        pv.append(torch.randn(n, hkv, d, generator=g).to(torch.bfloat16))
-    pcase = ra.make_paged_cache(pl, hkv, d, s.page_size, layout="NHD", device=device, generator=g,
-                                keys=pk, values=pv)
-    for t in (*pcase.paged_kv_cache, *pcase.kv_cache_sf):
-        t.view(torch.uint8).zero_()
-    slots = []
-    for b, n in enumerate(pl):
-        pos = torch.arange(n, device=device)
-        slots.append(pcase.block_table[b].long()[pos // s.page_size] * s.page_size + pos % s.page_size)
-    write(torch.cat(pcase.keys), torch.cat(pcase.values), torch.cat(slots), pcase.paged_kv_cache,
-          pcase.kv_cache_sf, pcase.k_scale, pcase.v_scale, "NHD")
+    pcase = written_case(pl)
     pq = torch.randn(sum(pl), hq, d, generator=g).to(torch.bfloat16).to(device)
     pqsl = torch.tensor([0, *[sum(pl[: i + 1]) for i in range(len(pl))]], dtype=torch.int32, device=device)
     _say(f"\n== prefill: batch {s.prefill_batch}, {s.prefill_len} queries over {s.prefill_len} keys each, causal")
