@@ -157,7 +157,7 @@ def main() -> int:
         heur = tap.INTERPRETER_CONFIG if quick else tap.pick_config(n * H, D)
         for cfg in configs:
             t = bench(
-                lambda cfg=cfg: tap.launch_write(
+                lambda cfg=cfg: tap.append_slot_mapping(
                     key, value, slots, cache, sf, ks_f, vs_f, args.layout, config=cfg
                 )
             )
@@ -179,7 +179,7 @@ def main() -> int:
                 # device time in a CUDA graph where the launch no longer hides it (>= 4096 tokens)
                 tg = (
                     bench_graph(
-                        lambda cfg=cfg: tap.launch_write(
+                        lambda cfg=cfg: tap.append_slot_mapping(
                             key, value, slots, cache, sf, ks_t, vs_t, args.layout, config=cfg
                         ),
                         reps=5,

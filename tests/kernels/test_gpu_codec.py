@@ -149,7 +149,7 @@ def test_write_triton_exact_equals_reference(dtype, layout):
     bufs = alloc_cache(spec, DEVICE, torch.Generator().manual_seed(1))
     a, b = clone_all(bufs), clone_all(bufs)
     _write(ref.append_slot_mapping, spec, a, key, value, slots, ks, vs)
-    _write(tap.launch_write, spec, b, key, value, slots, ks, vs, fast_math=False)
+    _write(tap.append_slot_mapping, spec, b, key, value, slots, ks, vs, fast_math=False)
     if not all(torch.equal(x, y) for x, y in zip(a, b, strict=True)):
         rep = compare_write(
             key, value, slots, ks, vs, spec, a, b, four_over_six=False, allow_code_ties=False
@@ -211,7 +211,7 @@ def test_write_4over6_triton_vs_flashinfer(dtype, layout):
     # writer then pick differently from exact arithmetic on ~0.2% of blocks (measured on an H200).
     d = clone_all(bufs)
     _write(
-        tap.launch_write, spec, d, key, value, slots, ks, vs, nvfp4_4over6=True, fast_math=False
+        tap.append_slot_mapping, spec, d, key, value, slots, ks, vs, nvfp4_4over6=True, fast_math=False
     )
     _write(ref.append_slot_mapping, spec, c, key, value, slots, ks, vs, nvfp4_4over6=True)
     rep = compare_write(
@@ -278,7 +278,7 @@ def test_every_write_config(cfg):
     bufs = alloc_cache(spec, DEVICE, torch.Generator().manual_seed(4))
     a, b = clone_all(bufs), clone_all(bufs)
     _write(tap.append_slot_mapping, spec, a, key, key, slots, ks, ks)
-    _write(tap.launch_write, spec, b, key, key, slots, ks, ks, config=tap.CONFIG_BY_NAME[cfg])
+    _write(tap.append_slot_mapping, spec, b, key, key, slots, ks, ks, config=tap.CONFIG_BY_NAME[cfg])
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 

@@ -83,9 +83,9 @@ def run_and_compare(
         # the Triton writer runs its exact-arithmetic variant against the exact reference.
         if impl != "triton":
             pytest.skip("fast-math 4over6 is compared with the Triton writer in test_gpu_codec.py")
-        from nvfp4compat.kernels.triton.write import launch_write
+        from nvfp4compat.kernels.triton.write import append_slot_mapping
 
-        write = functools.partial(launch_write, fast_math=False)
+        write = functools.partial(append_slot_mapping, fast_math=False)
         exact = True
     write(
         key,
@@ -363,7 +363,7 @@ def test_triton_tile_configs(cfg):
     bufs = alloc_cache(spec, DEVICE, gen)
     expected, got = clone_all(bufs), clone_all(bufs)
     ref.append_slot_mapping(key, value, slots, *cache_args(spec, expected), 0.02, 0.03, "NHD")
-    tap.launch_write(
+    tap.append_slot_mapping(
         key,
         value,
         slots,
@@ -401,7 +401,7 @@ def test_triton_bad_device_scale_poisons_blocks_and_sets_flag(bad):
     expected, got = clone_all(bufs), clone_all(bufs)
     ks = torch.tensor([bad], device=DEVICE)
     # exact arithmetic, so that V compares byte for byte with the reference on a GPU too
-    tap.launch_write(key, value, slots, *cache_args(spec, got), ks, 0.01, "NHD", fast_math=False)
+    tap.append_slot_mapping(key, value, slots, *cache_args(spec, got), ks, 0.01, "NHD", fast_math=False)
     # V (good scale) is written normally; K blocks hold zero codes and the NaN scale byte 0x7F.
     ref.append_slot_mapping(key, value, slots, *cache_args(spec, expected), 1.0, 0.01, "NHD")
     valid = (slots >= 0) & (slots < 48)

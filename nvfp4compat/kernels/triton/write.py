@@ -62,7 +62,6 @@ __all__ = [
     "CONFIGS",
     "pick_config",
     "append_slot_mapping",
-    "launch_write",
     "scale_error_flag",
     "check_scale_errors",
     "ScaleError",
@@ -516,29 +515,11 @@ def _check_flag(nvfp4_4over6: object) -> None:
         )
 
 
-def launch_write(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    paged_kv_cache: torch.Tensor | Sequence[torch.Tensor],
-    kv_cache_sf: torch.Tensor | Sequence[torch.Tensor],
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
-    kv_layout: str = "NHD",
-    *,
-    nvfp4_4over6: bool = False,
-    fast_math: bool | None = None,
-    config: WriteConfig | None = None,
-) -> None:
-    """:func:`append_slot_mapping` with the kernel knobs exposed (tests and benchmarks).
-
-    ``fast_math=None`` means :func:`~nvfp4compat.kernels.checks.default_fast_math` (on for CUDA, off
-    in the interpreter); ``config=None`` means :func:`pick_config`.
-
-    Host overhead: the arguments are validated in full the first time their signature (dtypes,
-    shapes except the row count, strides, devices, scale kinds) is seen; later calls with the same
-    signature only check the row count and the values of Python-number scales, then launch.
-    """
+def _write_checked(
+    key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout: str,
+    nvfp4_4over6: bool, fast_math: bool | None, config: WriteConfig | None,
+) -> None:  # fmt: skip
+    """:func:`append_slot_mapping`'s validating path: every argument checked, then the launch."""
     _check_flag(nvfp4_4over6)
     plan = _plan_for(
         key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout
@@ -627,21 +608,32 @@ def append_slot_mapping(
     kv_layout: str = "NHD",
     *,
     nvfp4_4over6: bool = False,
+    fast_math: bool | None = None,
+    config: WriteConfig | None = None,
 ) -> None:
     """The ``write`` op (:class:`~nvfp4compat.kernels.contract.WriteOp`) with the Triton kernel.
 
     No host sync and no data-dependent allocation: safe in CUDA-graph capture (pass device-tensor
     scales there). A bad device-tensor scale poisons the side's blocks and sets the error flag
     (module docstring).
+
+    The kernel knobs (tests and benchmarks): ``fast_math=None`` means
+    :func:`~nvfp4compat.kernels.checks.default_fast_math` (on for CUDA, off in the interpreter),
+    ``config=None`` means :func:`pick_config`. A call that sets either is validated in full.
+
+    Host overhead: the arguments are validated in full the first time their signature (dtypes,
+    shapes except the row count, strides, devices, scale kinds) is seen; later calls with the same
+    signature only check the row count and the values of Python-number scales, then launch.
     """
     if type(nvfp4_4over6) is not bool:
         _check_flag(nvfp4_4over6)
-    fk = _fast_key(
-        key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout,
-        nvfp4_4over6,
-    )  # fmt: skip
-    if fk is not None and metadata_checks_on():
-        fk = None  # debug mode: every call takes the checking path
+    if fast_math is not None or config is not None or metadata_checks_on():
+        fk = None  # knobs set, or debug mode: the checking path
+    else:
+        fk = _fast_key(
+            key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout,
+            nvfp4_4over6,
+        )  # fmt: skip
     ln = _launches.get(fk) if fk is not None else None
     if ln is not None:  # a signature validated before: check the row counts, launch
         nnz = slot_mapping.shape[0]
@@ -655,9 +647,9 @@ def append_slot_mapping(
                 )  # fmt: skip
             return
     # First call with this signature, or a bad row count: full validation (raises on bad input).
-    launch_write(
+    _write_checked(
         key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout,
-        nvfp4_4over6=nvfp4_4over6,
+        nvfp4_4over6, fast_math, config,
     )  # fmt: skip
     if fk is None:
         return
@@ -786,5 +778,5 @@ def aot_kernels() -> list:
 
 
 def _aot_arch(cc: int) -> dict:
-    """What :func:`launch_write` picks on a device of compute capability ``cc``."""
+    """What :func:`append_slot_mapping` picks on a device of compute capability ``cc``."""
     return {"FP8_CVT": cc >= 89}
