@@ -21,10 +21,12 @@ finite number, or a one-element float32 tensor on the cache's device (read on th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
-import torch
+if TYPE_CHECKING:  # annotations only: the contracts import without torch
+    from collections.abc import Sequence
+
+    import torch
 
 __all__ = [
     "Cache",
