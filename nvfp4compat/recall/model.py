@@ -11,9 +11,9 @@ densely (:func:`sdpa_attention`, the bf16 reference) or through a paged KV cache
 (:mod:`nvfp4compat.recall.evaluate`). This module imports nothing from ``nvfp4compat``: the trainer
 loads it by path on hosts that lack the package's dependencies.
 
-Why not ``transformers.Qwen3ForCausalLM`` with a registered attention function: transformers is not a
-dependency of the ``recall`` path (nor installed where the CPU tests run), and this model is checked
-against it instead (``scripts/train_recall_model.py --check-hf`` on the same weights).
+Why not ``transformers.Qwen3ForCausalLM`` with a registered attention function: the trainer and the
+CPU tests run this model where transformers is not installed (it is no dependency of ``recall``), so
+the model would stay anyway; ``scripts/train_recall_model.py --check-hf`` checks it equals HF's.
 """
 
 from __future__ import annotations
