@@ -30,18 +30,19 @@ def _source_params(target: str) -> list[tuple[str, str, str | None]]:
     assert spec is not None and spec.submodule_search_locations, module
     path = Path(next(iter(spec.submodule_search_locations))) / f"{module.rsplit('.', 1)[1]}.py"
     tree = ast.parse(path.read_text())
-    fn = next(
-        (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func), None
-    )
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func), None)
     assert fn is not None, f"{path} defines no top-level function {func}"
     a = fn.args
     out: list[tuple[str, str, str | None]] = []
     positional = a.posonlyargs + a.args
     pos_defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
-    for arg, default in zip(positional, pos_defaults, strict=True):
-        out.append((arg.arg, "POSITIONAL_OR_KEYWORD", None if default is None else ast.unparse(default)))
+    kinds = ["POSITIONAL_ONLY"] * len(a.posonlyargs) + ["POSITIONAL_OR_KEYWORD"] * len(a.args)
+    for arg, kind, default in zip(positional, kinds, pos_defaults, strict=True):
+        out.append((arg.arg, kind, None if default is None else ast.unparse(default)))
     for arg, kw_default in zip(a.kwonlyargs, a.kw_defaults, strict=True):
-        out.append((arg.arg, "KEYWORD_ONLY", None if kw_default is None else ast.unparse(kw_default)))
+        out.append(
+            (arg.arg, "KEYWORD_ONLY", None if kw_default is None else ast.unparse(kw_default))
+        )
     assert a.vararg is None and a.kwarg is None, f"{target} takes *args/**kwargs"
     return out
 
