@@ -3,8 +3,9 @@
 Every implementation of an op (``triton``, ``flashinfer``, ``dequant_fa3`` and the float32 torch
 reference) has the signature of its op's protocol and the semantics of its docstring; an
 implementation's own docstring says only how it runs and where it departs (an option it refuses, a
-host sync). ``tests/kernels/test_contract.py`` checks every registered implementation's signature
-against its protocol.
+host sync). mypy checks every implementation's types against its protocol (the ``TYPE_CHECKING``
+block at the end), and ``tests/kernels/test_contract.py`` every registered implementation's parameter
+names, kinds and defaults.
 
 The cache (all ops): ``paged_kv_cache`` holds uint8 E2M1 codes ``(k_data, v_data)`` (or one stacked
 ``[num_pages, 2, ...]`` tensor), NHD ``[num_pages, page_size, num_kv_heads, head_dim/2]`` or HND
@@ -235,3 +236,24 @@ PROTOCOLS: dict[str, type] = {
     "decode": DecodeOp,
     "prefill": PrefillOp,
 }
+
+if TYPE_CHECKING:  # mypy checks every implementation's types against its contract (no runtime import)
+    from nvfp4compat.kernels import reference
+    from nvfp4compat.kernels.composite import prefill_dequant_fa3
+    from nvfp4compat.kernels.flashinfer import attention as fi_attention
+    from nvfp4compat.kernels.flashinfer import dequant as fi_dequant
+    from nvfp4compat.kernels.flashinfer import write as fi_write
+    from nvfp4compat.kernels.triton import attention as tr_attention
+    from nvfp4compat.kernels.triton import dequant as tr_dequant
+    from nvfp4compat.kernels.triton import write as tr_write
+
+    _writes: list[WriteOp] = [
+        tr_write.append_slot_mapping, fi_write.append_slot_mapping, reference.append_slot_mapping
+    ]
+    _dequants: list[DequantOp] = [
+        tr_dequant.dequantize_paged, fi_dequant.dequantize_paged, reference.dequantize_paged
+    ]
+    _decodes: list[DecodeOp] = [tr_attention.decode, fi_attention.decode]
+    _prefills: list[PrefillOp] = [
+        tr_attention.prefill, fi_attention.prefill, prefill_dequant_fa3.prefill
+    ]
