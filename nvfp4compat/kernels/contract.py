@@ -237,7 +237,8 @@ PROTOCOLS: dict[str, type] = {
     "prefill": PrefillOp,
 }
 
-if TYPE_CHECKING:  # mypy checks every implementation's types against its contract (no runtime import)
+# mypy checks every implementation's types against its contract (no import at run time)
+if TYPE_CHECKING:
     from nvfp4compat.kernels import reference
     from nvfp4compat.kernels.composite import prefill_dequant_fa3
     from nvfp4compat.kernels.flashinfer import attention as fi_attention
@@ -248,12 +249,18 @@ if TYPE_CHECKING:  # mypy checks every implementation's types against its contra
     from nvfp4compat.kernels.triton import write as tr_write
 
     _writes: list[WriteOp] = [
-        tr_write.append_slot_mapping, fi_write.append_slot_mapping, reference.append_slot_mapping
+        tr_write.append_slot_mapping,
+        fi_write.append_slot_mapping,
+        reference.append_slot_mapping,
     ]
     _dequants: list[DequantOp] = [
-        tr_dequant.dequantize_paged, fi_dequant.dequantize_paged, reference.dequantize_paged
+        tr_dequant.dequantize_paged,
+        fi_dequant.dequantize_paged,
+        reference.dequantize_paged,
     ]
     _decodes: list[DecodeOp] = [tr_attention.decode, fi_attention.decode]
     _prefills: list[PrefillOp] = [
-        tr_attention.prefill, fi_attention.prefill, prefill_dequant_fa3.prefill
+        tr_attention.prefill,
+        fi_attention.prefill,
+        prefill_dequant_fa3.prefill,
     ]
