@@ -43,13 +43,19 @@ class _Wrapper:
 def fia(monkeypatch: pytest.MonkeyPatch):
     fake = types.ModuleType("flashinfer")
     fake.BatchDecodeWithPagedKVCacheWrapper = _Wrapper  # type: ignore[attr-defined]
+    name = "nvfp4compat.kernels.flashinfer.attention"
+    pkg = importlib.import_module("nvfp4compat.kernels.flashinfer")
+    # a real FlashInfer and its module (nox -s flashinfer) come back after the test
     monkeypatch.setitem(sys.modules, "flashinfer", fake)
-    monkeypatch.delitem(sys.modules, "nvfp4compat.kernels.flashinfer.attention", raising=False)
-    mod = importlib.import_module("nvfp4compat.kernels.flashinfer.attention")
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.delattr(pkg, "attention", raising=False)
+    mod = importlib.import_module(name)
     _Wrapper.made.clear()
     yield mod
     mod.clear_cache()
-    sys.modules.pop("nvfp4compat.kernels.flashinfer.attention", None)
+    sys.modules.pop(name, None)
+    if getattr(pkg, "attention", None) is mod:
+        delattr(pkg, "attention")
 
 
 def _views():
