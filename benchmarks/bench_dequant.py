@@ -69,8 +69,8 @@ def main() -> int:
     fi_fn, fi_version = None, "not installed"
     if not quick:
         try:
-            from nvfp4compat.kernels.flashinfer import append as fia
             from nvfp4compat.kernels.flashinfer import dequant as fid
+            from nvfp4compat.kernels.flashinfer import write as fia
 
             fi_fn, fi_version = fid._helper, fia.flashinfer_version()
         except ImportError as exc:
@@ -126,7 +126,7 @@ def main() -> int:
         heur = tdq.INTERPRETER_CONFIG if quick else tdq.pick_config(B * S * H, D)
         for cfg in configs:
             t = bench(
-                lambda cfg=cfg: tdq.launch_dequant(
+                lambda cfg=cfg: tdq.dequantize_paged(
                     cache, sf, bt, seq_lens, ks, vs, out_k, out_v, args.layout, config=cfg
                 )
             )

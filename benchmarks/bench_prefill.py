@@ -126,7 +126,7 @@ def _run_shape(shape: ba.Shape, device, quick: bool, use_fi: bool, seed: int) ->
 
     from nvfp4compat.kernels import get_kernel
     from nvfp4compat.kernels.composite import prefill_dequant_fa3 as comp
-    from nvfp4compat.kernels.triton.dequant import launch_dequant
+    from nvfp4compat.kernels.triton.dequant import dequantize_paged
 
     case = Case(shape, device, seed, fp8=False)
     ref_nv = case.reference("nvfp4")
@@ -177,7 +177,7 @@ def _run_shape(shape: ba.Shape, device, quick: bool, use_fi: bool, seed: int) ->
             for g in plan.groups:
                 off = 0
                 for first, count, n in g.runs:
-                    launch_dequant(case.nv_data, case.nv_sf, case.block_table[first : first + count],
+                    dequantize_paged(case.nv_data, case.nv_sf, case.block_table[first : first + count],
                                    case.seq_lens[first : first + count], 1.0, case.nv_scales[1],
                                    scratch[0, off : off + count * n].view(count, n, s.num_kv_heads, s.head_dim),
                                    scratch[1, off : off + count * n].view(count, n, s.num_kv_heads, s.head_dim),

@@ -173,42 +173,54 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # ---- write: random K/V (4 outlier channels in K, as real keys have) through the bound writer
     g = torch.Generator().manual_seed(args.seed)
+
+    def written_case(lens: list[int]) -> tuple[ra.PagedCase, float]:
+        """A paged cache of random bf16 K/V for ``lens``, its pages written by the bound writer, and
+        the seconds the writer took."""
+        keys, values = [], []
+        for n in lens:
+            k = torch.randn(n, hkv, d, generator=g)
+            k[..., :4] *= 8.0
+            keys.append(k.to(torch.bfloat16))
+            values.append(torch.randn(n, hkv, d, generator=g).to(torch.bfloat16))
+        c = ra.make_paged_cache(lens, hkv, d, s.page_size, layout="NHD", device=device, generator=g,
+                                keys=keys, values=values)
+        # Rewrite the pages through the bound writer (make_paged_cache wrote them with the reference).
+        for t in (*c.paged_kv_cache, *c.kv_cache_sf):
+            t.view(torch.uint8).zero_()
+        slots = []
+        for b, n in enumerate(lens):
+            pos = torch.arange(n, device=device)
+            slots.append(c.block_table[b].long()[pos // s.page_size] * s.page_size + pos % s.page_size)
+        t0 = time.perf_counter()
+        write(torch.cat(c.keys), torch.cat(c.values), torch.cat(slots), c.paged_kv_cache,
+              c.kv_cache_sf, c.k_scale, c.v_scale, "NHD")
+        if use_cuda:
+            torch.cuda.synchronize()
+        return c, time.perf_counter() - t0
+
     lens = [s.seq_len] * s.batch
-    keys = []
-    values = []
-    for n in lens:
-        k = torch.randn(n, hkv, d, generator=g)
-        k[..., :4] *= 8.0
-        keys.append(k.to(torch.bfloat16))
-        values.append(torch.randn(n, hkv, d, generator=g).to(torch.bfloat16))
-    case = ra.make_paged_cache(lens, hkv, d, s.page_size, layout="NHD", device=device, generator=g,
-                               keys=keys, values=values)
-    # Rewrite the pages through the bound writer (make_paged_cache wrote them with the reference).
-    for t in (*case.paged_kv_cache, *case.kv_cache_sf):
-        t.view(torch.uint8).zero_()
-    slots = []
-    for b, n in enumerate(lens):
-        pos = torch.arange(n, device=device)
-        slots.append(case.block_table[b].long()[pos // s.page_size] * s.page_size + pos % s.page_size)
-    t0 = time.perf_counter()
-    write(torch.cat(case.keys), torch.cat(case.values), torch.cat(slots), case.paged_kv_cache,
-          case.kv_cache_sf, case.k_scale, case.v_scale, "NHD")
-    if use_cuda:
-        torch.cuda.synchronize()
-    _say(f"\n== write: {sum(lens)} tokens x {hkv} heads through {impl_w} in {time.perf_counter() - t0:.2f} s")
+    case, write_s = written_case(lens)
+    _say(f"\n== write: {sum(lens)} tokens x {hkv} heads through {impl_w} in {write_s:.2f} s")
 
     ok = True
     sm_scale = d**-0.5
     q = torch.randn(s.batch, hq, d, generator=g).to(torch.bfloat16).to(device)
     qsl = ra.decode_query_start_loc(s.batch, 1, device)
 
-    def errors(c: ra.PagedCase, out: torch.Tensor, qq: torch.Tensor, qsl_: torch.Tensor) -> tuple[float, float, float]:
-        """(kernel vs reference on the dequantized cache, kernel vs bf16 attention, reference vs bf16)."""
+    def checked(c: ra.PagedCase, out: torch.Tensor, qq: torch.Tensor, qsl_: torch.Tensor, first: str) -> bool:
+        """Print the kernel's error against the reference on the dequantized cache (the check), its
+        error against bf16 attention and the reference's, and the first call's time; the check's verdict."""
         ref, _ = ra.paged_attention_reference(qq, c.paged_kv_cache, c.kv_cache_sf, c.block_table, c.seq_lens,
                                               qsl_, c.k_scale, c.v_scale, sm_scale=sm_scale)
         bf, _ = ra.attention_reference(qq, [k.float() for k in c.keys], [v.float() for v in c.values],
                                        qsl_, sm_scale=sm_scale)
-        return ra.relative_l2(out, ref), ra.relative_l2(out, bf), ra.relative_l2(ref, bf)
+        e_kernel, e_bf16, e_quant = ra.relative_l2(out, ref), ra.relative_l2(out, bf), ra.relative_l2(ref, bf)
+        _say(f"kernel vs float32 reference on the dequantized cache: relative L2 {e_kernel:.2e} (limit 1e-2)")
+        _say(f"NVFP4 attention vs bf16 attention (quantization error): relative L2 {e_bf16:.2e} "
+             f"(reference alone: {e_quant:.2e})")
+        _say(first)
+        return e_kernel <= 1e-2
 
     # ---- decode
     _say(f"\n== decode: batch {s.batch}, context {s.seq_len}, {hq} query / {hkv} KV heads, head_dim {d}, page {s.page_size}")
@@ -218,33 +230,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if use_cuda:
         torch.cuda.synchronize()
     first = time.perf_counter() - t0
-    e_kernel, e_bf16, e_quant = errors(case, out, q, qsl)
-    ok &= e_kernel <= 1e-2
-    _say(f"kernel vs float32 reference on the dequantized cache: relative L2 {e_kernel:.2e} (limit 1e-2)")
-    _say(f"NVFP4 attention vs bf16 attention (quantization error): relative L2 {e_bf16:.2e} "
-         f"(reference alone: {e_quant:.2e})")
-    _say(f"first call (includes compile{'' if use_cuda else ' / interpretation'}): {first:.2f} s")
+    ok &= checked(case, out, q, qsl,
+                  f"first call (includes compile{'' if use_cuda else ' / interpretation'}): {first:.2f} s")
     if use_cuda:
         _time_decode(decode, q, case, sm_scale, s)
 
     # ---- prefill: fresh requests of prefill_len tokens, causal
     pl = [s.prefill_len] * s.prefill_batch
-    pk, pv = [], []
-    for n in pl:
-        k = torch.randn(n, hkv, d, generator=g)
-        k[..., :4] *= 8.0
-        pk.append(k.to(torch.bfloat16))
-        pv.append(torch.randn(n, hkv, d, generator=g).to(torch.bfloat16))
-    pcase = ra.make_paged_cache(pl, hkv, d, s.page_size, layout="NHD", device=device, generator=g,
-                                keys=pk, values=pv)
-    for t in (*pcase.paged_kv_cache, *pcase.kv_cache_sf):
-        t.view(torch.uint8).zero_()
-    slots = []
-    for b, n in enumerate(pl):
-        pos = torch.arange(n, device=device)
-        slots.append(pcase.block_table[b].long()[pos // s.page_size] * s.page_size + pos % s.page_size)
-    write(torch.cat(pcase.keys), torch.cat(pcase.values), torch.cat(slots), pcase.paged_kv_cache,
-          pcase.kv_cache_sf, pcase.k_scale, pcase.v_scale, "NHD")
+    pcase, _ = written_case(pl)
     pq = torch.randn(sum(pl), hq, d, generator=g).to(torch.bfloat16).to(device)
     pqsl = torch.tensor([0, *[sum(pl[: i + 1]) for i in range(len(pl))]], dtype=torch.int32, device=device)
     _say(f"\n== prefill: batch {s.prefill_batch}, {s.prefill_len} queries over {s.prefill_len} keys each, causal")
@@ -254,12 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if use_cuda:
         torch.cuda.synchronize()
     first = time.perf_counter() - t0
-    e_kernel, e_bf16, e_quant = errors(pcase, pout, pq, pqsl)
-    ok &= e_kernel <= 1e-2
-    _say(f"kernel vs float32 reference on the dequantized cache: relative L2 {e_kernel:.2e} (limit 1e-2)")
-    _say(f"NVFP4 attention vs bf16 attention (quantization error): relative L2 {e_bf16:.2e} "
-         f"(reference alone: {e_quant:.2e})")
-    _say(f"first call: {first:.2f} s")
+    ok &= checked(pcase, pout, pq, pqsl, f"first call: {first:.2f} s")
     if use_cuda:
         _time_prefill(prefill, pq, pqsl, pcase, sm_scale, s)
 

@@ -38,7 +38,7 @@ from nvfp4compat.verify import (
     _import,
     _without_env,
 )
-from nvfp4compat.versions import parse_version
+from nvfp4compat.versions import public_version
 
 __all__ = ["EmitError", "emit_flashinfer", "emit_vllm", "flashinfer_delta", "render_delta", "render_vllm"]
 
@@ -52,7 +52,7 @@ class EmitError(RuntimeError):
 
 
 def _previous(m: Matrix, version: str) -> FlashInferRelease:
-    v = parse_version(version).public
+    v = public_version(version)
     older = [r for r in m.flashinfer if r.parsed < v]
     if not older:
         raise EmitError(
@@ -404,7 +404,7 @@ def emit_vllm(m: Matrix, wheel: Path | None = None) -> dict[str, Any]:
 
     src = _VllmSource(wheel)
     version = src.version
-    v = parse_version(version).public
+    v = public_version(version)
     older = [r for r in m.vllm.releases if r.parsed < v]
     if not older:
         raise EmitError(f"vLLM {version} is older than every release in matrix/vllm.yaml ({m.vllm.releases[0].version})")

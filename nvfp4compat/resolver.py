@@ -39,7 +39,7 @@ from nvfp4compat.spec import (
     Requirement,
     VllmRelease,
 )
-from nvfp4compat.versions import parse_version
+from nvfp4compat.versions import parse_version, public_version
 
 __all__ = ["ResolutionError", "parse_impl_spec", "parse_kv_rotation", "query", "resolve"]
 
@@ -231,7 +231,7 @@ def _unreleased(version: str, checked: IndexCheck | None) -> IndexCheck | None:
 
     Only a query can name such a release: an installed one exists, and was released after the check.
     """
-    if checked is not None and parse_version(version).public > parse_version(checked.newest):
+    if checked is not None and public_version(version) > parse_version(checked.newest):
         return checked
     return None
 

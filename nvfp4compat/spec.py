@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from nvfp4compat.versions import Version, VersionError, parse_version
+from nvfp4compat.versions import Version, VersionError, parse_version, public_version
 
 __all__ = [
     "ARCH_RE",
@@ -855,14 +855,14 @@ class Matrix(_Model):
 
     def flashinfer_release(self, version: str) -> FlashInferRelease | None:
         """The entry whose version equals ``version`` (public part), or None."""
-        v = parse_version(version).public
+        v = public_version(version)
         for r in self.flashinfer:
             if r.parsed == v:
                 return r
         return None
 
     def vllm_release(self, version: str) -> VllmRelease | None:
-        v = parse_version(version).public
+        v = public_version(version)
         for r in self.vllm.releases:
             if r.parsed == v:
                 return r
@@ -870,7 +870,7 @@ class Matrix(_Model):
 
     def nearest_flashinfer(self, version: str) -> FlashInferRelease | None:
         """The newest known release not newer than ``version`` (None if older than all)."""
-        v = parse_version(version).public
+        v = public_version(version)
         best = None
         for r in self.flashinfer:
             if r.parsed <= v:
@@ -878,7 +878,7 @@ class Matrix(_Model):
         return best
 
     def nearest_vllm(self, version: str) -> VllmRelease | None:
-        v = parse_version(version).public
+        v = public_version(version)
         best = None
         for r in self.vllm.releases:
             if r.parsed <= v:

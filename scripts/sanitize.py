@@ -62,9 +62,9 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
     import torch
 
     from nvfp4compat.kernels import reference_attention as ra
-    from nvfp4compat.kernels.triton import append as tap
     from nvfp4compat.kernels.triton import attention as att
     from nvfp4compat.kernels.triton import dequant as tdq
+    from nvfp4compat.kernels.triton import write as tap
 
     hq, hkv, d, page = 8, 2, 128, 16
     pad = 2

@@ -12,7 +12,7 @@ import yaml
 
 from nvfp4compat.loader import FILES, MatrixError, load_matrix, matrix_dir
 from nvfp4compat.spec import HELPERS, PATCH_IDS, Matrix
-from nvfp4compat.versions import Version, VersionError, parse_version
+from nvfp4compat.versions import Version, VersionError, parse_version, public_version
 
 SLOT = "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping"
 DQ = "nvfp4_kv_dequantize_paged"
@@ -67,7 +67,7 @@ def test_version_ordering_follows_pep440() -> None:
     assert parsed == sorted(parsed)
     assert parse_version("0.7") == parse_version("0.7.0")
     assert parse_version("0.6.16.post3") > parse_version("0.6.16")
-    assert parse_version("0.6.15+cu129").public == parse_version("0.6.15")
+    assert public_version("0.6.15+cu129") == parse_version("0.6.15")
     assert isinstance(parse_version("1.0"), Version)
 
 

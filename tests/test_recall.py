@@ -206,32 +206,24 @@ def test_model_forward_matches_naive_attention():
     assert (a - shifted).abs().max() < 1e-4 and (a - stretched).abs().max() > 1e-3
 
 
-def test_read_safetensors_matches_format(tmp_path):
+def test_read_weights_round_trip_and_bad_file(tmp_path):
     torch = pytest.importorskip("torch")
-    from nvfp4compat.recall.model import read_safetensors
+    st = pytest.importorskip("safetensors.torch")
+    from nvfp4compat.recall.model import read_weights
 
     tensors = {
         "a": torch.arange(6, dtype=torch.float32).reshape(2, 3),
         "b": torch.tensor([1.5, -2.0], dtype=torch.bfloat16),
     }
-    header, blobs, off = {}, b"", 0
-    for name, t in tensors.items():
-        data = t.contiguous().view(torch.uint8).numpy().tobytes()
-        header[name] = {
-            "dtype": {torch.float32: "F32", torch.bfloat16: "BF16"}[t.dtype],
-            "shape": list(t.shape),
-            "data_offsets": [off, off + len(data)],
-        }
-        blobs, off = blobs + data, off + len(data)
-    h = json.dumps(header).encode()
-    (tmp_path / "m.safetensors").write_bytes(len(h).to_bytes(8, "little") + h + blobs)
-    back = read_safetensors(tmp_path / "m.safetensors")
+    st.save_file(tensors, str(tmp_path / "m.safetensors"))
+    back = read_weights(tmp_path / "m.safetensors")
     assert all(
         torch.equal(back[k], tensors[k]) and back[k].dtype == tensors[k].dtype for k in tensors
     )
-    (tmp_path / "bad.safetensors").write_bytes(len(h).to_bytes(8, "little") + h + blobs[:-2])
-    with pytest.raises(ValueError, match="offsets"):
-        read_safetensors(tmp_path / "bad.safetensors")
+    raw = (tmp_path / "m.safetensors").read_bytes()
+    (tmp_path / "bad.safetensors").write_bytes(raw[:-2])
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        read_weights(tmp_path / "bad.safetensors")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@
 ``prefill``) implemented by ``triton`` (bundled kernels), ``flashinfer`` (FlashInfer's helpers and
 FA2 wrappers) or, for ``prefill`` only, ``dequant_fa3`` (the Triton dequantizer into a bf16/fp16
 scratch, then FlashInfer's FA3 on SM90; ``kernels/composite/prefill_dequant_fa3.py``). ``native`` (vLLM's own SM100-family TRT-LLM path) binds nothing here: the vLLM plugin
-leaves vLLM's code in place. Signatures are in ``docs/architecture.md``.
+leaves vLLM's code in place. Each op's contract (signature and semantics) is a Protocol in
+``nvfp4compat.kernels.contract``.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ IMPLS = ("native", "flashinfer", "triton", "dequant_fa3")
 
 # (op, impl) -> "module:function". Imported lazily: nothing here imports torch, triton or flashinfer.
 KERNELS: dict[tuple[str, str], str] = {
-    ("write", "triton"): "nvfp4compat.kernels.triton.append:append_slot_mapping",
+    ("write", "triton"): "nvfp4compat.kernels.triton.write:append_slot_mapping",
     ("dequant", "triton"): "nvfp4compat.kernels.triton.dequant:dequantize_paged",
     ("decode", "triton"): "nvfp4compat.kernels.triton.attention:decode",
     ("prefill", "triton"): "nvfp4compat.kernels.triton.attention:prefill",
-    ("write", "flashinfer"): "nvfp4compat.kernels.flashinfer.append:append_slot_mapping",
+    ("write", "flashinfer"): "nvfp4compat.kernels.flashinfer.write:append_slot_mapping",
     ("dequant", "flashinfer"): "nvfp4compat.kernels.flashinfer.dequant:dequantize_paged",
     ("decode", "flashinfer"): "nvfp4compat.kernels.flashinfer.attention:decode",
     ("prefill", "flashinfer"): "nvfp4compat.kernels.flashinfer.attention:prefill",

@@ -43,7 +43,7 @@ __all__ = [
 
 DEFAULT_CCS = (80, 86, 89, 90, 100, 120)
 PROVIDERS: list[str] = [
-    "nvfp4compat.kernels.triton.append",
+    "nvfp4compat.kernels.triton.write",
     "nvfp4compat.kernels.triton.dequant",
     "nvfp4compat.kernels.triton.attention",
 ]

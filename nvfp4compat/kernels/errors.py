@@ -5,11 +5,11 @@ that decreases) neither traps nor reads out of bounds: it does something safe an
 scales, zeroed output rows) and ORs a bit into a per-device int32 flag. :func:`check_errors` reads the
 flag (one host sync, where the caller can afford it: after a step, in tests) and raises
 :class:`KernelInputError` naming the operation and the argument. The writer's
-:func:`~nvfp4compat.kernels.triton.append.check_scale_errors` reads the same flag (its two bits only).
+:func:`~nvfp4compat.kernels.triton.write.check_scale_errors` reads the same flag (its two bits only).
 
 Errors that need no device read (shapes, dtypes, Python-number scales) are raised before the launch,
 and ``NVFP4COMPAT_CHECK_METADATA=1`` checks the device metadata on the host before each launch
-(:func:`nvfp4compat.kernels.validate.check_metadata_values`): a debug mode, it syncs.
+(:func:`nvfp4compat.kernels.checks.check_metadata_values`): a debug mode, it syncs.
 """
 
 from __future__ import annotations

@@ -230,12 +230,7 @@ def append_slot_mapping(
     *,
     nvfp4_4over6: bool = False,
 ) -> None:
-    """Reference slot-mapping quantize-and-append (in place), FlashInfer semantics.
-
-    Row ``i < len(slot_mapping)`` of ``key``/``value`` (``[rows, num_kv_heads, head_dim]``) goes to
-    ``page = slot // page_size``, ``offset = slot % page_size``; negative or out-of-range slots are
-    skipped. See :mod:`nvfp4compat.kernels.layout` for the cache arguments.
-    """
+    """The ``write`` op (:class:`~nvfp4compat.kernels.contract.WriteOp`) in exact fp32 torch."""
     views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
     slots = slot_mapping.to(torch.int64)
     n = slots.shape[0]
@@ -276,7 +271,7 @@ def gather_dequantized(
 def dequantize_paged(
     paged_kv_cache: torch.Tensor | Sequence[torch.Tensor],
     kv_cache_sf: torch.Tensor | Sequence[torch.Tensor],
-    block_tables: torch.Tensor,
+    block_table: torch.Tensor,
     seq_lens: torch.Tensor,
     k_scale: float | torch.Tensor,
     v_scale: float | torch.Tensor,
@@ -284,19 +279,15 @@ def dequantize_paged(
     output_v: torch.Tensor,
     kv_layout: str = "NHD",
 ) -> None:
-    """Reference paged dequantization, ``nvfp4_kv_dequantize_paged`` semantics (in place).
-
-    ``output_k``/``output_v`` are ``[batch, max_seq_len, heads, head_dim]`` fp16/bf16; position ``t`` of
-    request ``b`` is written iff ``t < seq_lens[b]`` and its page id is in ``[0, num_pages)``.
-    """
+    """The ``dequant`` op (:class:`~nvfp4compat.kernels.contract.DequantOp`) in torch."""
     views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
     max_seq_len = output_k.shape[1]
-    for b in range(block_tables.shape[0]):
+    for b in range(block_table.shape[0]):
         n = min(int(seq_lens[b]), max_seq_len)
         if n <= 0:
             continue
-        pos = torch.arange(n, device=block_tables.device)
-        pages = block_tables[b].long()[pos // views.page_size]
+        pos = torch.arange(n, device=block_table.device)
+        pages = block_table[b].long()[pos // views.page_size]
         ok = (pages >= 0) & (pages < views.num_pages)
         pos, pages = pos[ok], pages[ok]
         offs = pos % views.page_size

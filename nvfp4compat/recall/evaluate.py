@@ -367,7 +367,7 @@ def evaluate_recall(
         raise ValueError("pass layout= with a loaded model (or pass the model folder)")
     dev = next(model.parameters()).device
     if "nvfp4" in kv_modes and impl == "triton" and dev.type == "cpu":
-        from nvfp4compat.kernels.validate import interpreting
+        from nvfp4compat.kernels.checks import interpreting
 
         if not interpreting():
             raise RuntimeError(

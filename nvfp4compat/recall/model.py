@@ -10,6 +10,10 @@ The attention core is a callable ``attn(layer, q, k, v, positions) -> out`` so t
 densely (:func:`sdpa_attention`, the bf16 reference) or through a paged KV cache
 (:mod:`nvfp4compat.recall.evaluate`). This module imports nothing from ``nvfp4compat``: the trainer
 loads it by path on hosts that lack the package's dependencies.
+
+Why not ``transformers.Qwen3ForCausalLM`` with a registered attention function: the trainer and the
+CPU tests run this model where transformers is not installed (it is no dependency of ``recall``), so
+the model would stay anyway; ``scripts/train_recall_model.py --check-hf`` checks it equals HF's.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ __all__ = [
     "RecallLM",
     "greedy_generate_dense",
     "load_model",
-    "read_safetensors",
+    "read_weights",
     "sdpa_attention",
 ]
 
@@ -336,62 +340,31 @@ class RecallLM(nn.Module):
         return self.logits(self.hidden(input_ids, positions, attn))
 
 
-_ST_DTYPES = {
-    "BF16": torch.bfloat16,
-    "F16": torch.float16,
-    "F32": torch.float32,
-    "F64": torch.float64,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-
-
-def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a ``.safetensors`` file into CPU tensors without the ``safetensors`` package.
-
-    The format: an 8-byte little-endian header length ``n``, ``n`` bytes of JSON
-    ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}``, then the
-    tensor bytes (offsets relative to the end of the header), little-endian, C order.
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a ``.safetensors`` file, on the CPU, through the ``safetensors`` package.
 
     Raises
     ------
+    ImportError
+        When ``safetensors`` is not installed (names the ``recall`` extra).
     ValueError
-        On a truncated file, an unknown dtype or offsets that do not match the shape.
+        When the file is not a readable safetensors file (truncated, bad header).
     """
-    raw = Path(path).read_bytes()
-    if len(raw) < 8:
-        raise ValueError(f"{path}: {len(raw)} bytes, too short for a safetensors file")
-    n = int.from_bytes(raw[:8], "little")
-    if 8 + n > len(raw):
+    try:
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+    except ImportError as exc:
+        raise ImportError(
+            f"reading {path} needs the safetensors package ({exc}); "
+            "pip install 'nvfp4compat[recall]'"
+        ) from exc
+    try:
+        return load_file(str(path), device="cpu")
+    except SafetensorError as exc:
         raise ValueError(
-            f"{path}: header of {n} bytes runs past the end of the file ({len(raw)} bytes)"
-        )
-    header = json.loads(raw[8 : 8 + n])
-    base = 8 + n
-    out: dict[str, torch.Tensor] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _ST_DTYPES.get(info["dtype"])
-        if dtype is None:
-            raise ValueError(
-                f"{path}: tensor {name} has dtype {info['dtype']}; known: {sorted(_ST_DTYPES)}"
-            )
-        begin, end = info["data_offsets"]
-        shape = tuple(info["shape"])
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        if end - begin != math.prod(shape) * itemsize or base + end > len(raw):
-            raise ValueError(
-                f"{path}: tensor {name} {shape} {info['dtype']} has offsets {begin}..{end}"
-            )
-        buf = bytearray(raw[base + begin : base + end])
-        t = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
-        out[name] = t.reshape(shape)
-    return out
+            f"{path} is not a readable safetensors file ({exc}); save the model again "
+            "(scripts/train_recall_model.py)"
+        ) from exc
 
 
 def load_model(
@@ -415,7 +388,7 @@ def load_model(
             )
     cfg = ModelConfig.from_hf(json.loads((folder / "config.json").read_text()))
     model = RecallLM(cfg)
-    state = read_safetensors(folder / "model.safetensors")
+    state = read_weights(folder / "model.safetensors")
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in state.items()}
     if want != got:

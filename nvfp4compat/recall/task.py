@@ -79,10 +79,6 @@ class VocabLayout:
         return 0
 
     @property
-    def eos_id(self) -> int:
-        return 0
-
-    @property
     def pad_id(self) -> int:
         return 1
 

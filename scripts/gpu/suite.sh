@@ -4,7 +4,7 @@
 # wheels of apache-tvm-ffi and of nvfp4compat's own requirements the image lacks: pydantic & co). Usage: scripts/gpu/suite.sh STAGE [STAGE...]; results go to $OUT.
 #   golden      FlashInfer 0.6.15 and 0.7.4 conformance vectors (scripts/make_golden.py)
 #   codec       GPU writer/dequant tests vs FlashInfer 0.7.4 (bytes, CUDA graphs, both impls)
-#   bench-codec append + dequant benchmarks side by side with FlashInfer 0.7.2.post1
+#   bench-codec write + dequant benchmarks side by side with FlashInfer 0.7.2.post1
 #   attention   GPU attention tests + attention-level needle retrieval (FlashInfer 0.7.2.post1)
 #   bench-attn  attention benchmarks side by side with FlashInfer 0.7.2.post1
 #   decode      GPU decode tests, the decode benchmark with its sweep and the previous kernel
@@ -49,9 +49,9 @@ for stage in "$@"; do
       use_fi 0.7.4 && step golden-0.7.4 python3 scripts/make_golden.py --out "$OUT" ;;
     codec)
       use_fi 0.7.4 && step codec-tests python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" \
-        tests/kernels/test_gpu_codec.py tests/kernels/test_append.py tests/kernels/test_dequant.py -s ;;
+        tests/kernels/test_gpu_codec.py tests/kernels/test_write.py tests/kernels/test_dequant.py -s ;;
     bench-codec)
-      use_fi 0.7.2.post1 && step bench-append python3 benchmarks/bench_append.py
+      use_fi 0.7.2.post1 && step bench-write python3 benchmarks/bench_write.py
       step bench-dequant python3 benchmarks/bench_dequant.py ;;
     attention)
       use_fi 0.7.2.post1 && step attention-triton python3 -m pytest -q -p no:cacheprovider -m gpu \

@@ -53,9 +53,8 @@ def flashinfer_unavailable(op: str) -> str | None:
     """Why the FlashInfer implementation of ``op`` cannot run here, or None."""
     if not torch.cuda.is_available():
         return "impl 'flashinfer' needs a CUDA GPU (FlashInfer's helpers have no CPU path)"
-    module = {"write": "append", "dequant": "dequant"}[op]
     try:
-        importlib.import_module(f"nvfp4compat.kernels.flashinfer.{module}")
+        importlib.import_module(f"nvfp4compat.kernels.flashinfer.{op}")
     except ImportError as exc:
         return str(exc)
     return None

@@ -12,7 +12,7 @@ import pytest
 
 from nvfp4compat.kernels import aot
 
-PROVIDERS = ["nvfp4compat.kernels.triton.append", "nvfp4compat.kernels.triton.dequant"]
+PROVIDERS = ["nvfp4compat.kernels.triton.write", "nvfp4compat.kernels.triton.dequant"]
 
 
 def test_writer_and_dequant_build_for_every_target():
@@ -28,8 +28,8 @@ def test_writer_and_dequant_build_for_every_target():
 
 def test_covering_set():
     """The variant list covers every tile config, head_dim, dtype, slot dtype and flag value."""
-    from nvfp4compat.kernels.triton import append as tap
     from nvfp4compat.kernels.triton import dequant as tdq
+    from nvfp4compat.kernels.triton import write as tap
 
     (writer,) = tap.aot_kernels()
     c = [v.constexprs for v in writer.variants]
@@ -65,14 +65,14 @@ def test_the_check_can_fail_fp8_cast_on_ampere():
 
 def test_registry_rules():
     kernels, missing = aot.collect_kernels(
-        ["nvfp4compat.kernels.triton.append", "nvfp4compat.kernels.nonexistent"]
+        ["nvfp4compat.kernels.triton.write", "nvfp4compat.kernels.nonexistent"]
     )
     assert [k.name for k in kernels] == ["append_slot_mapping"]
     assert missing == ["nvfp4compat.kernels.nonexistent"]
     with pytest.raises(TypeError, match="defines no aot_kernels"):
         aot.collect_kernels(["nvfp4compat.kernels.layout"])
     with pytest.raises(ValueError, match="duplicate AOT kernel names"):
-        aot.collect_kernels(PROVIDERS + ["nvfp4compat.kernels.triton.append"])
+        aot.collect_kernels(PROVIDERS + ["nvfp4compat.kernels.triton.write"])
     with pytest.raises(ValueError, match="unknown AOT kernels"):
         aot.compile_all([90], providers=PROVIDERS, kernels=["nope"])
 

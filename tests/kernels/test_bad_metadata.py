@@ -22,9 +22,9 @@ from _guarded import close_to, guard_cache, guarded  # noqa: E402
 
 from nvfp4compat.kernels import errors  # noqa: E402
 from nvfp4compat.kernels import reference_attention as ra  # noqa: E402
-from nvfp4compat.kernels.triton import append as tap  # noqa: E402
 from nvfp4compat.kernels.triton import attention as att  # noqa: E402
 from nvfp4compat.kernels.triton import dequant as tdq  # noqa: E402
+from nvfp4compat.kernels.triton import write as tap  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BF16 = torch.bfloat16

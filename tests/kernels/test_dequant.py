@@ -56,10 +56,10 @@ def make_tables(
     return bt.to(dtype).to(DEVICE)
 
 
-def run_and_compare(impl, spec, bufs, block_tables, seq_lens, max_seq_len, dtype, k_scale, v_scale):
+def run_and_compare(impl, spec, bufs, block_table, seq_lens, max_seq_len, dtype, k_scale, v_scale):
     out = [
         torch.full(
-            (block_tables.shape[0], max_seq_len, spec.heads, spec.head_dim),
+            (block_table.shape[0], max_seq_len, spec.heads, spec.head_dim),
             SENTINEL,
             dtype=dtype,
             device=DEVICE,
@@ -68,11 +68,11 @@ def run_and_compare(impl, spec, bufs, block_tables, seq_lens, max_seq_len, dtype
     ]
     cache, sf = cache_args(spec, bufs)
     ref.dequantize_paged(
-        cache, sf, block_tables, seq_lens, k_scale, v_scale, out[0], out[1], spec.layout
+        cache, sf, block_table, seq_lens, k_scale, v_scale, out[0], out[1], spec.layout
     )
     before = clone_all(bufs)
     kernel("dequant", impl)(
-        cache, sf, block_tables, seq_lens, k_scale, v_scale, out[2], out[3], spec.layout
+        cache, sf, block_table, seq_lens, k_scale, v_scale, out[2], out[3], spec.layout
     )
     assert all(torch.equal(a, b) for a, b in zip(before, bufs, strict=True)), (
         "the cache was modified"
@@ -129,7 +129,7 @@ def test_seq_lens_beyond_max_and_untouched_rows(impl, dtype):
     )  # 100 > max_seq_len, -5 -> none
     out = run_and_compare(impl, spec, bufs, bt, seq_lens, 9, dtype, 1.0, 2.0)
     assert (out[2][1, 3:] == SENTINEL).all() and (out[2][2] == SENTINEL).all()
-    assert (out[3][0, 4:8] == SENTINEL).all()  # page id -1 in block_tables[0, 1]
+    assert (out[3][0, 4:8] == SENTINEL).all()  # page id -1 in block_table[0, 1]
     assert not (out[2][0, :4] == SENTINEL).all()
 
 
@@ -221,7 +221,7 @@ def test_triton_tile_configs(cfg):
     ]
     cache, sf = cache_args(spec, bufs)
     ref.dequantize_paged(cache, sf, bt, seq_lens, 0.5, 0.25, out[0], out[1], "HND")
-    tdq.launch_dequant(
+    tdq.dequantize_paged(
         cache, sf, bt, seq_lens, 0.5, 0.25, out[2], out[3], "HND", config=tdq.CONFIG_BY_NAME[cfg]
     )
     assert bits_equal(out[0], out[2]) and bits_equal(out[1], out[3])
@@ -246,7 +246,7 @@ def _valid_args():
     return dict(
         paged_kv_cache=cache,
         kv_cache_sf=sf,
-        block_tables=torch.zeros(2, 2, dtype=torch.int32, device=DEVICE),
+        block_table=torch.zeros(2, 2, dtype=torch.int32, device=DEVICE),
         seq_lens=torch.tensor([5, 7], dtype=torch.int32, device=DEVICE),
         k_scale=1.0,
         v_scale=1.0,
@@ -269,19 +269,19 @@ def _bad(**changes):
 BAD_INPUTS = [
     (
         "float tables",
-        _bad(block_tables=lambda a: a["block_tables"].float()),
+        _bad(block_table=lambda a: a["block_table"].float()),
         TypeError,
         "int32 or int64",
     ),
     (
         "1-D tables",
-        _bad(block_tables=lambda a: a["block_tables"].flatten()),
+        _bad(block_table=lambda a: a["block_table"].flatten()),
         ValueError,
         r"\[batch, max_pages\]",
     ),
     (
         "short tables",
-        _bad(block_tables=lambda a: a["block_tables"][:, :1]),
+        _bad(block_table=lambda a: a["block_table"][:, :1]),
         ValueError,
         "fewer than max_seq_len",
     ),

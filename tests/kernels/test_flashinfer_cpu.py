@@ -45,7 +45,7 @@ def test_helper_probe(op, has):
 
 @pytest.mark.skipif(not HAS_WRITE, reason="this FlashInfer has no slot-mapping writer")
 def test_4over6_detection_matches_the_real_signature():
-    from nvfp4compat.kernels.flashinfer import append as fia
+    from nvfp4compat.kernels.flashinfer import write as fia
 
     real = (
         "nvfp4_4over6"
@@ -87,7 +87,7 @@ FORMS = [
 @pytest.mark.parametrize("spec", FORMS, ids=[s.id for s in FORMS])
 @pytest.mark.parametrize("scale", ["float", "tensor"])
 def test_writer_arguments_pass_flashinfer_validation(spec, scale):
-    from nvfp4compat.kernels.flashinfer import append as fia
+    from nvfp4compat.kernels.flashinfer import write as fia
 
     gen = torch.Generator().manual_seed(1)
     bufs = alloc_cache(spec, torch.device("cpu"), gen)

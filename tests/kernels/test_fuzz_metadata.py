@@ -32,9 +32,9 @@ from nvfp4compat.kernels import errors  # noqa: E402
 from nvfp4compat.kernels import reference as codec  # noqa: E402
 from nvfp4compat.kernels import reference_attention as ra  # noqa: E402
 from nvfp4compat.kernels.layout import FP32_MAX, FP32_MIN_NORMAL  # noqa: E402
-from nvfp4compat.kernels.triton import append as tap  # noqa: E402
 from nvfp4compat.kernels.triton import attention as att  # noqa: E402
 from nvfp4compat.kernels.triton import dequant as tdq  # noqa: E402
+from nvfp4compat.kernels.triton import write as tap  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 

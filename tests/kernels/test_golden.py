@@ -63,7 +63,7 @@ def _cases():
 def _writer(impl: str):
     if impl == "reference":
         return ref.append_slot_mapping
-    from nvfp4compat.kernels.triton.append import append_slot_mapping
+    from nvfp4compat.kernels.triton.write import append_slot_mapping
 
     return append_slot_mapping
 

@@ -36,13 +36,13 @@ from nvfp4_cases import (  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from nvfp4compat.kernels import reference as ref  # noqa: E402
-from nvfp4compat.kernels.triton import append as tap  # noqa: E402
 from nvfp4compat.kernels.triton import dequant as tdq  # noqa: E402
+from nvfp4compat.kernels.triton import write as tap  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEVICE = torch.device("cuda")
 
-if os.environ.get("TRITON_INTERPRET") == "1" or not isinstance(tap._append_kernel, JITFunction):
+if os.environ.get("TRITON_INTERPRET") == "1" or not isinstance(tap._write_kernel, JITFunction):
     pytest.skip(
         "TRITON_INTERPRET is set in this process (a CPU test module sets it at import): run the GPU tier "
         "alone, `pytest -m gpu tests/kernels/test_gpu_codec.py`",
@@ -149,7 +149,7 @@ def test_write_triton_exact_equals_reference(dtype, layout):
     bufs = alloc_cache(spec, DEVICE, torch.Generator().manual_seed(1))
     a, b = clone_all(bufs), clone_all(bufs)
     _write(ref.append_slot_mapping, spec, a, key, value, slots, ks, vs)
-    _write(tap.launch_append, spec, b, key, value, slots, ks, vs, fast_math=False)
+    _write(tap.append_slot_mapping, spec, b, key, value, slots, ks, vs, fast_math=False)
     if not all(torch.equal(x, y) for x, y in zip(a, b, strict=True)):
         rep = compare_write(
             key, value, slots, ks, vs, spec, a, b, four_over_six=False, allow_code_ties=False
@@ -187,7 +187,7 @@ def test_write_flashinfer_vs_exact_reference_only_ties(dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_write_4over6_triton_vs_flashinfer(dtype, layout):
     fi = _fi("write")
-    from nvfp4compat.kernels.flashinfer.append import _four_over_six_config, supports_4over6
+    from nvfp4compat.kernels.flashinfer.write import _four_over_six_config, supports_4over6
 
     if not supports_4over6():
         pytest.skip(f"flashinfer {fi.__version__} has no nvfp4_4over6 (added in 0.7.4)")
@@ -211,7 +211,7 @@ def test_write_4over6_triton_vs_flashinfer(dtype, layout):
     # writer then pick differently from exact arithmetic on ~0.2% of blocks (measured on an H200).
     d = clone_all(bufs)
     _write(
-        tap.launch_append, spec, d, key, value, slots, ks, vs, nvfp4_4over6=True, fast_math=False
+        tap.append_slot_mapping, spec, d, key, value, slots, ks, vs, nvfp4_4over6=True, fast_math=False
     )
     _write(ref.append_slot_mapping, spec, c, key, value, slots, ks, vs, nvfp4_4over6=True)
     rep = compare_write(
@@ -272,13 +272,13 @@ def test_dequant_triton_equals_flashinfer_and_reference(dtype, layout):
 
 
 @pytest.mark.parametrize("cfg", [c.name for c in tap.CONFIGS])
-def test_every_append_config(cfg):
+def test_every_write_config(cfg):
     key, slots, ks = _inputs(torch.bfloat16, 11)
     spec = _spec("HND")
     bufs = alloc_cache(spec, DEVICE, torch.Generator().manual_seed(4))
     a, b = clone_all(bufs), clone_all(bufs)
     _write(tap.append_slot_mapping, spec, a, key, key, slots, ks, ks)
-    _write(tap.launch_append, spec, b, key, key, slots, ks, ks, config=tap.CONFIG_BY_NAME[cfg])
+    _write(tap.append_slot_mapping, spec, b, key, key, slots, ks, ks, config=tap.CONFIG_BY_NAME[cfg])
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
@@ -292,7 +292,7 @@ def test_every_dequant_config(cfg):
     ]
     cache, sf = cache_args(spec, bufs)
     ref.dequantize_paged(cache, sf, bt, seq_lens, ks, vs, outs[0], outs[1], "NHD")
-    tdq.launch_dequant(
+    tdq.dequantize_paged(
         cache, sf, bt, seq_lens, ks, vs, outs[2], outs[3], "NHD", config=tdq.CONFIG_BY_NAME[cfg]
     )
     torch.cuda.synchronize()

@@ -1,7 +1,7 @@
 """Dequantize-then-attend prefill over an NVFP4 KV cache: the Triton dequantizer, then FlashInfer's FA3.
 
-The ``dequant_fa3`` implementation of ``prefill`` (same signature and semantics as
-:func:`nvfp4compat.kernels.triton.attention.prefill`, ``docs/architecture.md``), for SM90 (Hopper):
+The ``dequant_fa3`` implementation of the ``prefill`` contract
+(:class:`nvfp4compat.kernels.contract.PrefillOp`), for SM90 (Hopper):
 
 1. Requests with at most ``16 // G`` query tokens (``G = num_qo_heads // num_kv_heads``; the decode
    rows of a mixed batch) go through the Triton split-KV decode path, in the same call.
@@ -45,7 +45,7 @@ import torch
 
 from nvfp4compat.kernels.layout import normalize_cache
 from nvfp4compat.kernels.triton import attention as tri
-from nvfp4compat.kernels.triton.dequant import launch_dequant
+from nvfp4compat.kernels.triton.dequant import dequantize_paged
 
 __all__ = [
     "prefill",
@@ -377,21 +377,15 @@ def prefill(
     seq_lens_cpu: torch.Tensor | None = None,
     query_start_loc_cpu: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Varlen paged prefill over an NVFP4 KV cache: dequantize each prefill request's KV once into a
-    bf16/fp16 scratch (``x = e2m1 * sf * gs``), then FlashInfer FA3 (SM90) over it.
+    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillOp`): each prefill request's
+    KV dequantized once into a bf16/fp16 scratch, then FlashInfer FA3 (SM90) over it (module docstring).
 
-    Semantics, shapes and results are those of :func:`nvfp4compat.kernels.triton.attention.prefill`
-    (request ``b``'s queries are rows ``[qsl[b], qsl[b+1])`` at the last ``q_len_b`` of its
-    ``seq_lens[b]`` positions; decode rows, ``q_len_b <= 16 // G``, run through the Triton decode
-    kernel in the same call; natural-log LSE). Not CUDA-graph safe (vLLM never captures prefill): the
-    host plan needs the lengths, and a call under stream capture raises :class:`RuntimeError`.
+    Not CUDA-graph safe (vLLM never captures prefill): the host plan needs the lengths, and a call
+    under stream capture raises :class:`RuntimeError`. A device-tensor ``k_scale`` is read to the host
+    once per call (FA3 takes the softmax scale as a host float).
 
     Parameters
     ----------
-    query, paged_kv_cache, kv_cache_sf, block_table, seq_lens, query_start_loc, k_scale, v_scale,
-    sm_scale, kv_layout, causal, sliding_window, logits_soft_cap, out, return_lse
-        As in the Triton :func:`~nvfp4compat.kernels.triton.attention.prefill`; a device-tensor
-        ``k_scale`` is read to the host once per call (FA3 takes the softmax scale as a host float).
     sinks : None
         Not supported by FA3's ragged run: anything but None raises :class:`NotImplementedError`.
     seq_lens_cpu, query_start_loc_cpu : torch.Tensor, optional
@@ -488,7 +482,7 @@ def prefill(
         k_s, v_s = flat[0], flat[1]
         off = 0
         for first, count, n in g.runs:
-            launch_dequant(
+            dequantize_paged(
                 (views.k_data, views.v_data), (views.k_sf, views.v_sf),
                 block_table[first : first + count], seq_lens[first : first + count],
                 1.0, a.v_scale, k_s[off : off + count * n].view(count, n, h, d),

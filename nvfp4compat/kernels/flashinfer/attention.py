@@ -1,7 +1,7 @@
 """Paged attention over an NVFP4 KV cache through FlashInfer's FA2 wrappers (``kv_cache_sf``).
 
-The same signatures as :mod:`nvfp4compat.kernels.triton.attention` (``docs/architecture.md``), served
-by FlashInfer 0.6.10-0.7.4:
+The ``decode`` and ``prefill`` contracts (:mod:`nvfp4compat.kernels.contract`), served by FlashInfer
+0.6.10-0.7.4:
 
 * ``decode`` with one query token per request: ``BatchDecodeWithPagedKVCacheWrapper(
   use_tensor_cores=True)`` (the tensor-core FA2 path; the CUDA-core decode does not build for a uint8
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,13 +181,35 @@ def _host_k_scale(k_scale: float | torch.Tensor) -> float:
     return float(k_scale)
 
 
-def _finish(
-    out: torch.Tensor,
-    lse: torch.Tensor | None,
+def _run(
+    key: tuple[Any, ...],
+    meta: Any,
+    make: Callable[[torch.Tensor], Any],
+    plan: Callable[[Any], None],
+    query: torch.Tensor,
+    views: CacheViews,
+    k_scale: float | torch.Tensor,
     v_scale: float | torch.Tensor,
     user_out: torch.Tensor | None,
     return_lse: bool,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Run the wrapper cached under ``key`` (built by ``make(workspace)``), re-planned with ``plan``
+    when its page metadata differs from ``meta``; apply a device ``v_scale``, copy into a strided
+    ``out``, return the LSE in natural-log units."""
+    with _lock:
+        planned = _wrappers.get(key)
+        if planned is None:
+            planned = _wrappers[key] = _Planned(make(_workspace(query.device)))
+        if planned.meta != meta:
+            plan(planned.wrapper)
+            planned.meta = meta
+    fi_out = user_out if user_out is not None and user_out.is_contiguous() else None
+    res = planned.wrapper.run(
+        query, (views.k_data, views.v_data), k_scale=_host_k_scale(k_scale),
+        v_scale=None if isinstance(v_scale, torch.Tensor) else float(v_scale),
+        out=fi_out, return_lse=return_lse, kv_cache_sf=(views.k_sf, views.v_sf),
+    )
+    out, lse = (res[0], res[1]) if return_lse else (res, None)
     if isinstance(v_scale, torch.Tensor):
         out.mul_(v_scale.reshape(()))  # a 0-dim float32 factor keeps out's dtype
     if user_out is not None and user_out is not out:
@@ -216,10 +239,8 @@ def decode(
     out: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Paged decode over an NVFP4 cache with FlashInfer's tensor-core FA2 decode.
-
-    Arguments and results as :func:`nvfp4compat.kernels.triton.attention.decode` (shapes, dtypes,
-    layouts, semantics); ``sinks`` raises :class:`NotImplementedError`. ``q_len_per_req > 1`` runs
+    """The ``decode`` op (:class:`~nvfp4compat.kernels.contract.DecodeOp`) with FlashInfer's
+    tensor-core FA2 decode; ``sinks`` raises :class:`NotImplementedError`. ``q_len_per_req > 1`` runs
     FlashInfer's FA2 prefill wrapper with causal masking (queries at the end of each sequence), and
     so raises :class:`NotImplementedError` at head_dim 64 (see the module docstring).
     """
@@ -245,29 +266,17 @@ def decode(
     meta_key, indptr, indices, last = _paged_metadata(block_table, seq_lens, views.page_size)
     key = ("decode", query.device, kv_layout, query.dtype, query.shape[1], views.num_kv_heads,
            views.head_dim, views.page_size, window_left, cap, float(sm_scale), batch)
-    with _lock:
-        planned = _wrappers.get(key)
-        if planned is None:
-            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                _workspace(query.device), kv_layout, use_tensor_cores=True
-            )
-            planned = _wrappers[key] = _Planned(wrapper)
-        if planned.meta != meta_key:
-            planned.wrapper.plan(
-                indptr, indices, last, query.shape[1], views.num_kv_heads, views.head_dim,
-                views.page_size, window_left=window_left, logits_soft_cap=cap,
-                q_data_type=query.dtype, kv_data_type=torch.uint8, o_data_type=query.dtype,
-                sm_scale=float(sm_scale),
-            )
-            planned.meta = meta_key
-    fi_out = out if out is not None and out.is_contiguous() else None
-    res = planned.wrapper.run(
-        query, (views.k_data, views.v_data), k_scale=_host_k_scale(k_scale),
-        v_scale=None if isinstance(v_scale, torch.Tensor) else float(v_scale),
-        out=fi_out, return_lse=return_lse, kv_cache_sf=(views.k_sf, views.v_sf),
-    )
-    o, lse = (res[0], res[1]) if return_lse else (res, None)
-    return _finish(o, lse, v_scale, out, return_lse)
+    return _run(
+        key, meta_key,
+        lambda ws: flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout, use_tensor_cores=True),
+        lambda w: w.plan(
+            indptr, indices, last, query.shape[1], views.num_kv_heads, views.head_dim,
+            views.page_size, window_left=window_left, logits_soft_cap=cap,
+            q_data_type=query.dtype, kv_data_type=torch.uint8, o_data_type=query.dtype,
+            sm_scale=float(sm_scale),
+        ),
+        query, views, k_scale, v_scale, out, return_lse,
+    )  # fmt: skip
 
 
 def prefill(
@@ -289,12 +298,8 @@ def prefill(
     out: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Varlen paged prefill over an NVFP4 cache with FlashInfer's FA2 prefill wrapper.
-
-    Arguments and results as :func:`nvfp4compat.kernels.triton.attention.prefill`; ``sinks`` and
-    head_dim 64 raise :class:`NotImplementedError` (see the module docstring). FlashInfer aligns each
-    request's queries to the end of its keys (bottom-right causal), as the contract requires; a
-    sliding window with ``causal=False`` bounds keys from below only (``window_left = W - 1``).
+    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillOp`) with FlashInfer's FA2
+    prefill wrapper; ``sinks`` and head_dim 64 raise :class:`NotImplementedError` (module docstring).
     """
     views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
     _refuse_head_dim_64_prefill("prefill", views)
@@ -310,26 +315,14 @@ def prefill(
     qsl_host = tuple(qsl.to("cpu").tolist())
     key = ("prefill", query.device, kv_layout, query.dtype, query.shape[1], views.num_kv_heads,
            views.head_dim, views.page_size, window_left, cap, float(sm_scale), bool(causal), batch)
-    with _lock:
-        planned = _wrappers.get(key)
-        if planned is None:
-            wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-                _workspace(query.device), kv_layout, backend="fa2"
-            )
-            planned = _wrappers[key] = _Planned(wrapper)
-        if planned.meta != (meta_key, qsl_host):
-            planned.wrapper.plan(
-                qsl, indptr, indices, last, query.shape[1], views.num_kv_heads, views.head_dim,
-                views.page_size, causal=bool(causal), sm_scale=float(sm_scale),
-                window_left=window_left, logits_soft_cap=cap, q_data_type=query.dtype,
-                kv_data_type=torch.uint8, o_data_type=query.dtype,
-            )
-            planned.meta = (meta_key, qsl_host)
-    fi_out = out if out is not None and out.is_contiguous() else None
-    res = planned.wrapper.run(
-        query, (views.k_data, views.v_data), k_scale=_host_k_scale(k_scale),
-        v_scale=None if isinstance(v_scale, torch.Tensor) else float(v_scale),
-        out=fi_out, return_lse=return_lse, kv_cache_sf=(views.k_sf, views.v_sf),
-    )
-    o, lse = (res[0], res[1]) if return_lse else (res, None)
-    return _finish(o, lse, v_scale, out, return_lse)
+    return _run(
+        key, (meta_key, qsl_host),
+        lambda ws: flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, kv_layout, backend="fa2"),
+        lambda w: w.plan(
+            qsl, indptr, indices, last, query.shape[1], views.num_kv_heads, views.head_dim,
+            views.page_size, causal=bool(causal), sm_scale=float(sm_scale),
+            window_left=window_left, logits_soft_cap=cap, q_data_type=query.dtype,
+            kv_data_type=torch.uint8, o_data_type=query.dtype,
+        ),
+        query, views, k_scale, v_scale, out, return_lse,
+    )  # fmt: skip

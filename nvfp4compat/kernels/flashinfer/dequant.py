@@ -1,7 +1,7 @@
 """FlashInfer implementation of ``dequant``: ``nvfp4_kv_dequantize_paged`` (flashinfer-python 0.6.15+).
 
-A thin wrapper with the signature of :func:`nvfp4compat.kernels.triton.dequant.dequantize_paged` and
-the same host-side validation. FlashInfer takes the global scales only as float32 device tensors: a
+The ``dequant`` contract (:class:`nvfp4compat.kernels.contract.DequantOp`) through a thin wrapper
+with the host-side validation of the Triton implementation. FlashInfer takes the global scales only as float32 device tensors: a
 Python number is put into a one-element device tensor here (an allocation and a host-to-device copy,
 so pass tensors inside CUDA-graph capture). FlashInfer gates the helper to SM 80, 86, 89, 90, 100, 103,
 (107 from 0.6.16), 110, 120, 121 and raises ``BackendSupportedError`` elsewhere.
@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 import torch
 
-from nvfp4compat.kernels.flashinfer.append import import_flashinfer, require_helper
+from nvfp4compat.kernels.checks import check_dequant_inputs, resolve_scale
+from nvfp4compat.kernels.flashinfer.write import import_flashinfer, require_helper
 from nvfp4compat.kernels.layout import normalize_cache
-from nvfp4compat.kernels.validate import check_dequant_inputs, resolve_scale
 
 __all__ = ["HELPER", "FIRST_RELEASE", "dequantize_paged"]
 
@@ -36,7 +36,7 @@ def _as_tensor(scale: float | torch.Tensor, device: torch.device) -> torch.Tenso
 def dequantize_paged(
     paged_kv_cache: torch.Tensor | Sequence[torch.Tensor],
     kv_cache_sf: torch.Tensor | Sequence[torch.Tensor],
-    block_tables: torch.Tensor,
+    block_table: torch.Tensor,
     seq_lens: torch.Tensor,
     k_scale: float | torch.Tensor,
     v_scale: float | torch.Tensor,
@@ -44,19 +44,16 @@ def dequantize_paged(
     output_v: torch.Tensor,
     kv_layout: str = "NHD",
 ) -> None:
-    """Dequantize a paged NVFP4 KV cache into contiguous outputs (in place): ``x = (e2m1 * sf) * gs``.
-
-    Same contract as :func:`nvfp4compat.kernels.triton.dequant.dequantize_paged`, through FlashInfer.
-    """
+    """The ``dequant`` op (:class:`~nvfp4compat.kernels.contract.DequantOp`) through FlashInfer."""
     views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
-    check_dequant_inputs(views, block_tables, seq_lens, output_k, output_v)
+    check_dequant_inputs(views, block_table, seq_lens, output_k, output_v)
     device = views.device
     ks = _as_tensor(resolve_scale(k_scale, "k_scale", device), device)
     vs = _as_tensor(resolve_scale(v_scale, "v_scale", device), device)
     _helper(
         (views.k_data, views.v_data),
         (views.k_sf, views.v_sf),
-        block_tables.contiguous(),  # FlashInfer requires a dense table; a copy only if it is not
+        block_table.contiguous(),  # FlashInfer requires a dense table; a copy only if it is not
         seq_lens,
         ks,
         vs,

@@ -3,7 +3,7 @@
 Gathers each request's pages through its block-table row and writes ``(e2m1 * float(sf)) * gs`` (fp32,
 rounded to nearest even into fp16/bf16) to caller-owned contiguous outputs
 ``[batch, max_seq_len, num_kv_heads, head_dim]``. Position ``t`` of request ``b`` is written iff
-``t < seq_lens[b]`` and its page id ``block_tables[b, t // page_size]`` is in ``[0, num_pages)``;
+``t < seq_lens[b]`` and its page id ``block_table[b, t // page_size]`` is in ``[0, num_pages)``;
 every other output element is left untouched.
 
 Kernel design (one launch for K and V, grid ``(batch * cdiv(max_seq_len*heads, ROWS), 2)``): a program
@@ -22,22 +22,21 @@ import torch
 import triton
 import triton.language as tl
 
-from nvfp4compat.kernels.layout import normalize_cache
-from nvfp4compat.kernels.triton import nvfp4
-from nvfp4compat.kernels.validate import (
+from nvfp4compat.kernels.checks import (
     check_dequant_inputs,
     check_metadata_values,
     interpreting,
     metadata_checks_on,
     resolve_scale,
 )
+from nvfp4compat.kernels.layout import normalize_cache
+from nvfp4compat.kernels.triton import nvfp4
 
 __all__ = [
     "DequantConfig",
     "CONFIGS",
     "pick_config",
     "dequantize_paged",
-    "launch_dequant",
     "aot_kernels",
 ]
 
@@ -177,10 +176,10 @@ def pick_config(n_rows: int, head_dim: int) -> DequantConfig:
     return CONFIG_BY_NAME["b512w8"]
 
 
-def launch_dequant(
+def dequantize_paged(
     paged_kv_cache: torch.Tensor | Sequence[torch.Tensor],
     kv_cache_sf: torch.Tensor | Sequence[torch.Tensor],
-    block_tables: torch.Tensor,
+    block_table: torch.Tensor,
     seq_lens: torch.Tensor,
     k_scale: float | torch.Tensor,
     v_scale: float | torch.Tensor,
@@ -190,12 +189,16 @@ def launch_dequant(
     *,
     config: DequantConfig | None = None,
 ) -> None:
-    """:func:`dequantize_paged` with the tile configuration exposed (tests and benchmarks)."""
+    """The ``dequant`` op (:class:`~nvfp4compat.kernels.contract.DequantOp`) with the Triton kernel.
+
+    No host sync; a device-tensor scale is read on the device and not checked. ``config`` picks the
+    tile configuration (tests and benchmarks); None means :func:`pick_config`.
+    """
     views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
-    check_dequant_inputs(views, block_tables, seq_lens, output_k, output_v)
+    check_dequant_inputs(views, block_table, seq_lens, output_k, output_v)
     if metadata_checks_on():
         check_metadata_values(
-            "dequant", num_pages=views.num_pages, page_size=views.page_size, block_table=block_tables,
+            "dequant", num_pages=views.num_pages, page_size=views.page_size, block_table=block_table,
             seq_lens=seq_lens, max_seq_len=output_k.shape[1],
         )  # fmt: skip
     device = views.device
@@ -231,54 +234,13 @@ def launch_dequant(
     kf, vf = views.k_sf.view(torch.uint8), views.v_sf.view(torch.uint8)
     grid = (batch * tiles, 2)
     _dequant_kernel[grid](
-        kd, vd, kf, vf, block_tables, seq_lens,
+        kd, vd, kf, vf, block_table, seq_lens,
         k_t, v_t, k_val, v_val, output_k, output_v,
-        max_seq_len, heads, views.page_size, views.num_pages, block_tables.stride(0), tiles,
+        max_seq_len, heads, views.page_size, views.num_pages, block_table.stride(0), tiles,
         *views.strides(kd), *views.strides(vd), *views.strides(kf), *views.strides(vf),
         HEAD_DIM=head_dim, ROWS=rows, SCALE_PTR=scale_ptr,
         SOFT_BF16=interpreting() and output_k.dtype == torch.bfloat16,
         num_warps=config.num_warps,
-    )  # fmt: skip
-
-
-def dequantize_paged(
-    paged_kv_cache: torch.Tensor | Sequence[torch.Tensor],
-    kv_cache_sf: torch.Tensor | Sequence[torch.Tensor],
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
-    output_k: torch.Tensor,
-    output_v: torch.Tensor,
-    kv_layout: str = "NHD",
-) -> None:
-    """Dequantize a paged NVFP4 KV cache into contiguous outputs (in place): ``x = (e2m1 * sf) * gs``.
-
-    FlashInfer's ``nvfp4_kv_dequantize_paged`` semantics. No host sync.
-
-    Parameters
-    ----------
-    paged_kv_cache, kv_cache_sf : tuple of torch.Tensor or torch.Tensor
-        The NVFP4 cache (see :func:`nvfp4compat.kernels.triton.append.append_slot_mapping`): uint8 data
-        ``[..., head_dim/2]`` and float8_e4m3fn (or uint8) scales ``[..., head_dim/16]``, NHD or HND,
-        tuple or stacked; only the last dim must be contiguous.
-    block_tables : torch.Tensor
-        ``[batch, max_pages]`` int32 or int64 page ids, last dim contiguous;
-        ``max_pages * page_size >= max_seq_len``.
-    seq_lens : torch.Tensor
-        ``[batch]`` int32, contiguous.
-    k_scale, v_scale : float or torch.Tensor
-        Global decode scales: positive finite numbers or one-element float32 device tensors (read on
-        the device, not checked).
-    output_k, output_v : torch.Tensor
-        ``[batch, max_seq_len, num_kv_heads, head_dim]`` float16 or bfloat16 (one dtype), contiguous.
-        Rows at ``t >= seq_lens[b]`` or with a page id outside ``[0, num_pages)`` are left untouched.
-    kv_layout : str
-        ``"NHD"`` or ``"HND"``.
-    """
-    launch_dequant(
-        paged_kv_cache, kv_cache_sf, block_tables, seq_lens, k_scale, v_scale, output_k, output_v,
-        kv_layout,
     )  # fmt: skip
 
 

@@ -83,9 +83,9 @@ def run_and_compare(
         # the Triton writer runs its exact-arithmetic variant against the exact reference.
         if impl != "triton":
             pytest.skip("fast-math 4over6 is compared with the Triton writer in test_gpu_codec.py")
-        from nvfp4compat.kernels.triton.append import launch_append
+        from nvfp4compat.kernels.triton.write import append_slot_mapping
 
-        write = functools.partial(launch_append, fast_math=False)
+        write = functools.partial(append_slot_mapping, fast_math=False)
         exact = True
     write(
         key,
@@ -157,7 +157,7 @@ def test_matches_reference(impl, dtype, spec):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_four_over_six(impl, layout, dtype):
     if impl == "flashinfer":
-        from nvfp4compat.kernels.flashinfer.append import supports_4over6
+        from nvfp4compat.kernels.flashinfer.write import supports_4over6
 
         if not supports_4over6():
             pytest.skip("the installed FlashInfer has no nvfp4_4over6 (added in 0.7.4)")
@@ -197,7 +197,7 @@ def test_four_over_six_picks_lower_error():
 @pytest.mark.parametrize("gs", [2.0**-7, 2.0**-126], ids=["gs2^-7", "gs2^-126"])
 def test_edge_values(impl, dtype, four_over_six, gs):
     if impl == "flashinfer" and four_over_six:
-        from nvfp4compat.kernels.flashinfer.append import supports_4over6
+        from nvfp4compat.kernels.flashinfer.write import supports_4over6
 
         if not supports_4over6():
             pytest.skip("the installed FlashInfer has no nvfp4_4over6 (added in 0.7.4)")
@@ -218,7 +218,7 @@ def test_edge_values(impl, dtype, four_over_six, gs):
 def test_four_over_six_exact_tie_keeps_plain_scale(impl):
     """Equal candidate errors (here both 0) keep the amax/6 scale: the rule is *strictly* lower."""
     if impl == "flashinfer":
-        from nvfp4compat.kernels.flashinfer.append import supports_4over6
+        from nvfp4compat.kernels.flashinfer.write import supports_4over6
 
         if not supports_4over6():
             pytest.skip("the installed FlashInfer has no nvfp4_4over6 (added in 0.7.4)")
@@ -353,7 +353,7 @@ def test_hypothesis_slots_and_values(impl, data):
 @pytest.mark.parametrize("cfg", ["b32w1", "b64w2", "b256w8"])
 def test_triton_tile_configs(cfg):
     """Every GPU tile config (partial last tile, rows spanning tokens) gives the reference bytes."""
-    from nvfp4compat.kernels.triton import append as tap
+    from nvfp4compat.kernels.triton import write as tap
 
     gen = torch.Generator().manual_seed(5)
     spec = CacheSpec("tuple", "NHD", 5, 16, 3, 64)
@@ -363,7 +363,7 @@ def test_triton_tile_configs(cfg):
     bufs = alloc_cache(spec, DEVICE, gen)
     expected, got = clone_all(bufs), clone_all(bufs)
     ref.append_slot_mapping(key, value, slots, *cache_args(spec, expected), 0.02, 0.03, "NHD")
-    tap.launch_append(
+    tap.append_slot_mapping(
         key,
         value,
         slots,
@@ -378,7 +378,7 @@ def test_triton_tile_configs(cfg):
 
 
 def test_pick_config_is_a_listed_config():
-    from nvfp4compat.kernels.triton import append as tap
+    from nvfp4compat.kernels.triton import write as tap
 
     for n_rows in (1, 8, 256, 4096, 65536 * 8):
         for hd in (64, 128, 256, 512):
@@ -388,7 +388,7 @@ def test_pick_config_is_a_listed_config():
 
 @pytest.mark.parametrize("bad", [float("nan"), 0.0, -1.0, float("inf")])
 def test_triton_bad_device_scale_poisons_blocks_and_sets_flag(bad):
-    from nvfp4compat.kernels.triton import append as tap
+    from nvfp4compat.kernels.triton import write as tap
 
     with contextlib.suppress(tap.ScaleError):
         tap.check_scale_errors(DEVICE)  # clean start, whatever an earlier test left
@@ -401,7 +401,7 @@ def test_triton_bad_device_scale_poisons_blocks_and_sets_flag(bad):
     expected, got = clone_all(bufs), clone_all(bufs)
     ks = torch.tensor([bad], device=DEVICE)
     # exact arithmetic, so that V compares byte for byte with the reference on a GPU too
-    tap.launch_append(key, value, slots, *cache_args(spec, got), ks, 0.01, "NHD", fast_math=False)
+    tap.append_slot_mapping(key, value, slots, *cache_args(spec, got), ks, 0.01, "NHD", fast_math=False)
     # V (good scale) is written normally; K blocks hold zero codes and the NaN scale byte 0x7F.
     ref.append_slot_mapping(key, value, slots, *cache_args(spec, expected), 1.0, 0.01, "NHD")
     valid = (slots >= 0) & (slots < 48)
@@ -429,7 +429,7 @@ def test_triton_bad_device_scale_poisons_blocks_and_sets_flag(bad):
 
 
 def test_triton_both_scales_bad_sets_both_bits():
-    from nvfp4compat.kernels.triton import append as tap
+    from nvfp4compat.kernels.triton import write as tap
 
     tap.check_scale_errors(DEVICE)
     gen = torch.Generator().manual_seed(8)
@@ -602,7 +602,7 @@ def test_per_call_checks_after_a_validated_call(impl):
 def test_routing():
     from nvfp4compat.kernels import get_kernel
 
-    assert get_kernel("write", "triton").__module__ == "nvfp4compat.kernels.triton.append"
+    assert get_kernel("write", "triton").__module__ == "nvfp4compat.kernels.triton.write"
 
 
 def test_fast_math_scale_ties_are_narrow():

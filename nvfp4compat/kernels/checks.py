@@ -1,4 +1,5 @@
-"""Input checks shared by every implementation of the NVFP4 KV ops (host-side, no device sync).
+"""Host-side input checks shared by every implementation of the NVFP4 KV ops, and the device
+queries they and the launchers need (``interpreting``, ``default_fast_math``, ``sm_count``).
 
 Every check reads tensor metadata only (dtype, shape, strides, device): nothing here reads a value from
 the device, so the checks are safe inside CUDA-graph capture. Errors name the argument, what was found,
@@ -22,7 +23,7 @@ __all__ = [
     "interpreting",
     "default_fast_math",
     "resolve_scale",
-    "check_append_inputs",
+    "check_write_inputs",
     "check_dequant_inputs",
     "sm_count",
     "tensor_meta",
@@ -139,7 +140,7 @@ def _check_rows(name: str, t: torch.Tensor, views: CacheViews, device: torch.dev
         raise ValueError(f"{name} is on {t.device}, the cache is on {device}")
 
 
-def check_append_inputs(
+def check_write_inputs(
     key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, views: CacheViews
 ) -> None:
     """Validate the writer's row inputs against normalized cache views.
@@ -191,34 +192,34 @@ def check_append_inputs(
 
 def check_dequant_inputs(
     views: CacheViews,
-    block_tables: torch.Tensor,
+    block_table: torch.Tensor,
     seq_lens: torch.Tensor,
     output_k: torch.Tensor,
     output_v: torch.Tensor,
 ) -> None:
     """Validate the paged dequantizer's arguments (FlashInfer ``nvfp4_kv_dequantize_paged`` rules).
 
-    ``block_tables`` ``[batch, max_pages]`` int32/int64 with a contiguous last dim; ``seq_lens``
+    ``block_table`` ``[batch, max_pages]`` int32/int64 with a contiguous last dim; ``seq_lens``
     ``[batch]`` int32 contiguous; ``output_k``/``output_v`` contiguous fp16/bf16 (one dtype)
     ``[batch, max_seq_len, num_kv_heads, head_dim]``; ``max_pages * page_size >= max_seq_len`` so that
     every written position has a block-table entry.
     """
     device = views.device
-    if not isinstance(block_tables, torch.Tensor) or block_tables.dtype not in (
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype not in (
         torch.int32,
         torch.int64,
     ):
         raise TypeError(
-            f"block_tables: expected an int32 or int64 tensor, got "
-            f"{getattr(block_tables, 'dtype', type(block_tables).__name__)}"
+            f"block_table: expected an int32 or int64 tensor, got "
+            f"{getattr(block_table, 'dtype', type(block_table).__name__)}"
         )
-    if block_tables.dim() != 2:
+    if block_table.dim() != 2:
         raise ValueError(
-            f"block_tables: expected [batch, max_pages], got shape {tuple(block_tables.shape)}"
+            f"block_table: expected [batch, max_pages], got shape {tuple(block_table.shape)}"
         )
-    if block_tables.shape[1] > 1 and block_tables.stride(1) != 1:
+    if block_table.shape[1] > 1 and block_table.stride(1) != 1:
         raise ValueError(
-            f"block_tables: the last dim must be contiguous, got strides {block_tables.stride()}"
+            f"block_table: the last dim must be contiguous, got strides {block_table.stride()}"
         )
     if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype != torch.int32:
         raise TypeError(
@@ -259,17 +260,17 @@ def check_dequant_inputs(
             f"outputs have (num_kv_heads, head_dim) = ({heads}, {head_dim}), the cache has "
             f"({views.num_kv_heads}, {views.head_dim})"
         )
-    if block_tables.shape[0] != batch or seq_lens.shape[0] != batch:
+    if block_table.shape[0] != batch or seq_lens.shape[0] != batch:
         raise ValueError(
-            f"batch mismatch: outputs have {batch} requests, block_tables {block_tables.shape[0]}, "
+            f"batch mismatch: outputs have {batch} requests, block_table {block_table.shape[0]}, "
             f"seq_lens {seq_lens.shape[0]}"
         )
-    if block_tables.shape[1] * views.page_size < max_seq_len:
+    if block_table.shape[1] * views.page_size < max_seq_len:
         raise ValueError(
-            f"block_tables has {block_tables.shape[1]} pages per request x page_size {views.page_size} = "
-            f"{block_tables.shape[1] * views.page_size} positions, fewer than max_seq_len {max_seq_len}"
+            f"block_table has {block_table.shape[1]} pages per request x page_size {views.page_size} = "
+            f"{block_table.shape[1] * views.page_size} positions, fewer than max_seq_len {max_seq_len}"
         )
-    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens)):
+    for name, t in (("block_table", block_table), ("seq_lens", seq_lens)):
         if t.device != device:
             raise ValueError(f"{name} is on {t.device}, the cache is on {device}")
     if max_seq_len * heads > MAX_INDEX:

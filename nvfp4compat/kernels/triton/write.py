@@ -21,7 +21,7 @@ count, page size and cache strides are compile-time constants (one compile per c
 
 Host path: :func:`append_slot_mapping` validates an argument signature once and caches what the
 launch needs; later calls with that signature check row counts and scale values, then launch
-(``benchmarks/bench_append_host.py`` measures it against Triton's bare launch and FlashInfer's call).
+(``benchmarks/bench_write_host.py`` measures it against Triton's bare launch and FlashInfer's call).
 
 Device-scale policy: a Python-number scale is validated on the host. A device tensor scale is read by
 the kernel (no host sync, CUDA-graph safe). When it is not finite or not > 0, the kernel does not trap
@@ -41,13 +41,10 @@ import torch
 import triton
 import triton.language as tl
 
-from nvfp4compat.kernels.errors import SCALE_BITS, KernelInputError, error_flag, read_errors
-from nvfp4compat.kernels.layout import normalize_cache, split_combined_page
-from nvfp4compat.kernels.triton import nvfp4
-from nvfp4compat.kernels.validate import (
+from nvfp4compat.kernels.checks import (
     MAX_INDEX,
-    check_append_inputs,
     check_metadata_values,
+    check_write_inputs,
     default_fast_math,
     interpreting,
     metadata_checks_on,
@@ -56,13 +53,15 @@ from nvfp4compat.kernels.validate import (
     sm_count,
     tensor_meta,
 )
+from nvfp4compat.kernels.errors import SCALE_BITS, KernelInputError, error_flag, read_errors
+from nvfp4compat.kernels.layout import normalize_cache, split_combined_page
+from nvfp4compat.kernels.triton import nvfp4
 
 __all__ = [
-    "AppendConfig",
+    "WriteConfig",
     "CONFIGS",
     "pick_config",
     "append_slot_mapping",
-    "launch_append",
     "scale_error_flag",
     "check_scale_errors",
     "ScaleError",
@@ -227,7 +226,7 @@ def _side(
 
 
 @triton.jit
-def _append_kernel(
+def _write_kernel(
     key_ptr, value_ptr, slot_ptr,
     k_data_ptr, v_data_ptr, k_sf_ptr, v_sf_ptr,
     k_scale_ptr, v_scale_ptr, k_scale_val, v_scale_val, err_ptr,
@@ -257,7 +256,7 @@ def _append_kernel(
 
 
 @dataclass(frozen=True)
-class AppendConfig:
+class WriteConfig:
     """One tile configuration of the writer.
 
     ``blocks`` 16-element blocks per tile (``rows = blocks // (head_dim/16)`` (token, head) rows, at
@@ -284,32 +283,32 @@ class AppendConfig:
         return f"b{self.blocks}w{self.num_warps}" + (f"p{self.per_sm}" if self.per_sm else "")
 
 
-# The variants the GPU benchmark sweeps (benchmarks/bench_append.py) and aot.py compiles.
-CONFIGS: tuple[AppendConfig, ...] = (
-    AppendConfig(32, 1),
-    AppendConfig(64, 2),
-    AppendConfig(128, 4),
-    AppendConfig(256, 8),
-    AppendConfig(512, 8),
-    AppendConfig(1024, 8),
-    AppendConfig(1024, 16),
-    AppendConfig(128, 4, 16),
-    AppendConfig(256, 4, 8),
-    AppendConfig(256, 8, 4),
-    AppendConfig(256, 8, 8),
-    AppendConfig(512, 8, 2),
-    AppendConfig(512, 8, 4),
-    AppendConfig(512, 8, 8),
+# The variants the GPU benchmark sweeps (benchmarks/bench_write.py) and aot.py compiles.
+CONFIGS: tuple[WriteConfig, ...] = (
+    WriteConfig(32, 1),
+    WriteConfig(64, 2),
+    WriteConfig(128, 4),
+    WriteConfig(256, 8),
+    WriteConfig(512, 8),
+    WriteConfig(1024, 8),
+    WriteConfig(1024, 16),
+    WriteConfig(128, 4, 16),
+    WriteConfig(256, 4, 8),
+    WriteConfig(256, 8, 4),
+    WriteConfig(256, 8, 8),
+    WriteConfig(512, 8, 2),
+    WriteConfig(512, 8, 4),
+    WriteConfig(512, 8, 8),
 )
 CONFIG_BY_NAME = {c.name: c for c in CONFIGS}
 # Under TRITON_INTERPRET=1 every program is a Python-level step: one large tile is far faster.
-INTERPRETER_CONFIG = AppendConfig(4096, 4)
+INTERPRETER_CONFIG = WriteConfig(4096, 4)
 
 
-def pick_config(n_rows: int, head_dim: int) -> AppendConfig:
+def pick_config(n_rows: int, head_dim: int) -> WriteConfig:
     """Pick the tile configuration for ``n_rows`` (token, head) rows per side.
 
-    Heuristic, from the H200 sweeps of ``benchmarks/bench_append.py`` (BENCHMARKS.md, CUDA-graph device
+    Heuristic, from the H200 sweeps of ``benchmarks/bench_write.py`` (BENCHMARKS.md, CUDA-graph device
     times): decode-sized writes (at most 2,048 16-blocks per side, e.g. 32 tokens x 8 heads x 128) use
     small programs so that the few blocks spread over many SMs (device time 1.8-2.5 us, launch-bound);
     mid-sized writes one 128-block program per tile; large writes (from 4,096 tokens x 8 heads x 128)
@@ -431,7 +430,7 @@ def _plan_for(
         return plan
     # Full validation, once per signature; invalid arguments raise here and are never cached.
     views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
-    check_append_inputs(key, value, slot_mapping, views)
+    check_write_inputs(key, value, slot_mapping, views)
     for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
         resolve_scale(sc, name, views.device)
     kf, vf = views.k_sf.view(torch.uint8), views.v_sf.view(torch.uint8)
@@ -516,29 +515,11 @@ def _check_flag(nvfp4_4over6: object) -> None:
         )
 
 
-def launch_append(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    paged_kv_cache: torch.Tensor | Sequence[torch.Tensor],
-    kv_cache_sf: torch.Tensor | Sequence[torch.Tensor],
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
-    kv_layout: str = "NHD",
-    *,
-    nvfp4_4over6: bool = False,
-    fast_math: bool | None = None,
-    config: AppendConfig | None = None,
-) -> None:
-    """:func:`append_slot_mapping` with the kernel knobs exposed (tests and benchmarks).
-
-    ``fast_math=None`` means :func:`~nvfp4compat.kernels.validate.default_fast_math` (on for CUDA, off
-    in the interpreter); ``config=None`` means :func:`pick_config`.
-
-    Host overhead: the arguments are validated in full the first time their signature (dtypes,
-    shapes except the row count, strides, devices, scale kinds) is seen; later calls with the same
-    signature only check the row count and the values of Python-number scales, then launch.
-    """
+def _write_checked(
+    key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout: str,
+    nvfp4_4over6: bool, fast_math: bool | None, config: WriteConfig | None,
+) -> None:  # fmt: skip
+    """:func:`append_slot_mapping`'s validating path: every argument checked, then the launch."""
     _check_flag(nvfp4_4over6)
     plan = _plan_for(
         key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout
@@ -546,7 +527,7 @@ def launch_append(
     device = plan.device
     nnz = slot_mapping.shape[0]
     if key.shape[0] < nnz or value.shape[0] < nnz:
-        check_append_inputs(
+        check_write_inputs(
             key, value, slot_mapping, normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
         )
     if metadata_checks_on():
@@ -578,7 +559,7 @@ def launch_append(
 
 def _launch(
     plan: _Plan, key, value, slot_mapping, cache, sf, ks, vs, n_rows: int, four: bool,
-    fast_math: bool, config: AppendConfig | None, fp8_cvt: bool, num_sms: int, err: torch.Tensor,
+    fast_math: bool, config: WriteConfig | None, fp8_cvt: bool, num_sms: int, err: torch.Tensor,
     interp: bool,
 ) -> None:  # fmt: skip
     """Launch on validated arguments (``ks``/``vs``: floats or float32 tensors on the cache's device)."""
@@ -603,7 +584,7 @@ def _launch(
     else:
         kf, vf = sf
     grid = (config.programs(-(-n_rows // rows), num_sms), 2)
-    _append_kernel[grid](
+    _write_kernel[grid](
         key, value, slot_mapping,
         kd, vd, kf, vf,
         k_t, v_t, k_val, v_val, err,
@@ -627,48 +608,32 @@ def append_slot_mapping(
     kv_layout: str = "NHD",
     *,
     nvfp4_4over6: bool = False,
+    fast_math: bool | None = None,
+    config: WriteConfig | None = None,
 ) -> None:
-    """Quantize K/V rows to NVFP4 and write them into a paged cache by slot mapping (in place).
+    """The ``write`` op (:class:`~nvfp4compat.kernels.contract.WriteOp`) with the Triton kernel.
 
-    FlashInfer's ``nvfp4_quantize_append_paged_kv_cache_with_slot_mapping``, bit for bit:
-    ``sf = e4m3_sat(amax / (6 * gs))`` per 16 elements, ``q = e2m1_rne_sat(x / (sf * gs))``, decoded as
-    ``x = e2m1 * sf * gs``. No host sync and no data-dependent allocation: safe in CUDA-graph capture
-    (pass device-tensor scales there).
+    No host sync and no data-dependent allocation: safe in CUDA-graph capture (pass device-tensor
+    scales there). A bad device-tensor scale poisons the side's blocks and sets the error flag
+    (module docstring).
 
-    Parameters
-    ----------
-    key, value : torch.Tensor
-        ``[rows, num_kv_heads, head_dim]``, float16 or bfloat16 (one dtype), last dim contiguous, other
-        strides arbitrary; ``rows >= len(slot_mapping)`` (extra rows are ignored).
-    slot_mapping : torch.Tensor
-        ``[nnz]`` int32 or int64: row ``i`` goes to ``page = slot // page_size``,
-        ``offset = slot % page_size``. Negative (padding) and out-of-range slots are skipped.
-    paged_kv_cache : tuple of torch.Tensor or torch.Tensor
-        ``(k_data, v_data)`` uint8, NHD ``[num_pages, page_size, num_kv_heads, head_dim/2]`` or HND
-        ``[num_pages, num_kv_heads, page_size, head_dim/2]`` (even element in the low nibble), or one
-        stacked ``[num_pages, 2, ...]`` tensor; only the last dim must be contiguous (vLLM's combined
-        page views from :func:`~nvfp4compat.kernels.layout.split_combined_page` are accepted).
-    kv_cache_sf : tuple of torch.Tensor or torch.Tensor
-        Same structure, float8_e4m3fn (or uint8), last dim ``head_dim/16``, linear.
-    k_scale, v_scale : float or torch.Tensor
-        Global decode scales: positive finite numbers (checked on the host), or one-element float32
-        tensors on the cache's device (read on the device; see the module docstring for a bad value).
-    kv_layout : str
-        ``"NHD"`` or ``"HND"``.
-    nvfp4_4over6 : bool
-        Per block, also try the scale ``e4m3(1.5 * sf)`` and keep it when the block's squared
-        reconstruction error is strictly lower (FlashInfer 0.7.4 ``nvfp4_4over6``).
+    The kernel knobs (tests and benchmarks): ``fast_math=None`` means
+    :func:`~nvfp4compat.kernels.checks.default_fast_math` (on for CUDA, off in the interpreter),
+    ``config=None`` means :func:`pick_config`. A call that sets either is validated in full.
 
-    head_dim is 64, 128, 256 or 512; any page size; ``num_pages * page_size < 2**31``.
+    Host overhead: the arguments are validated in full the first time their signature (dtypes,
+    shapes except the row count, strides, devices, scale kinds) is seen; later calls with the same
+    signature only check the row count and the values of Python-number scales, then launch.
     """
     if type(nvfp4_4over6) is not bool:
         _check_flag(nvfp4_4over6)
-    fk = _fast_key(
-        key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout,
-        nvfp4_4over6,
-    )  # fmt: skip
-    if fk is not None and metadata_checks_on():
-        fk = None  # debug mode: every call takes the checking path
+    if fast_math is not None or config is not None or metadata_checks_on():
+        fk = None  # knobs set, or debug mode: the checking path
+    else:
+        fk = _fast_key(
+            key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout,
+            nvfp4_4over6,
+        )  # fmt: skip
     ln = _launches.get(fk) if fk is not None else None
     if ln is not None:  # a signature validated before: check the row counts, launch
         nnz = slot_mapping.shape[0]
@@ -682,9 +647,9 @@ def append_slot_mapping(
                 )  # fmt: skip
             return
     # First call with this signature, or a bad row count: full validation (raises on bad input).
-    launch_append(
+    _write_checked(
         key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout,
-        nvfp4_4over6=nvfp4_4over6,
+        nvfp4_4over6, fast_math, config,
     )  # fmt: skip
     if fk is None:
         return
@@ -752,7 +717,7 @@ def aot_kernels() -> list:
         "HEAD_DIM", "ROWS", "SCALE_PTR", "FOUR_OVER_SIX", "FAST_MATH", "FP8_CVT",
     ):  # fmt: skip
         sig[name] = "constexpr" if name.isupper() else "i32"
-    assert list(sig) == list(_append_kernel.arg_names), "AOT signature out of the kernel's order"
+    assert list(sig) == list(_write_kernel.arg_names), "AOT signature out of the kernel's order"
     variants = []
     # Every tile config once (head_dim 128, bf16, int64 slots, device scales, fast math, a dense NHD
     # tuple cache of 8 heads, page 16) with the alignment such a cache gets at JIT time: the code the
@@ -760,7 +725,7 @@ def aot_kernels() -> list:
     dense = aligned(
         sig, [n for n in sig if n.endswith("_ptr")] + ["key_sn", "key_sh", "value_sn", "value_sh"]
     )
-    tiles: dict[tuple[int, int], AppendConfig] = {}  # configs differing only in per_sm: one compile
+    tiles: dict[tuple[int, int], WriteConfig] = {}  # configs differing only in per_sm: one compile
     for t in CONFIGS:
         tiles.setdefault((t.blocks, t.num_warps), t)
     for cfg in tiles.values():
@@ -809,9 +774,9 @@ def aot_kernels() -> list:
             f"-{'fast' if fast else 'exact'}-{layout}{'-combined' if combined else ''}"
         )
         variants.append(AotVariant(label, s, c, cfg.num_warps, by_cc=_aot_arch))
-    return [AotKernel("append_slot_mapping", _append_kernel, variants)]
+    return [AotKernel("append_slot_mapping", _write_kernel, variants)]
 
 
 def _aot_arch(cc: int) -> dict:
-    """What :func:`launch_append` picks on a device of compute capability ``cc``."""
+    """What :func:`append_slot_mapping` picks on a device of compute capability ``cc``."""
     return {"FP8_CVT": cc >= 89}

@@ -3,11 +3,11 @@
 
 GPU run (prints markdown tables; FlashInfer's version is whatever is installed)::
 
-    python benchmarks/bench_append.py
+    python benchmarks/bench_write.py
 
 CPU smoke run under the Triton interpreter (tiny shapes, no FlashInfer, wall-clock timing)::
 
-    python benchmarks/bench_append.py --quick
+    python benchmarks/bench_write.py --quick
 
 Effective bandwidth counts the fp16/bf16 K and V bytes read plus the NVFP4 bytes written (codes and
 scales), as ``h200-baselines.md`` does. Times are ``triton.testing.do_bench`` medians (eager: Python
@@ -56,7 +56,7 @@ def main() -> int:
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
-    from nvfp4compat.kernels.triton import append as tap
+    from nvfp4compat.kernels.triton import write as tap
 
     quick = args.quick
     if not quick and not torch.cuda.is_available():
@@ -74,7 +74,7 @@ def main() -> int:
     fi_fn, fi_version = None, "not installed"
     if not quick:
         try:
-            from nvfp4compat.kernels.flashinfer import append as fia
+            from nvfp4compat.kernels.flashinfer import write as fia
 
             fi_fn, fi_version = fia._helper, fia.flashinfer_version()
         except ImportError as exc:
@@ -157,7 +157,7 @@ def main() -> int:
         heur = tap.INTERPRETER_CONFIG if quick else tap.pick_config(n * H, D)
         for cfg in configs:
             t = bench(
-                lambda cfg=cfg: tap.launch_append(
+                lambda cfg=cfg: tap.append_slot_mapping(
                     key, value, slots, cache, sf, ks_f, vs_f, args.layout, config=cfg
                 )
             )
@@ -179,7 +179,7 @@ def main() -> int:
                 # device time in a CUDA graph where the launch no longer hides it (>= 4096 tokens)
                 tg = (
                     bench_graph(
-                        lambda cfg=cfg: tap.launch_append(
+                        lambda cfg=cfg: tap.append_slot_mapping(
                             key, value, slots, cache, sf, ks_t, vs_t, args.layout, config=cfg
                         ),
                         reps=5,

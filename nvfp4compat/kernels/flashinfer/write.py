@@ -1,7 +1,7 @@
 """FlashInfer implementation of ``write``: ``nvfp4_quantize_append_paged_kv_cache_with_slot_mapping``.
 
-A thin wrapper with the signature of :func:`nvfp4compat.kernels.triton.append.append_slot_mapping`:
-the same host-side validation (so every implementation rejects the same inputs with the same message),
+The ``write`` contract (:class:`nvfp4compat.kernels.contract.WriteOp`) through a thin wrapper: the
+host-side validation of the Triton implementation (so every implementation rejects the same inputs with the same message),
 then FlashInfer's helper (first released in flashinfer-python 0.6.15; ``nvfp4_4over6`` from 0.7.4).
 
 Importing this module raises :class:`ImportError` when FlashInfer cannot be imported or lacks the
@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
+from nvfp4compat.kernels.checks import check_write_inputs, resolve_scale
 from nvfp4compat.kernels.layout import normalize_cache
-from nvfp4compat.kernels.validate import check_append_inputs, resolve_scale
 
 __all__ = [
     "HELPER",
@@ -106,15 +106,13 @@ def append_slot_mapping(
     *,
     nvfp4_4over6: bool = False,
 ) -> None:
-    """Quantize K/V rows to NVFP4 and write them into a paged cache by slot mapping (in place).
+    """The ``write`` op (:class:`~nvfp4compat.kernels.contract.WriteOp`) through FlashInfer's helper.
 
-    Same contract as :func:`nvfp4compat.kernels.triton.append.append_slot_mapping` (shapes, dtypes,
-    layouts, skipped slots, in-place update), through FlashInfer's helper. ``nvfp4_4over6=True``
-    requires FlashInfer >= 0.7.4 and raises :class:`NotImplementedError` otherwise. Device-scale
-    handling is FlashInfer's (module docstring).
+    ``nvfp4_4over6=True`` needs FlashInfer >= 0.7.4 and raises :class:`NotImplementedError`
+    otherwise. Device-scale handling is FlashInfer's (module docstring).
     """
     views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
-    check_append_inputs(key, value, slot_mapping, views)
+    check_write_inputs(key, value, slot_mapping, views)
     ks = resolve_scale(k_scale, "k_scale", views.device)
     vs = resolve_scale(v_scale, "v_scale", views.device)
     kwargs = {"nvfp4_4over6": _four_over_six_config()} if nvfp4_4over6 else {}

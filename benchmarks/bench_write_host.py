@@ -13,7 +13,7 @@ the writer's host path once per layer. This prints wall time per call over back-
 
 then a cProfile of the Triton calls. GPU only::
 
-    python benchmarks/bench_append_host.py [--calls 500]
+    python benchmarks/bench_write_host.py [--calls 500]
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA GPU: this benchmark measures the eager launch path", file=sys.stderr)
         return 2
-    from nvfp4compat.kernels.triton import append as tap
+    from nvfp4compat.kernels.triton import write as tap
 
     dev = torch.device("cuda")
     heads, dim, page, n = 8, 128, 16, args.tokens
@@ -77,7 +77,7 @@ def main() -> int:
     rows.append(("triton append_slot_mapping, float scales", per_call(triton_api(0.01))))
 
     # the kernel launch the public function makes, replayed through Triton's JIT launch path
-    kernel = tap._append_kernel
+    kernel = tap._write_kernel
     seen: dict = {}
 
     class _Capture:
@@ -88,11 +88,11 @@ def main() -> int:
 
             return call
 
-    tap._append_kernel = _Capture()
+    tap._write_kernel = _Capture()
     try:
         tap.append_slot_mapping(key, value, slots, cache, sf, ks, ks, "NHD")
     finally:
-        tap._append_kernel = kernel
+        tap._write_kernel = kernel
     rows.append(
         (
             "triton JIT launch alone, same arguments",
