@@ -32,10 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nvfp4compat.kernels.errors import error_flag
-from nvfp4compat.kernels.layout import FP32_MAX, CacheViews, normalize_cache
-from nvfp4compat.kernels.triton import attention_nvfp4 as fp4
-from nvfp4compat.kernels.validate import (
+from nvfp4compat.kernels.checks import (
     check_metadata_values,
     interpreting,
     metadata_checks_on,
@@ -44,6 +41,9 @@ from nvfp4compat.kernels.validate import (
     sm_count,
     tensor_meta,
 )
+from nvfp4compat.kernels.errors import error_flag
+from nvfp4compat.kernels.layout import FP32_MAX, CacheViews, normalize_cache
+from nvfp4compat.kernels.triton import attention_nvfp4 as fp4
 
 __all__ = [
     "decode",
@@ -1531,53 +1531,10 @@ def decode(
     out: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Paged decode attention over an NVFP4 KV cache (split-KV flash-decoding, fused E2M1 decode).
-
-    ``out = softmax((q . k) * sm_scale) @ v`` with ``k = e2m1 * sf * k_scale``, ``v = e2m1 * sf * v_scale``
-    decoded on the fly; the i-th of a request's ``q_len_per_req`` query tokens sits at position
-    ``seq_len - q_len_per_req + i`` and attends causally. Runs on any CUDA GPU Triton supports
-    (SM80+; no FP8/FP4 hardware instruction is used) and under ``TRITON_INTERPRET=1`` on the CPU.
-
-    Parameters
-    ----------
-    query : torch.Tensor
-        fp16/bf16 ``[batch * q_len_per_req, num_qo_heads, head_dim]``, request-major, last dim contiguous.
-    paged_kv_cache : tuple of torch.Tensor or torch.Tensor
-        uint8 ``(k_data, v_data)`` (or stacked ``[num_pages, 2, ...]``), NHD
-        ``[num_pages, page_size, num_kv_heads, head_dim/2]`` or HND ``[num_pages, num_kv_heads,
-        page_size, head_dim/2]``; only the last dim must be contiguous (vLLM's combined page views
-        from :func:`nvfp4compat.kernels.layout.split_combined_page` work as they are).
-    kv_cache_sf : tuple of torch.Tensor or torch.Tensor
-        float8_e4m3fn (or uint8) block scales, same structure, last dim ``head_dim/16``.
-    block_table : torch.Tensor
-        int32 ``[batch, max_pages]``; entries past a request's last page are never read; an entry
-        outside ``[0, num_pages)`` reads nothing (its keys are masked, as if absent).
-    seq_lens : torch.Tensor
-        int32 ``[batch]``: KV length including the new tokens (``>= q_len_per_req``); values are
-        clamped on the device to ``[0, max_pages * page_size]`` (what the block-table row covers).
-    k_scale, v_scale : float or torch.Tensor
-        Global decode scales: positive normal fp32 numbers (Python or NumPy) or one-element float32
-        device tensors (read on device).
-    sm_scale : float
-        Softmax scale, finite and > 0.
-    kv_layout : {"NHD", "HND"}
-    q_len_per_req : int
-        Query tokens per request, 1..8 (speculative decoding).
-    sliding_window : int, optional
-        Window ``W``: key ``j`` visible from position ``i`` iff ``i - W < j <= i``.
-    logits_soft_cap : float, optional
-        ``s = cap * tanh(s / cap)``.
-    sinks : torch.Tensor, optional
-        float32 ``[num_qo_heads]`` sink logits added to the softmax denominator (gpt-oss).
-    out : torch.Tensor, optional
-        Output buffer like ``query`` (last dim contiguous).
-    return_lse : bool
-        Also return the natural-log LSE, float32 ``[num_tokens, num_qo_heads]`` (sinks included).
-
-    Returns
-    -------
-    torch.Tensor or (torch.Tensor, torch.Tensor)
-        ``out`` (``query``'s shape and dtype), and ``lse`` when ``return_lse``.
+    """The ``decode`` op (:class:`~nvfp4compat.kernels.contract.DecodeOp`): split-KV flash-decoding
+    with the E2M1 decode fused. Runs on any CUDA GPU Triton supports (SM80+; no FP8/FP4 hardware
+    instruction is used) and under ``TRITON_INTERPRET=1`` on the CPU. ``q_len_per_req`` up to 64;
+    ``seq_lens`` are clamped on the device; a device-tensor scale is read on the device.
     """
     debug = metadata_checks_on()
     kc, sc = _cache_pair(paged_kv_cache), _cache_pair(kv_cache_sf)
@@ -1663,34 +1620,11 @@ def prefill(
     out: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Varlen causal paged attention over an NVFP4 KV cache (chunked prefill, mixed batches).
-
-    Request ``b``'s queries are rows ``[qsl[b], qsl[b+1])`` of ``query``, placed at the last ``q_len_b``
-    positions of its ``seq_lens[b]`` keys; ``causal=False`` lets every query see all ``seq_lens[b]``
-    keys (a sliding window then bounds keys from below only, as FlashInfer's ``window_left``).
-    Requests with at most ``16 // (num_qo_heads // num_kv_heads)`` queries (decode rows) run through
-    the split-KV decode kernel in the same call.
-
-    Parameters
-    ----------
-    query : torch.Tensor
-        fp16/bf16 ``[num_tokens, num_qo_heads, head_dim]``, last dim contiguous;
-        ``num_tokens == query_start_loc[-1]``.
-    query_start_loc : torch.Tensor
-        int32 ``[batch + 1]``, non-decreasing, ``qsl[0] == 0``. Checked on the device, without a
-        sync: entries are clamped to ``[0, num_tokens]``; rows outside ``[qsl[0], qsl[-1])`` (a
-        padded batch) are written as 0 with LSE ``-inf``; entries that decrease make every row 0 /
-        ``-inf``. Both, and ``seq_lens`` past their rows, set the device error flag that
-        :func:`nvfp4compat.kernels.errors.check_errors` reports.
-    paged_kv_cache, kv_cache_sf, block_table, seq_lens, k_scale, v_scale, sm_scale, kv_layout,
-    sliding_window, logits_soft_cap, sinks, out, return_lse
-        As in :func:`decode`; ``seq_lens[b] >= q_len_b``.
-
-    Returns
-    -------
-    torch.Tensor or (torch.Tensor, torch.Tensor)
-        ``out`` (``query``'s shape and dtype), and the natural-log ``lse`` float32
-        ``[num_tokens, num_qo_heads]`` when ``return_lse``.
+    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillOp`). Requests with at most
+    ``16 // (num_qo_heads // num_kv_heads)`` queries (decode rows) run through the split-KV decode
+    kernel in the same call. ``query_start_loc`` is checked on the device without a sync: bad
+    entries, and ``seq_lens`` past their rows, set the device error flag that
+    :func:`nvfp4compat.kernels.errors.check_errors` reports.
     """
     views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
     a = _check_common(

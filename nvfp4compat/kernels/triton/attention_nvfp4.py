@@ -41,8 +41,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from nvfp4compat.kernels.checks import interpreting
 from nvfp4compat.kernels.triton import nvfp4
-from nvfp4compat.kernels.validate import interpreting
 
 # Inputs: $4 = four cache bytes (u8x4), $5/$6 = block scales of bytes (0, 1) / (2, 3) as f16x2.
 # Outputs: $0/$1 = lo plane (elements 0,2 / 4,6), $2/$3 = hi plane (elements 1,3 / 5,7).
