@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from nvfp4compat.facts import ENV_DISABLE_TRITON, ENV_IMPL, ENV_KV_ROTATION, SystemFacts
-from nvfp4compat.plan import Binding, Plan, TraceEntry, VllmPlan
+from nvfp4compat.plan import Binding, Plan, TraceEntry, VllmPlan, VllmRoute
 from nvfp4compat.spec import (
     FEATURES,
     HELPERS,
@@ -46,6 +46,7 @@ __all__ = ["ResolutionError", "parse_impl_spec", "parse_kv_rotation", "query", "
 SLOT_HELPER = "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping"
 WRITER_REQUIRED = "FlashInfer NVFP4 slot-mapping KV cache update is required"
 _FROM_ENV = object()
+_NO_REQUIRED = "the plan binds no implementation for a required op (see reason)"
 
 
 class ResolutionError(ValueError):
@@ -439,9 +440,16 @@ def _evaluate(ctx: _Ctx, op: str, impl: str) -> tuple[bool, list[str]]:
             break
     if ok and ctx.vllm is not None and f.vllm is not None and impl != "native" and op in ("write", "decode", "prefill"):
         allowed = getattr(ctx.vllm.plugin, op)
+        routed = m.vllm.routed_readers
         if impl not in allowed:
             ok = False
             reasons.append(f"inside vLLM {f.vllm} the plugin binds only {allowed} for {op}: {ctx.vllm.plugin.reason}")
+        elif op != "write" and impl not in routed.impls and _strategy_beside_native(ctx) == "backport":
+            ok = False
+            reasons.append(
+                f"inside vLLM {f.vllm} on {f.arch} the plugin backports, and a backport reads with "
+                f"{routed.impls} only: {routed.reason}"
+            )
     if ok:
         for feat in ctx.features:
             fs = m.implementations.features[feat]
@@ -461,6 +469,15 @@ def _evaluate(ctx: _Ctx, op: str, impl: str) -> tuple[bool, list[str]]:
             if not ok:
                 break
     return ok, reasons
+
+
+def _strategy_beside_native(ctx: _Ctx) -> str | None:
+    """The vLLM strategy for implementations other than native on this arch (vllm.yaml: strategy,
+    a native arch falling back to ``native_fallback``); None without vLLM or arch."""
+    if ctx.vllm is None or ctx.facts.arch is None:
+        return None
+    declared = ctx.vllm.strategy.for_arch(ctx.facts.arch) or "backport"
+    return ctx.vllm.strategy.native_fallback if declared == "native" else declared
 
 
 def _feature_supported(ctx: _Ctx, feat: str, bindings: Mapping[str, Binding]) -> bool:
@@ -665,7 +682,7 @@ def _vllm_plan(ctx: _Ctx, bindings: Mapping[str, Binding], required_ok: bool) ->
                 f"FlashInfer {f.flashinfer} lacks it: install one of {release_span(m, rels)} (vLLM pins {rel.pins.flashinfer_python})"
             )
     if not required_ok:
-        return none("the plan binds no implementation for a required op (see reason)")
+        return none(_NO_REQUIRED)
     declared = rel.strategy.for_arch(f.arch)
     if declared is None:
         declared = "backport"
@@ -714,6 +731,66 @@ def _vllm_plan(ctx: _Ctx, bindings: Mapping[str, Binding], required_ok: bool) ->
         why += "; the stock path already matches the plan: no patch"
     ctx.note(None, None, "vllm", True, f"{strategy}: {why}; patches {ordered or '[]'}")
     return VllmPlan(version=f.vllm, strategy=strategy, patches=ordered, kv_cache_dtypes=dtypes, reason=why)  # type: ignore[arg-type]
+
+
+def _refusable(ctx: _Ctx, bindings: Mapping[str, Binding], vplan: VllmPlan | None) -> bool:
+    """Whether an unsupported plan is refused at engine start (the plugin's route carries the plan's
+    reason) rather than leaving vLLM untouched: the plan names a vLLM release that the matrix serves
+    on this arch with a patch strategy, and what is missing here is the install: every unbound
+    required op has an implementation that runs once Triton is installed and enabled."""
+    f = ctx.facts
+    if vplan is None or ctx.vllm is None or f.arch is None:
+        return False
+    if vplan.strategy in ("backport", "extend"):
+        return True  # supported here but refused for another reason (e.g. an unreleased version)
+    declared = ctx.vllm.strategy.for_arch(f.arch)
+    unbound = [op for op in OPS if ctx.matrix.implementations.ops[op].required and bindings[op].impl is None]
+    if declared == "none" or not unbound or vplan.reason != _NO_REQUIRED:
+        return False
+    with_triton = _Ctx(
+        matrix=ctx.matrix,
+        facts=f.model_copy(update={"triton": f.triton or "any", "triton_disabled": False}),
+        features=ctx.features,
+        arch=ctx.arch, fi=ctx.fi, fi_exact=ctx.fi_exact, helpers=ctx.helpers, helper_params=ctx.helper_params,
+        helper_source=ctx.helper_source, vllm=ctx.vllm, vllm_exact=ctx.vllm_exact, rotation=ctx.rotation,
+    )
+    return all(_evaluate(with_triton, op, "triton")[0] for op in unbound)
+
+
+def _vllm_route(ctx: _Ctx, bindings: Mapping[str, Binding], vplan: VllmPlan, refusal: str | None) -> VllmRoute | None:
+    """What the plugin does in vLLM for this plan (:class:`~nvfp4compat.plan.VllmRoute`), or None to
+    leave vLLM untouched. ``refusal``: the text NVFP4 is refused with at engine start."""
+    if refusal is not None:
+        route = VllmRoute(strategy=vplan.strategy, patches=[], accept=["nvfp4", "nvfp4_4over6"], refusal=refusal)
+        ctx.note(None, None, "vllm_route", True, route.describe())
+        return route
+    if vplan.strategy not in ("backport", "extend") or not vplan.patches:
+        return None
+    patches = vplan.patches
+    routed = ctx.matrix.vllm.routed_readers.impls
+    read: dict[str, str] = {}
+    if "forward_reader" in patches:
+        for op in ("decode", "prefill"):
+            impl = bindings[op].impl
+            if impl in routed:
+                read[op] = impl
+    w = bindings["write"]
+    accept = [dt for pid, dt in (("gate_nvfp4", "nvfp4"), ("gate_nvfp4_4over6", "nvfp4_4over6")) if pid in patches]
+    route = VllmRoute(
+        strategy=vplan.strategy,
+        patches=patches,
+        accept=accept,
+        combination="gate_combination" in patches,
+        # With both phases on nvfp4compat's readers, vLLM's builder would only plan FlashInfer
+        # wrappers nobody runs (and 0.32+'s refuses head_size 64 and sinks for NVFP4).
+        own_builder="metadata_builder" in patches or len(read) == 2,
+        write=w.impl if "kv_cache_update" in patches else None,
+        write_4over6=bool(w.options.get("nvfp4_4over6")),
+        read=read,  # type: ignore[arg-type]
+        kv_rotation=ctx.rotation,
+    )
+    ctx.note(None, None, "vllm_route", True, route.describe())
+    return route
 
 
 # ----------------------------------------------------------------------- version check
@@ -865,6 +942,11 @@ def resolve(
     if dq.impl is None and supported:
         ctx.warnings.append(f"dequant: {dq.reason}")
     feats_out = dict(ctx.features_supported)
+    if vplan is not None:
+        refusal = None
+        if not supported and _refusable(ctx, bindings, vplan):
+            refusal = f"nvfp4compat refuses --kv-cache-dtype nvfp4 on {facts.arch} with vLLM {facts.vllm}: {'; '.join(reasons)}"
+        vplan = VllmPlan(**{**vplan.model_dump(exclude={"route"}), "route": _vllm_route(ctx, bindings, vplan, refusal)})
     from nvfp4compat import __version__  # the package is fully imported by the time resolve() runs
 
     return Plan(

@@ -42,6 +42,7 @@ __all__ = [
     "OpSpec",
     "PreferenceEntry",
     "Requirement",
+    "RoutedReaders",
     "ScaleCheckSpec",
     "StockPath",
     "VersionCheckSpec",
@@ -696,9 +697,24 @@ class IndexCheck(_Model):
         return _check_version(v)
 
 
+class RoutedReaders(_Model):
+    """The readers the plugin serves with nvfp4compat's own kernels inside vLLM (``vllm.yaml``).
+
+    A phase bound to one of ``impls`` is routed to nvfp4compat (``VllmRoute.read``); a phase bound
+    to another reader (``flashinfer``) stays on vLLM's own FA2 reader, which only an ``extend``
+    strategy has: a ``backport`` binds its readers from ``impls`` only.
+    """
+
+    impls: list[Impl]
+    reason: str = Field(min_length=1)
+    evidence: str = Field(min_length=1)
+    status: Status
+
+
 class VllmFile(_Model):
     patches: dict[str, PatchSpec]
     backport_patches: list[str]
+    routed_readers: RoutedReaders
     index_checked: IndexCheck
     releases: list[VllmRelease]
     combinations: list[Combination]
