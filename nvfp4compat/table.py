@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nvfp4compat.resolver import query, release_span
+from nvfp4compat.api import query
+from nvfp4compat.resolver import release_span
 from nvfp4compat.spec import Matrix
 
 __all__ = ["matrix_json", "matrix_markdown", "vllm_cell"]
