@@ -46,7 +46,6 @@ from nvfp4compat.versions import parse_version
 
 __all__ = ["WRITER_REQUIRED", "Known", "ResolutionError", "parse_impl_spec", "parse_kv_rotation", "release_span", "resolve"]
 
-SLOT_HELPER = "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping"
 WRITER_REQUIRED = "FlashInfer NVFP4 slot-mapping KV cache update is required"
 _NO_REQUIRED = "the plan binds no implementation for a required op (see reason)"
 
@@ -299,9 +298,9 @@ def _cc_set_for(k: Known, helper: str) -> tuple[list[int] | None, str | None, st
     return None, None, ""
 
 
-def _arch_plausible_for_triton(f: SystemFacts) -> bool:
-    major = f.arch_major
-    return major is not None and major >= 8 and major != 11
+def _arch_plausible_for_triton(k: Known) -> bool:
+    """An arch the matrix does not list may run Triton (implementations.yaml: unknown_arch_triton)."""
+    return k.matrix.implementations.unknown_arch_triton.plausible(k.facts.arch_major)
 
 
 def _check(k: Known, req: Requirement) -> tuple[bool, str]:
@@ -358,8 +357,9 @@ def _check(k: Known, req: Requirement) -> tuple[bool, str]:
         if f.arch is None:
             return False, f"arch unknown: cannot check {flag}"
         if k.arch is None:
-            if flag == "triton_kernels" and _arch_plausible_for_triton(f):
-                return True, f"{f.arch} is not in the matrix; Triton is plausible (SM >= 80, not the SM110 family): unverified"
+            if flag == "triton_kernels" and _arch_plausible_for_triton(k):
+                rule = k.matrix.implementations.unknown_arch_triton
+                return True, f"{f.arch} is not in the matrix; Triton is plausible ({rule.reason}): unverified"
             return False, f"{f.arch} is not in the matrix: {flag} unknown"
         claim = getattr(k.arch, flag)
         word = "yes" if claim.value else "no"
@@ -645,7 +645,7 @@ def _found(k: Known) -> str:
 
 def _way_out(k: Known, op: str, impl: str) -> str:
     if impl == "flashinfer":
-        helper = SLOT_HELPER if op == "write" else "nvfp4_kv_dequantize_paged" if op == "dequant" else None
+        helper = k.matrix.implementations.flashinfer_helper(op)
         if helper:
             rels = k.matrix.releases_with_helper(helper)
             return f"install a FlashInfer release with {helper} ({release_span(k.matrix, rels)}), or request {op}=triton"
@@ -665,13 +665,14 @@ def _unbound_reason(k: Known, op: str, rejected: list[str]) -> str:
     # Suggest only what can help on this arch: nothing where no NVFP4 path runs at all (SM75, SM110),
     # FlashInfer only when the installed one lacks the helper, Triton only when it is absent or disabled.
     dead = f.arch is None or (a is not None and not (a.fa2_nvfp4_read.value or a.triton_kernels.value or a.native_trtllm_path.value)) or (
-        a is None and not _arch_plausible_for_triton(f))
-    if op == "write":
-        rels = k.matrix.releases_with_helper(SLOT_HELPER)
-        found = f"FlashInfer {f.flashinfer} without {SLOT_HELPER}" if f.flashinfer else "no FlashInfer installed"
-        has_helper = bool(f.flashinfer and k.helpers and k.helpers.get(SLOT_HELPER))
+        a is None and not _arch_plausible_for_triton(k))
+    slot_helper = k.matrix.implementations.flashinfer_helper("write")
+    if op == "write" and slot_helper is not None:
+        rels = k.matrix.releases_with_helper(slot_helper)
+        found = f"FlashInfer {f.flashinfer} without {slot_helper}" if f.flashinfer else "no FlashInfer installed"
+        has_helper = bool(f.flashinfer and k.helpers and k.helpers.get(slot_helper))
         if has_helper:
-            found = f"FlashInfer {f.flashinfer} has {SLOT_HELPER} but it cannot run here"
+            found = f"FlashInfer {f.flashinfer} has {slot_helper} but it cannot run here"
         tri = next((r for r in rejected if r.startswith("triton:")), "triton: not considered")
         ways = []
         if not dead and not has_helper:

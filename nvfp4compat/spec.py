@@ -45,9 +45,9 @@ __all__ = [
     "RoutedReaders",
     "ScaleCheckSpec",
     "StockPath",
+    "UnknownArchTriton",
     "VersionCheckSpec",
     "VllmRelease",
-    "arch_cc",
     "arch_name",
 ]
 
@@ -89,14 +89,6 @@ ARCH_RE = re.compile(r"^sm_(?P<major>[1-9][0-9]?)(?P<minor>[0-9])$")
 def arch_name(major: int, minor: int) -> str:
     """``(9, 0) -> "sm_90"``."""
     return f"sm_{major}{minor}"
-
-
-def arch_cc(arch: str) -> int:
-    """``"sm_90" -> 90``, ``"sm_121" -> 121`` (FlashInfer's ``major*10+minor``)."""
-    m = ARCH_RE.match(arch)
-    if m is None:
-        raise ValueError(f"invalid arch {arch!r}: expected sm_<major><minor> such as sm_90")
-    return int(m["major"]) * 10 + int(m["minor"])
 
 
 class _Model(BaseModel):
@@ -321,9 +313,6 @@ class FlashInferRelease(_Model):
     def parsed(self) -> Version:
         return parse_version(self.version)
 
-    def has_helper(self, name: str) -> bool:
-        return self.helpers[name].present
-
 
 # ------------------------------------------------------------------- implementations.yaml
 
@@ -471,12 +460,34 @@ class GroupSpec(_Model):
     reason: str = Field(min_length=1)
 
 
+class UnknownArchTriton(_Model):
+    """Where the bundled Triton kernels are plausible on an arch ``arches.yaml`` does not list."""
+
+    min_major: int = Field(ge=1)
+    excluded_majors: list[int]
+    reason: str = Field(min_length=1)
+    evidence: str = Field(min_length=1)
+    status: Status
+
+    def plausible(self, major: int | None) -> bool:
+        """Whether an unknown arch of compute-capability ``major`` may run the Triton kernels."""
+        return major is not None and major >= self.min_major and major not in self.excluded_majors
+
+
 class Implementations(_Model):
     ops: dict[str, OpSpec]
     features: dict[str, FeatureSpec]
     groups: dict[str, GroupSpec]
     preferences: list[PreferenceEntry]
     unknown_arch_preference: PreferenceEntry
+    unknown_arch_triton: UnknownArchTriton
+
+    def flashinfer_helper(self, op: str) -> str | None:
+        """The FlashInfer helper the ``flashinfer`` implementation of ``op`` calls: its
+        ``flashinfer_helper`` requirement (None when it has none, e.g. the FA2 readers)."""
+        spec = self.ops[op].impls.get("flashinfer")
+        found = [r.helper for r in (spec.requires if spec is not None else []) if r.kind == "flashinfer_helper"]
+        return found[0] if found else None
 
     @field_validator("ops")
     @classmethod

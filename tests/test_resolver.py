@@ -393,15 +393,15 @@ def test_dequant_fa3_inside_vllm_keeps_the_combination_gate() -> None:
 
 
 def test_fa3_ragged_probe_reads_the_installed_sources(tmp_path: Path) -> None:
-    from nvfp4compat.facts import _probe_fa3_ragged
+    from nvfp4compat.flashinfer_probe import probe_fa3_ragged
 
     (tmp_path / "__init__.py").write_text(
         "from .prefill import BatchPrefillWithRaggedKVCacheWrapper as BatchPrefillWithRaggedKVCacheWrapper\n"
     )
     (tmp_path / "prefill.py").write_text('def f(backend):\n    if backend == "fa3":\n        return 1\n')
-    assert _probe_fa3_ragged(tmp_path)
+    assert probe_fa3_ragged(tmp_path)
     (tmp_path / "prefill.py").write_text('def f(backend):\n    if backend == "fa2":\n        return 1\n')
-    assert not _probe_fa3_ragged(tmp_path)
+    assert not probe_fa3_ragged(tmp_path)
     (tmp_path / "__init__.py").write_text("")
-    assert not _probe_fa3_ragged(tmp_path)
-    assert not _probe_fa3_ragged(tmp_path / "missing")
+    assert not probe_fa3_ragged(tmp_path)
+    assert not probe_fa3_ragged(tmp_path / "missing")
