@@ -14,11 +14,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nvfp4compat.facts import SystemFacts
+from nvfp4compat.spec import Impl, Strategy
 
 __all__ = ["Binding", "Plan", "TraceEntry", "VllmPlan", "VllmRoute", "check_rotation_bindings"]
 
-ImplName = Literal["native", "flashinfer", "triton", "dequant_fa3"]
-Strategy = Literal["none", "native", "backport", "extend"]
 Source = Literal["argument", "environment", "matrix", "probe", "fallback"]
 
 
@@ -47,7 +46,7 @@ class Binding(_Frozen):
     """
 
     op: str
-    impl: ImplName | None
+    impl: Impl | None
     source: Source
     reason: str
     options: dict[str, Any] = Field(default_factory=dict)
@@ -120,9 +119,9 @@ class VllmRoute(_Frozen):
     accept: list[str] = Field(default_factory=list)
     combination: bool = False
     own_builder: bool = False
-    write: ImplName | None = None
+    write: Impl | None = None
     write_4over6: bool = False
-    read: dict[str, ImplName] = Field(default_factory=dict)
+    read: dict[str, Impl] = Field(default_factory=dict)
     kv_rotation: str | None = None
     refusal: str | None = None
 

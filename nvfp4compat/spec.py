@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import datetime
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -28,6 +28,9 @@ __all__ = [
     "IMPLS",
     "KV_ROTATIONS",
     "OPS",
+    "Impl",
+    "Op",
+    "Strategy",
     "PATCH_IDS",
     "ArchSpec",
     "BoolClaim",
@@ -52,10 +55,13 @@ __all__ = [
 ]
 
 Status = Literal["verified", "read", "expected"]
+# The vocabularies of operations, implementations and vLLM strategies, defined here only (the plan,
+# the kernels and the plugin import them).
 Op = Literal["write", "dequant", "decode", "prefill"]
 Impl = Literal["native", "flashinfer", "triton", "dequant_fa3"]
-OPS: tuple[str, ...] = ("write", "dequant", "decode", "prefill")
-IMPLS: tuple[str, ...] = ("native", "flashinfer", "triton", "dequant_fa3")
+Strategy = Literal["none", "native", "backport", "extend"]
+OPS: tuple[str, ...] = get_args(Op)
+IMPLS: tuple[str, ...] = get_args(Impl)
 HELPERS: tuple[str, ...] = (
     "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping",
     "nvfp4_quantize_append_paged_kv_cache",
