@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from nvfp4compat.flashinfer_probe import HOME_MODULE, import_guarded, probe_fa3_ragged
+from nvfp4compat.flashinfer_probe import home_module, import_guarded, probe_fa3_ragged
 from nvfp4compat.loader import VERSION_PLACEHOLDER, _fill_version
 from nvfp4compat.spec import EXPORT_MODULES, HELPERS, FlashInferRelease, Matrix
 from nvfp4compat.verify import ARCH_UNIVERSE, _def_line, _fmt_params, _without_env
@@ -69,9 +69,9 @@ def _carried(node: dict[str, Any], previous: FlashInferRelease) -> dict[str, Any
     return out
 
 
-def _helper(name: str, modules: dict[str, Any], fi: Any) -> dict[str, Any]:
+def _helper(m: Matrix, name: str, modules: dict[str, Any], fi: Any) -> dict[str, Any]:
     exports = [mod for mod in EXPORT_MODULES if modules[mod] is not None and hasattr(modules[mod], name)]
-    home_name = HOME_MODULE.get(name, "flashinfer.quantization.fp4_quantization")
+    home_name = home_module(m, name)
     home_file = home_name.replace(".", "/") + ".py"
     if not exports:
         return {
@@ -90,7 +90,7 @@ def _helper(name: str, modules: dict[str, Any], fi: Any) -> dict[str, Any]:
             f"{defined_at} [{V}]: {name}.is_compute_capability_supported(cc) over {list(ARCH_UNIVERSE)} "
             "(@supported_compute_capability)"
         )
-    elif name in HOME_MODULE:
+    elif home_name == "flashinfer.page":  # the page helpers are JIT-built: gated by the JIT's minimum SM
         core = Path(fi.__file__).parent / "jit" / "core.py"
         text = core.read_text(encoding="utf-8") if core.is_file() else ""
         found = re.search(r"FlashInfer requires GPUs with sm(\d+) or higher", text)
@@ -126,9 +126,10 @@ def emit_flashinfer(m: Matrix) -> dict[str, Any]:
     modules = {name: import_guarded(name)[0] for name in EXPORT_MODULES}
     prev = previous.model_dump(mode="json", exclude_none=True)
 
-    helpers = {h: _helper(h, modules, fi) for h in HELPERS}
+    helpers = {h: _helper(m, h, modules, fi) for h in HELPERS}
 
-    slot = getattr(modules.get("flashinfer.page"), "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping", None)
+    slot_name = m.implementations.flashinfer_helper("write") or ""
+    slot = getattr(modules.get(home_module(m, slot_name)), slot_name, None)
     has_param = slot is not None and "nvfp4_4over6" in inspect.signature(inspect.unwrap(slot)).parameters
     cfg = [mod for mod in ("flashinfer", "flashinfer.quantization") if modules[mod] is not None and hasattr(modules[mod], "NVFP44Over6Config")]
     four = {
@@ -427,7 +428,7 @@ def emit_vllm(m: Matrix, wheel: Path | None = None) -> dict[str, Any]:
     fi_imports = [
         a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "flashinfer" for a in n.names
     ]
-    slot = "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping("
+    slot = f"{m.implementations.flashinfer_helper('write')}("
     writer = "flashinfer_slot_mapping" if slot in fi_src else "reshape_and_cache_flash"
     writer_line = _line_of(fi_src, slot if writer == "flashinfer_slot_mapping" else "reshape_and_cache_flash(")
     gate_line = _line_of(fi_src, "def supports_kv_cache_dtype")

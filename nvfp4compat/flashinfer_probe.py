@@ -3,7 +3,7 @@
 - :func:`probe_installed`: helper presence and parameters, the FA3 ragged prefill, read from the
   installed sources (``find_spec`` + AST, no import) or with ``hasattr`` on an imported module
   (:func:`nvfp4compat.facts.detect`);
-- :func:`import_guarded`, :data:`HOME_MODULE`: guarded imports and where each helper is defined
+- :func:`import_guarded`, :func:`home_module`: guarded imports and where each helper is defined
   (``nvfp4compat verify`` and ``verify --emit``);
 - :func:`import_flashinfer`, :func:`require_helper`: the FlashInfer kernels' imports; the helper an op
   needs and the first release that has it come from the matrix (``implementations.yaml``,
@@ -24,14 +24,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from nvfp4compat.spec import HELPERS
+from nvfp4compat.spec import HELPERS, Matrix
 
 __all__ = [
-    "HOME_MODULE",
     "dist_version",
     "first_release",
     "first_release_with_4over6",
     "helper_for",
+    "home_module",
     "import_flashinfer",
     "import_guarded",
     "probe_fa3_ragged",
@@ -39,11 +39,18 @@ __all__ = [
     "require_helper",
 ]
 
-# Where a helper is defined when it is not in flashinfer.quantization.fp4_quantization.
-HOME_MODULE = {
-    "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping": "flashinfer.page",
-    "nvfp4_quantize_append_paged_kv_cache": "flashinfer.page",
-}
+_DEFAULT_HOME = "flashinfer.quantization.fp4_quantization"
+
+
+def home_module(m: Matrix, helper: str) -> str:
+    """The module that defines ``helper``: from the ``defined_at`` of the newest flashinfer.yaml
+    release that has it (``flashinfer/page.py:905`` -> ``flashinfer.page``); FlashInfer's
+    quantization module for a helper no release has."""
+    for rel in reversed(m.flashinfer):
+        spec = rel.helpers[helper]
+        if spec.present and spec.defined_at:
+            return spec.defined_at.split(":", 1)[0].removesuffix(".py").replace("/", ".")
+    return _DEFAULT_HOME
 
 
 def dist_version(*names: str) -> str | None:

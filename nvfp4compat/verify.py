@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nvfp4compat.flashinfer_probe import HOME_MODULE, import_guarded, probe_fa3_ragged
+from nvfp4compat.flashinfer_probe import home_module, import_guarded, probe_fa3_ragged
 from nvfp4compat.spec import EXPORT_MODULES, HELPERS, FlashInferRelease, Matrix, VllmRelease
 from nvfp4compat.versions import parse_version
 
@@ -134,7 +134,7 @@ def verify_flashinfer(m: Matrix, version: str, rel: FlashInferRelease) -> list[C
         add(f"{h} exported at", spec.exports, actual_exports)
         if not spec.present or not actual_exports:
             continue
-        home = modules.get(HOME_MODULE.get(h, "flashinfer.quantization.fp4_quantization"))
+        home = modules.get(home_module(m, h))
         fn = getattr(home, h, None) or getattr(fi, h)
         add(f"{h} defined at", spec.defined_at, _def_line(fn))
         try:
@@ -157,7 +157,8 @@ def verify_flashinfer(m: Matrix, version: str, rel: FlashInferRelease) -> list[C
             want_min = spec.compute_capability[0] if spec.compute_capability else None
             add(f"{h} JIT minimum SM (jit/core.py check_cuda_arch)", want_min, int(m_.group(1)) if m_ else "message not found")
     # 4over6
-    slot = getattr(modules.get("flashinfer.page"), "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping", None)
+    slot_name = m.implementations.flashinfer_helper("write") or ""
+    slot = getattr(modules.get(home_module(m, slot_name)), slot_name, None)
     has_param = slot is not None and "nvfp4_4over6" in inspect.signature(inspect.unwrap(slot)).parameters
     add("slot-mapping writer takes nvfp4_4over6", rel.nvfp4_4over6.writer_param, has_param)
     cfg = [mod for mod in ("flashinfer", "flashinfer.quantization") if modules[mod] is not None and hasattr(modules[mod], "NVFP44Over6Config")]
@@ -287,7 +288,8 @@ def verify_vllm(m: Matrix, version: str, rel: VllmRelease) -> list[Check]:
     add("nvfp4 dtypes in FlashInferBackend.supported_kv_cache_dtypes", rel.nvfp4_dtypes, dtypes)
     has_fa2 = any(isinstance(n, ast.FunctionDef) and n.name == "_nvfp4_kv_on_fa2" for n in tree.body)
     add("gate kind (_nvfp4_kv_on_fa2 defined)", rel.gate.kind, "fa2_families" if has_fa2 else "fam100_trtllm")
-    writer = "flashinfer_slot_mapping" if "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(" in src else "reshape_and_cache_flash"
+    slot_call = f"{m.implementations.flashinfer_helper('write')}("
+    writer = "flashinfer_slot_mapping" if slot_call in src else "reshape_and_cache_flash"
     add("NVFP4 KV writer", rel.writer.name, writer)
     texts = _string_constants(src)
     be = _vllm_file("v1/attention/backend.py")
