@@ -788,7 +788,8 @@ def _vllm_route(k: Known, bindings: Mapping[str, Binding], vplan: VllmPlan, refu
     """What the plugin does in vLLM for this plan (:class:`~nvfp4compat.plan.VllmRoute`), or None to
     leave vLLM untouched. ``refusal``: the text NVFP4 is refused with at engine start."""
     if refusal is not None:
-        route = VllmRoute(strategy=vplan.strategy, patches=[], accept=["nvfp4", "nvfp4_4over6"], refusal=refusal)
+        every = [dt for p in k.matrix.vllm.patches.values() if (dt := p.accepts) is not None]
+        route = VllmRoute(strategy=vplan.strategy, patches=[], accept=every, refusal=refusal)
         k.note(None, None, "vllm_route", True, route.describe())
         return route
     if vplan.strategy not in ("backport", "extend") or not vplan.patches:
@@ -802,7 +803,8 @@ def _vllm_route(k: Known, bindings: Mapping[str, Binding], vplan: VllmPlan, refu
             if impl in routed:
                 read[op] = impl
     w = bindings["write"]
-    accept = [dt for pid, dt in (("gate_nvfp4", "nvfp4"), ("gate_nvfp4_4over6", "nvfp4_4over6")) if pid in patches]
+    gates = k.matrix.vllm.patches
+    accept = [dt for pid in patches if (dt := gates[pid].accepts) is not None]
     route = VllmRoute(
         strategy=vplan.strategy,
         patches=patches,

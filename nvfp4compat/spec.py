@@ -684,6 +684,8 @@ class VllmRelease(_Model):
 class PatchSpec(_Model):
     summary: str = Field(min_length=1)
     applies_when: str = Field(min_length=1)
+    # the --kv-cache-dtype the patched gate accepts on top of vLLM's own answer (gate patches)
+    accepts: str | None = None
 
 
 class Combination(_Model):
