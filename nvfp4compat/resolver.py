@@ -47,7 +47,6 @@ from nvfp4compat.versions import parse_version
 __all__ = ["WRITER_REQUIRED", "Known", "ResolutionError", "parse_impl_spec", "parse_kv_rotation", "release_span", "resolve"]
 
 WRITER_REQUIRED = "FlashInfer NVFP4 slot-mapping KV cache update is required"
-_NO_REQUIRED = "the plan binds no implementation for a required op (see reason)"
 
 
 class ResolutionError(ValueError):
@@ -687,6 +686,30 @@ def _unbound_reason(k: Known, op: str, rejected: list[str]) -> str:
 # ------------------------------------------------------------------------------- vLLM
 
 
+def _vllm_blocker(k: Known) -> str | None:
+    """Why no patch set can serve NVFP4 in this vLLM release here, whatever the bindings (None: a
+    strategy applies)."""
+    f, m, rel = k.facts, k.matrix, k.vllm
+    if rel is None:
+        return f"vLLM {f.vllm} is older than every release the matrix knows ({m.vllm.releases[0].version}..{m.vllm.releases[-1].version})"
+    if f.arch is None:
+        return "no GPU arch known: cannot plan vLLM patches"
+    cc = f.arch_cc or 0
+    lo, hi = rel.compute_capability_window
+    if not lo <= cc <= hi:
+        return f"vLLM {f.vllm} refuses compute capability {cc // 10}.{cc % 10} (its FLASHINFER backend window is {lo // 10}.{lo % 10}-{hi // 10}.{hi % 10}); no patch set changes that"
+    if f.flashinfer is None:
+        return f"vLLM {f.vllm}'s FLASHINFER backend (the only non-MLA backend listing nvfp4) imports flashinfer at module load; install flashinfer-python (vLLM pins {rel.pins.flashinfer_python})"
+    for h in rel.requires_flashinfer_helpers:
+        if k.helpers is not None and not k.helpers.get(h, False):
+            rels = m.releases_with_helper(h)
+            return (
+                f"vLLM {f.vllm} imports {h} from flashinfer at module load (vllm/v1/attention/backends/flashinfer.py), "
+                f"FlashInfer {f.flashinfer} lacks it: install one of {release_span(m, rels)} (vLLM pins {rel.pins.flashinfer_python})"
+            )
+    return None
+
+
 def _vllm_plan(k: Known, bindings: Mapping[str, Binding], required_ok: bool) -> VllmPlan | None:
     f, m = k.facts, k.matrix
     if f.vllm is None:
@@ -696,34 +719,20 @@ def _vllm_plan(k: Known, bindings: Mapping[str, Binding], required_ok: bool) -> 
         k.note(None, None, "vllm", False, reason)
         return VllmPlan(version=f.vllm or "", strategy="none", patches=[], kv_cache_dtypes=[], reason=reason)
 
-    rel = k.vllm
-    if rel is None:
-        return none(f"vLLM {f.vllm} is older than every release the matrix knows ({m.vllm.releases[0].version}..{m.vllm.releases[-1].version})")
-    if f.arch is None:
-        return none("no GPU arch known: cannot plan vLLM patches")
-    cc = f.arch_cc or 0
-    lo, hi = rel.compute_capability_window
-    if not lo <= cc <= hi:
-        return none(f"vLLM {f.vllm} refuses compute capability {cc // 10}.{cc % 10} (its FLASHINFER backend window is {lo // 10}.{lo % 10}-{hi // 10}.{hi % 10}); no patch set changes that")
-    if f.flashinfer is None:
-        return none(f"vLLM {f.vllm}'s FLASHINFER backend (the only non-MLA backend listing nvfp4) imports flashinfer at module load; install flashinfer-python (vLLM pins {rel.pins.flashinfer_python})")
-    for h in rel.requires_flashinfer_helpers:
-        if k.helpers is not None and not k.helpers.get(h, False):
-            rels = m.releases_with_helper(h)
-            return none(
-                f"vLLM {f.vllm} imports {h} from flashinfer at module load (vllm/v1/attention/backends/flashinfer.py), "
-                f"FlashInfer {f.flashinfer} lacks it: install one of {release_span(m, rels)} (vLLM pins {rel.pins.flashinfer_python})"
-            )
+    blocker = _vllm_blocker(k)
+    rel, arch = k.vllm, f.arch
+    if blocker is not None or rel is None or arch is None:
+        return none(blocker or "no vLLM release or GPU arch known")
     if not required_ok:
-        return none(_NO_REQUIRED)
-    declared = rel.strategy.for_arch(f.arch)
+        return none("the plan binds no implementation for a required op (see reason)")
+    declared = rel.strategy.for_arch(arch)
     if declared is None:
         declared = "backport"
         k.log.unverified.append(f"vLLM patch strategy for {f.arch}: not in vllm.yaml; using backport")
     if declared == "none":
         return none(f"vLLM {f.vllm} has no NVFP4 path on {f.arch} and the matrix lists no reader nvfp4compat can route there ({rel.strategy.evidence})")
     native = all(bindings[op].impl == "native" for op in ("write", "decode", "prefill"))
-    stock = rel.stock_for(f.arch)
+    stock = rel.stock_for(arch)
     if native:
         dtypes = list(stock.kv_cache_dtypes) if stock else ["nvfp4"]
         reason = f"vLLM {f.vllm}'s own trtllm-gen path serves nvfp4 on {f.arch}: nothing to patch"
@@ -776,9 +785,8 @@ def _refusable(k: Known, bindings: Mapping[str, Binding], vplan: VllmPlan | None
         return False
     if vplan.strategy in ("backport", "extend"):
         return True  # supported here but refused for another reason (e.g. an unreleased version)
-    declared = k.vllm.strategy.for_arch(f.arch)
     unbound = [op for op in OPS if k.matrix.implementations.ops[op].required and bindings[op].impl is None]
-    if declared == "none" or not unbound or vplan.reason != _NO_REQUIRED:
+    if not unbound or _vllm_blocker(k) is not None or k.vllm.strategy.for_arch(f.arch) == "none":
         return False
     with_triton = replace(k, facts=f.model_copy(update={"triton": f.triton or "any", "triton_disabled": False}), log=_Log())
     return all(_evaluate(with_triton, op, "triton")[0] for op in unbound)
