@@ -402,7 +402,7 @@ def _check(k: Known, req: Requirement) -> tuple[bool, str]:
 def _check_fa3_ragged(k: Known) -> tuple[bool, str]:
     """FlashInfer's FA3 ragged prefill wrapper on this arch: the probe decides presence where it ran
     (a disagreement with flashinfer.yaml is a warning); the release's ``fa3_ragged`` record gives the
-    SMs (SM90 where the release has no record)."""
+    SMs (those of the newest release with a record where this release has none)."""
     f = k.facts
     fi_label = f"FlashInfer {f.flashinfer}" if f.flashinfer else "FlashInfer"
     if f.flashinfer is None:
@@ -426,13 +426,19 @@ def _check_fa3_ragged(k: Known) -> tuple[bool, str]:
         )
     if not present:
         return False, f"{fi_label} has no FA3 ragged prefill ({src})"
-    sms = rec.sms if rec is not None else [90]
+    sms = rec.sms if rec is not None else _fa3_sms(k.matrix)
     cc = f.arch_cc
     if cc is None:
-        return False, "arch unknown: FA3 needs SM90"
+        return False, f"arch unknown: FA3 needs SM {sms}"
     if cc not in sms:
         return False, f"{fi_label}'s FA3 kernels build only for SMs {sms}, found {f.arch} ({src})"
     return True, f"{fi_label} has BatchPrefillWithRaggedKVCacheWrapper(backend='fa3') for SM{cc} ({src})"
+
+
+def _fa3_sms(m: Matrix) -> list[int]:
+    """The FA3 ragged prefill's SMs as the newest flashinfer.yaml release that records it says."""
+    recorded = [r.fa3_ragged for r in m.flashinfer if r.fa3_ragged is not None]
+    return list(recorded[-1].sms) if recorded else []
 
 
 def release_span(m: Matrix, versions: list[str]) -> str:
@@ -556,7 +562,8 @@ def _bind(k: Known, overrides: Mapping[str, str], env_over: Mapping[str, str]) -
         if not native_ok:
             raise ResolutionError(
                 f"{where} asks for native on {explicit_native}, but native cannot run here: {native_why}. "
-                f"Native is vLLM's own SM100-family trtllm-gen path (SM100/103, SM107 with FlashInfer >= 0.6.16, vLLM installed, trtllm-gen usable). "
+                f"Native is vLLM's own SM100-family trtllm-gen path ({_native_arches(k)}, with a FlashInfer whose "
+                "trtllm-gen consumer lists the SM, vLLM installed, trtllm-gen usable). "
                 f"Way out: request flashinfer or triton instead (e.g. {ENV_IMPL}=triton)."
             )
         if explicit_other:
@@ -642,6 +649,11 @@ def _found(k: Known) -> str:
     return ", ".join(parts)
 
 
+def _native_arches(k: Known) -> str:
+    """The arches ``arches.yaml`` qualifies for vLLM's native path."""
+    return ", ".join(a for a, spec in k.matrix.arches.items() if spec.native_trtllm_path.value)
+
+
 def _way_out(k: Known, op: str, impl: str) -> str:
     if impl == "flashinfer":
         helper = k.matrix.implementations.flashinfer_helper(op)
@@ -652,9 +664,11 @@ def _way_out(k: Known, op: str, impl: str) -> str:
     if impl == "triton":
         return f"pip install triton and unset {ENV_DISABLE_TRITON}, or request {op}=flashinfer"
     if impl == "dequant_fa3":
+        m = k.matrix
+        fa3 = release_span(m, [r.version for r in m.flashinfer if r.fa3_ragged is not None])
         return (
-            f"run on an SM90 GPU with a FlashInfer whose BatchPrefillWithRaggedKVCacheWrapper has "
-            f"backend='fa3' (0.6.10+) and Triton, or request {op}=triton"
+            f"run on a GPU of SM {_fa3_sms(m)} with a FlashInfer whose BatchPrefillWithRaggedKVCacheWrapper has "
+            f"backend='fa3' ({fa3}) and Triton, or request {op}=triton"
         )
     return f"request {op}=flashinfer or {op}=triton"
 
