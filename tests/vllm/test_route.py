@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 
 import pytest
 
@@ -60,6 +61,7 @@ def test_every_release_x_arch_applies_what_query_printed(
 ) -> None:
     monkeypatch.delenv("NVFP4COMPAT_IMPL", raising=False)
     monkeypatch.delenv("NVFP4COMPAT_KV_ROTATION", raising=False)
+    vllm_before = "vllm" in sys.modules
     m = nvfp4compat.load_matrix()
     kinds: set[str] = set()
     for arch in m.arches:
@@ -89,6 +91,7 @@ def test_every_release_x_arch_applies_what_query_printed(
     vllm_plugin.unpatch()
     assert offline_registry == {}  # restored
     assert kinds == {"untouched", "refusal", "backport", "extend"}
+    assert vllm_before or "vllm" not in sys.modules  # the apply path ran without importing vLLM
 
 
 def test_backport_without_the_writer_helper_binds_triton() -> None:
