@@ -12,13 +12,13 @@ Public API::
     plan = nvfp4compat.resolve(nvfp4compat.load_matrix(), nvfp4compat.detect())
 """
 
+from nvfp4compat._version import __version__
+from nvfp4compat.api import query
 from nvfp4compat.facts import SystemFacts, detect
 from nvfp4compat.loader import MatrixError, load_matrix
 from nvfp4compat.plan import Binding, Plan, TraceEntry, VllmPlan
-from nvfp4compat.resolver import ResolutionError, query, resolve
+from nvfp4compat.resolver import ResolutionError, resolve
 from nvfp4compat.versions import VersionError
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Binding",

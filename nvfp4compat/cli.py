@@ -144,7 +144,7 @@ def _out(text: str) -> None:
 
 
 def _cmd_query(a: argparse.Namespace) -> int:
-    from nvfp4compat.resolver import query
+    from nvfp4compat.api import query
 
     plan = query(
         a.arch, a.flashinfer, a.vllm, triton=not a.no_triton, flashinfer_cubin=a.flashinfer_cubin,

@@ -28,16 +28,10 @@ from typing import Any
 
 import yaml
 
+from nvfp4compat.flashinfer_probe import home_module, import_guarded, probe_fa3_ragged
 from nvfp4compat.loader import VERSION_PLACEHOLDER, _fill_version
 from nvfp4compat.spec import EXPORT_MODULES, HELPERS, FlashInferRelease, Matrix
-from nvfp4compat.verify import (
-    _HOME_MODULE,
-    ARCH_UNIVERSE,
-    _def_line,
-    _fmt_params,
-    _import,
-    _without_env,
-)
+from nvfp4compat.verify import ARCH_UNIVERSE, _def_line, _fmt_params, _without_env
 from nvfp4compat.versions import public_version
 
 __all__ = ["EmitError", "emit_flashinfer", "emit_vllm", "flashinfer_delta", "render_delta", "render_vllm"]
@@ -75,9 +69,9 @@ def _carried(node: dict[str, Any], previous: FlashInferRelease) -> dict[str, Any
     return out
 
 
-def _helper(name: str, modules: dict[str, Any], fi: Any) -> dict[str, Any]:
+def _helper(m: Matrix, name: str, modules: dict[str, Any], fi: Any) -> dict[str, Any]:
     exports = [mod for mod in EXPORT_MODULES if modules[mod] is not None and hasattr(modules[mod], name)]
-    home_name = _HOME_MODULE.get(name, "flashinfer.quantization.fp4_quantization")
+    home_name = home_module(m, name)
     home_file = home_name.replace(".", "/") + ".py"
     if not exports:
         return {
@@ -96,7 +90,7 @@ def _helper(name: str, modules: dict[str, Any], fi: Any) -> dict[str, Any]:
             f"{defined_at} [{V}]: {name}.is_compute_capability_supported(cc) over {list(ARCH_UNIVERSE)} "
             "(@supported_compute_capability)"
         )
-    elif name in _HOME_MODULE:
+    elif home_name == "flashinfer.page":  # the page helpers are JIT-built: gated by the JIT's minimum SM
         core = Path(fi.__file__).parent / "jit" / "core.py"
         text = core.read_text(encoding="utf-8") if core.is_file() else ""
         found = re.search(r"FlashInfer requires GPUs with sm(\d+) or higher", text)
@@ -121,7 +115,7 @@ def emit_flashinfer(m: Matrix) -> dict[str, Any]:
     EmitError
         When flashinfer-python is not installed or does not import, or no older release is in the matrix.
     """
-    fi, err = _import("flashinfer")
+    fi, err = import_guarded("flashinfer")
     if fi is None:
         raise EmitError(
             f"cannot import flashinfer ({err}); install it the CPU-importable way first "
@@ -129,12 +123,13 @@ def emit_flashinfer(m: Matrix) -> dict[str, Any]:
         )
     version = str(getattr(fi, "__version__", ""))
     previous = _previous(m, version)
-    modules = {name: _import(name)[0] for name in EXPORT_MODULES}
+    modules = {name: import_guarded(name)[0] for name in EXPORT_MODULES}
     prev = previous.model_dump(mode="json", exclude_none=True)
 
-    helpers = {h: _helper(h, modules, fi) for h in HELPERS}
+    helpers = {h: _helper(m, h, modules, fi) for h in HELPERS}
 
-    slot = getattr(modules.get("flashinfer.page"), "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping", None)
+    slot_name = m.implementations.flashinfer_helper("write") or ""
+    slot = getattr(modules.get(home_module(m, slot_name)), slot_name, None)
     has_param = slot is not None and "nvfp4_4over6" in inspect.signature(inspect.unwrap(slot)).parameters
     cfg = [mod for mod in ("flashinfer", "flashinfer.quantization") if modules[mod] is not None and hasattr(modules[mod], "NVFP44Over6Config")]
     four = {
@@ -213,9 +208,7 @@ def emit_flashinfer(m: Matrix) -> dict[str, Any]:
 def _fa3_ragged(pkg_dir: Path, prev: dict[str, Any], previous: FlashInferRelease) -> dict[str, Any] | None:
     """The FA3 ragged prefill (the dequant_fa3 prefill's attention), with verify's probe: present or
     not; its SMs, head dims and sinks are not probed and come from ``previous``."""
-    from nvfp4compat.facts import _probe_fa3_ragged
-
-    if not _probe_fa3_ragged(pkg_dir) or "fa3_ragged" not in prev:
+    if not probe_fa3_ragged(pkg_dir) or "fa3_ragged" not in prev:
         return None
     text = (pkg_dir / "prefill.py").read_text(encoding="utf-8")
     found = re.search(r"^class BatchPrefillWithRaggedKVCacheWrapper\b", text, re.M)
@@ -226,7 +219,7 @@ def _fa3_ragged(pkg_dir: Path, prev: dict[str, Any], previous: FlashInferRelease
 
 
 def _version_check(fi: Any, previous: FlashInferRelease) -> dict[str, Any]:
-    env_mod, err = _import("flashinfer.jit.env")
+    env_mod, err = import_guarded("flashinfer.jit.env")
     if env_mod is None:
         raise EmitError(f"cannot import flashinfer.jit.env ({err})")
     path = Path(env_mod.__file__)
@@ -435,7 +428,7 @@ def emit_vllm(m: Matrix, wheel: Path | None = None) -> dict[str, Any]:
     fi_imports = [
         a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "flashinfer" for a in n.names
     ]
-    slot = "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping("
+    slot = f"{m.implementations.flashinfer_helper('write')}("
     writer = "flashinfer_slot_mapping" if slot in fi_src else "reshape_and_cache_flash"
     writer_line = _line_of(fi_src, slot if writer == "flashinfer_slot_mapping" else "reshape_and_cache_flash(")
     gate_line = _line_of(fi_src, "def supports_kv_cache_dtype")

@@ -30,7 +30,7 @@ class Explanation:
 
 
 def _placeholders(m: Matrix) -> dict[str, str]:
-    writers = m.releases_with_helper("nvfp4_quantize_append_paged_kv_cache_with_slot_mapping")
+    writers = m.releases_with_helper(m.implementations.flashinfer_helper("write") or "")
     raise_rel = [r.version for r in m.flashinfer if r.version_check.on_mismatch == "raise"]
     cpu_fail = [r.version for r in m.flashinfer if r.cpu_import.default_deps == "fails"]
     last = m.flashinfer[-1].helpers["nvfp4_kv_dequantize_paged"]

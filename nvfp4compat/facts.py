@@ -5,27 +5,25 @@ CUDA/torch/Triton/FlashInfer/vLLM versions, which FlashInfer NVFP4 helpers the i
 package really has, and the relevant environment variables. It is built either by
 :func:`detect` (this machine) or by hand (:func:`nvfp4compat.query`).
 
-:func:`detect` never crashes on a broken install: FlashInfer is probed without importing it
-(``importlib.util.find_spec`` + an AST read of its installed sources, or ``hasattr`` on the
-module when something already imported it), and every failure is recorded in the facts.
+:func:`detect` never crashes on a broken install: FlashInfer is probed by
+:func:`nvfp4compat.flashinfer_probe.probe_installed` without importing it (``importlib.util.find_spec``
++ an AST read of its installed sources, or ``hasattr`` on the module when something already imported
+it), and every failure is recorded in the facts.
 """
 
 from __future__ import annotations
 
-import ast
-import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
 import os
 import re
-import sys
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from nvfp4compat.spec import ARCH_RE, HELPERS
+from nvfp4compat.flashinfer_probe import dist_version, probe_installed
+from nvfp4compat.spec import ARCH_RE
 from nvfp4compat.versions import VersionError, parse_version
 
 __all__ = ["ENV_ARCH", "ENV_DISABLE_TRITON", "ENV_IMPL", "ENV_KV_ROTATION", "SystemFacts", "detect", "normalize_arch"]
@@ -161,23 +159,9 @@ class SystemFacts(BaseModel):
             return None
         return self.arch_major * 10 + self.arch_minor
 
-    @property
-    def triton_available(self) -> bool:
-        return self.triton is not None and not self.triton_disabled
 
 
 # ----------------------------------------------------------------------------- probing
-
-
-def _dist_version(*names: str) -> str | None:
-    for name in names:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        except Exception:  # noqa: BLE001 - a broken dist-info must not crash detect()
-            continue
-    return None
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
@@ -190,123 +174,6 @@ def _truthy(value: str | None, name: str = ENV_DISABLE_TRITON) -> bool:
         return v in _TRUE
     raise ValueError(f"{name}={value!r} is not on/off: accepted values are {', '.join(_TRUE)} (on) and "
                      f"{', '.join(x or repr(x) for x in _FALSE)} (off); fix or unset {name}")
-
-
-def _bound_names(path: Path) -> set[str]:
-    """Names a module binds at import: defs, classes, assignments and ``from x import y [as z]``."""
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
-        return set()
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            names.update(a.asname or a.name for a in node.names)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node in tree.body:
-            names.add(node.name)
-    return names
-
-
-def _params_of(path: Path, func: str) -> list[str] | None:
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
-        return None
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == func:
-            a = node.args
-            return [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
-    return None
-
-
-_MODULE_FILES = {
-    "flashinfer": "__init__.py",
-    "flashinfer.page": "page.py",
-    "flashinfer.quantization": "quantization/__init__.py",
-    "flashinfer.quantization.fp4_quantization": "quantization/fp4_quantization.py",
-    "flashinfer.fp4_quantization": "fp4_quantization.py",
-}
-
-
-def _probe_flashinfer_static(pkg_dir: Path) -> tuple[dict[str, bool], dict[str, list[str]]]:
-    """Helper presence from the installed sources, without importing flashinfer."""
-    top = _bound_names(pkg_dir / "__init__.py")
-    helpers = {h: h in top for h in HELPERS}
-    params: dict[str, list[str]] = {}
-    for h in HELPERS:
-        for mod in ("flashinfer.page", "flashinfer.quantization.fp4_quantization"):
-            p = _params_of(pkg_dir / _MODULE_FILES[mod], h)
-            if p is not None:
-                params[h] = p
-                break
-    return helpers, params
-
-
-def _probe_fa3_ragged(pkg_dir: Path) -> bool:
-    """FlashInfer's FA3 ragged prefill, from the installed sources: the wrapper is exported and
-    ``prefill.py`` dispatches ``backend == "fa3"`` (true of every release 0.6.10..0.7.4)."""
-    if "BatchPrefillWithRaggedKVCacheWrapper" not in _bound_names(pkg_dir / "__init__.py"):
-        return False
-    try:
-        text = (pkg_dir / "prefill.py").read_text(encoding="utf-8")
-    except (OSError, ValueError):
-        return False
-    return 'backend == "fa3"' in text
-
-
-def _probe_flashinfer_module(mod: object) -> tuple[dict[str, bool], dict[str, list[str]]]:
-    import inspect
-
-    helpers: dict[str, bool] = {}
-    params: dict[str, list[str]] = {}
-    for h in HELPERS:
-        fn = getattr(mod, h, None)
-        helpers[h] = fn is not None
-        if fn is not None:
-            with contextlib.suppress(TypeError, ValueError):
-                params[h] = list(inspect.signature(fn).parameters)
-    return helpers, params
-
-
-def _probe_flashinfer(import_modules: bool) -> dict[str, object]:
-    out: dict[str, object] = {}
-    try:
-        spec = importlib.util.find_spec("flashinfer")
-    except (ImportError, ValueError) as exc:
-        out["flashinfer_import_error"] = f"find_spec('flashinfer') failed: {type(exc).__name__}: {exc}"
-        return out
-    version = _dist_version("flashinfer-python", "flashinfer")
-    if spec is None or (spec.origin is None and version is None):
-        return out  # absent, or only a namespace directory of that name on sys.path
-    out["flashinfer"] = version
-    mod = sys.modules.get("flashinfer")
-    if mod is None and import_modules:
-        try:
-            mod = importlib.import_module("flashinfer")
-        except BaseException as exc:  # noqa: BLE001 - e.g. AssertionError on CPU torch, RuntimeError version check
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                raise
-            out["flashinfer_import_error"] = f"import flashinfer failed: {type(exc).__name__}: {exc}".splitlines()[0]
-            mod = None
-    if mod is not None:
-        helpers, params = _probe_flashinfer_module(mod)
-        out["flashinfer_probe"] = "module"
-        mv = getattr(mod, "__version__", None)
-        if isinstance(mv, str) and version is None:
-            out["flashinfer"] = mv
-    else:
-        locs = list(spec.submodule_search_locations or [])
-        if not locs:
-            out["flashinfer_probe"] = "failed: flashinfer is not a package directory"
-            return out
-        helpers, params = _probe_flashinfer_static(Path(locs[0]))
-        out["flashinfer_probe"] = "static"
-    out["flashinfer_helpers"] = helpers
-    out["flashinfer_helper_params"] = params
-    locs = list(spec.submodule_search_locations or [])
-    if locs:
-        out["flashinfer_fa3_ragged"] = _probe_fa3_ragged(Path(locs[0]))
-    return out
 
 
 def _detect_gpu() -> dict[str, object]:
@@ -328,6 +195,14 @@ def _detect_gpu() -> dict[str, object]:
     except Exception as exc:  # noqa: BLE001 - a broken driver must not crash detect()
         out["notes"] = [f"torch.cuda query failed: {type(exc).__name__}: {exc}"]
     return out
+
+
+def _trtllm_gen_arch(arch: str) -> bool:
+    """arches.yaml: the arch's ``trtllm_gen_fmha`` flag (False for an arch the matrix does not list)."""
+    from nvfp4compat.loader import load_matrix
+
+    spec = load_matrix().arches.get(arch)
+    return spec is not None and spec.trtllm_gen_fmha.value
 
 
 def detect(*, import_modules: bool = False, environ: dict[str, str] | None = None) -> SystemFacts:
@@ -368,14 +243,14 @@ def detect(*, import_modules: bool = False, environ: dict[str, str] | None = Non
                 notes.append(f"{ENV_ARCH}={env_norm} ignored: a {arch} GPU is present")
     elif arch is None:
         notes.append(f"no CUDA GPU detected (torch missing or torch.cuda.is_available() is False); set {ENV_ARCH}=sm_90 to plan for a given arch")
-    triton = _dist_version("triton", "pytorch-triton")
-    fi = _probe_flashinfer(import_modules)
-    cubin = _dist_version("flashinfer-cubin")
-    jit = _dist_version("flashinfer-jit-cache")
-    vllm = _dist_version("vllm")
+    triton = dist_version("triton", "pytorch-triton")
+    fi = probe_installed(import_modules=import_modules)
+    cubin = dist_version("flashinfer-cubin")
+    jit = dist_version("flashinfer-jit-cache")
+    vllm = dist_version("vllm")
     torch_v = gpu.get("torch")
     trtllm: bool | None = None
-    if arch is not None and arch not in ("sm_100", "sm_103", "sm_107") or arch is not None and fi.get("flashinfer") is None:
+    if arch is not None and (not _trtllm_gen_arch(str(arch)) or fi.get("flashinfer") is None):
         trtllm = False
     elif arch is not None and cubin is not None and fi.get("flashinfer") is not None:
         try:

@@ -14,10 +14,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nvfp4compat.facts import SystemFacts
+from nvfp4compat.spec import Impl, Strategy
 
-__all__ = ["Binding", "Plan", "TraceEntry", "VllmPlan", "check_rotation_bindings"]
+__all__ = ["Binding", "Plan", "TraceEntry", "VllmPlan", "VllmRoute", "check_rotation_bindings"]
 
-ImplName = Literal["native", "flashinfer", "triton", "dequant_fa3"]
 Source = Literal["argument", "environment", "matrix", "probe", "fallback"]
 
 
@@ -46,7 +46,7 @@ class Binding(_Frozen):
     """
 
     op: str
-    impl: ImplName | None
+    impl: Impl | None
     source: Source
     reason: str
     options: dict[str, Any] = Field(default_factory=dict)
@@ -78,14 +78,129 @@ def check_rotation_bindings(bindings: Mapping[str, Any]) -> str | None:
     return next(iter(kinds)) if kinds else None
 
 
+class VllmRoute(_Frozen):
+    """What the vLLM plugin does for NVFP4 KV-cache layers in a process: the whole decision.
+
+    Computed once by the resolver (``resolver._vllm_route``); the plugin applies it as it is and
+    the backend subclasses consult it at every decision. ``nvfp4compat query`` prints it
+    (:meth:`describe`), so what the query says is what the plugin does.
+
+    Attributes
+    ----------
+    strategy : {"backport", "extend"} or the plan's strategy for a refusal
+        Copied from :attr:`VllmPlan.strategy`.
+    patches : list[str]
+        Patch ids applied, in ``PATCH_IDS`` order (empty for a refusal).
+    accept : list[str]
+        ``--kv-cache-dtype`` values the patched FLASHINFER gate accepts on top of vLLM's own answer.
+    combination : bool
+        head_size 64 and attention sinks are accepted for NVFP4 (the Triton readers serve them).
+    own_builder : bool
+        NVFP4 layers get nvfp4compat's metadata builder (block table, seq_lens, query_start_loc,
+        decode/prefill split): with ``metadata_builder``, or whenever both phases are read by
+        nvfp4compat.
+    write : str or None
+        The implementation the KV write is routed to; None leaves vLLM's own writer.
+    write_4over6 : bool
+        The bound writer implements the ``nvfp4_4over6`` scale search.
+    read : dict[str, str]
+        ``{"decode": impl, "prefill": impl}`` for the phases routed to nvfp4compat's readers; a
+        phase absent from it stays on vLLM's own reader.
+    kv_rotation : str or None
+        ``"hadamard"``: the routed writer and both readers are wrapped with the rotation.
+    refusal : str or None
+        When set, NVFP4 is refused in the process with this text: the gate reports it as the
+        validation reason and the builder/impl constructors raise it (engine start, never
+        mid-request).
+    """
+
+    strategy: Strategy
+    patches: list[str]
+    accept: list[str] = Field(default_factory=list)
+    combination: bool = False
+    own_builder: bool = False
+    write: Impl | None = None
+    write_4over6: bool = False
+    read: dict[str, Impl] = Field(default_factory=dict)
+    kv_rotation: str | None = None
+    refusal: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> VllmRoute:
+        if self.refusal is not None:
+            return self
+        if self.kv_rotation is not None and (self.write is None or not self.reads_all):
+            raise ValueError(
+                f"the route rotates the KV cache ({self.kv_rotation}) but leaves the writer or a reader to "
+                f"vLLM (write={self.write}, read={self.read}); vLLM's own code would read a rotated cache "
+                "unrotated. Way out: unset NVFP4COMPAT_KV_ROTATION"
+            )
+        if self.combination and not self.reads_all:
+            raise ValueError(f"gate_combination (head_size 64, sinks) needs both readers routed; read={self.read}")
+        if self.strategy == "backport" and not self.reads_all:
+            raise ValueError(
+                f"a backport route reads with nvfp4compat's readers only (its builder plans no FlashInfer "
+                f"wrapper); read={self.read}"
+            )
+        return self
+
+    def handles(self, kv_cache_dtype: str | None) -> bool:
+        """Whether layers with this ``kv_cache_dtype`` are NVFP4 layers this route acts on."""
+        text = str(kv_cache_dtype or "")
+        return text.startswith("nvfp4") and not text.endswith("_ds_mla")
+
+    @property
+    def reads_all(self) -> bool:
+        """Both decode and prefill are served by nvfp4compat's readers."""
+        return "decode" in self.read and "prefill" in self.read
+
+    def describe(self) -> str:
+        """One line: what the plugin does (``nvfp4compat query`` and the plugin's log print it).
+
+        ``op=vllm`` marks an op left to vLLM's own code (e.g. vLLM 0.33's FlashInfer writer under
+        ``extend``).
+        """
+        if self.refusal is not None:
+            return f"refuse --kv-cache-dtype nvfp4 at engine start: {self.refusal}"
+        ops = [f"write={self.write or 'vllm'}"]
+        ops += [f"{op}={self.read.get(op, 'vllm')}" for op in ("decode", "prefill")]
+        extra = ["builder=" + ("nvfp4compat" if self.own_builder else "vllm")]
+        if self.accept:
+            extra.append("gate accepts " + "/".join(self.accept))
+        if self.combination:
+            extra.append("head_size 64 and sinks accepted")
+        if self.write_4over6:
+            extra.append("4over6 scale search")
+        if self.kv_rotation is not None:
+            extra.append(f"kv_rotation={self.kv_rotation}")
+        return f"{self.strategy} [{', '.join(self.patches)}]; {', '.join(ops)}; {', '.join(extra)}"
+
+
 class VllmPlan(_Frozen):
-    """How the vLLM plugin applies the plan to the installed vLLM release."""
+    """How the vLLM plugin applies the plan to the installed vLLM release.
+
+    ``route`` is what the plugin does in the process: None leaves vLLM untouched (strategy
+    ``none`` or ``native``, or an ``extend`` whose stock path already is the plan).
+    """
 
     version: str
-    strategy: Literal["none", "native", "backport", "extend"]
+    strategy: Strategy
     patches: list[str]
     kv_cache_dtypes: list[str]
     reason: str
+    route: VllmRoute | None = None
+
+    @model_validator(mode="after")
+    def _route_matches(self) -> VllmPlan:
+        r = self.route
+        if r is None or r.refusal is not None:
+            return self
+        if r.strategy != self.strategy or r.patches != self.patches:
+            raise ValueError(
+                f"vllm.route ({r.strategy}, {r.patches}) disagrees with the plan's strategy "
+                f"{self.strategy} and patches {self.patches}; resolve the plan again"
+            )
+        return self
 
 
 class TraceEntry(_Frozen):
@@ -256,6 +371,8 @@ class Plan(_Frozen):
             lines.append(f"vllm {v.version}: strategy {v.strategy}; patches: {', '.join(v.patches) or '(none)'}; kv_cache_dtypes: {', '.join(v.kv_cache_dtypes) or '(none)'}")
             if v.reason not in (self.reason or ""):
                 lines.append(f"  {v.reason}")
+            # what the vLLM plugin does with this plan, exactly as it applies it and logs it
+            lines.append(f"  plugin: {v.route.describe() if v.route is not None else 'leaves vLLM untouched'}")
         if self.env:
             lines.append("env: " + " ".join(f"{k}={val}" for k, val in self.env.items()))
         for w in self.warnings:

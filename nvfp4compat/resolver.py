@@ -2,7 +2,10 @@
 
 :func:`resolve` imports nothing heavy (no torch, triton, flashinfer or vllm) and reads no
 environment: ``NVFP4COMPAT_IMPL`` arrives inside :class:`~nvfp4compat.facts.SystemFacts`
-(``facts.impl_env``, captured by :func:`~nvfp4compat.facts.detect` or :func:`query`).
+(``facts.impl_env``, captured by :func:`~nvfp4compat.facts.detect` or
+:func:`nvfp4compat.api.query`). Every rule is a function of one frozen :class:`Known` value (the
+matrix, the facts, and what they select in it); what the rules say is collected in an append-only
+log that becomes the plan's trace, warnings and notes.
 
 Precedence, in this one place (:func:`_candidates`):
 
@@ -19,12 +22,12 @@ preference and says so in the trace and the warnings.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from nvfp4compat._version import __version__
 from nvfp4compat.facts import ENV_DISABLE_TRITON, ENV_IMPL, ENV_KV_ROTATION, SystemFacts
-from nvfp4compat.plan import Binding, Plan, TraceEntry, VllmPlan
+from nvfp4compat.plan import Binding, Plan, TraceEntry, VllmPlan, VllmRoute
 from nvfp4compat.spec import (
     FEATURES,
     HELPERS,
@@ -41,11 +44,9 @@ from nvfp4compat.spec import (
 )
 from nvfp4compat.versions import parse_version, public_version
 
-__all__ = ["ResolutionError", "parse_impl_spec", "parse_kv_rotation", "query", "resolve"]
+__all__ = ["WRITER_REQUIRED", "Known", "ResolutionError", "parse_impl_spec", "parse_kv_rotation", "release_span", "resolve"]
 
-SLOT_HELPER = "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping"
 WRITER_REQUIRED = "FlashInfer NVFP4 slot-mapping KV cache update is required"
-_FROM_ENV = object()
 
 
 class ResolutionError(ValueError):
@@ -117,113 +118,142 @@ def parse_kv_rotation(value: str | None, *, source: str = ENV_KV_ROTATION) -> st
     raise ResolutionError(f"{source}={value!r} is not a KV rotation; accepted values are {list(KV_ROTATIONS)} or 'none' (unset: no rotation)")
 
 
-def _tie_rotation(ctx: _Ctx, bindings: dict[str, Binding], rotation: str) -> dict[str, Binding]:
+def _tie_rotation(k: Known, bindings: dict[str, Binding], rotation: str) -> dict[str, Binding]:
     """Put ``kv_rotation`` in the options of every bound op: writer and readers are rotated together."""
     bound = [op for op in OPS if bindings[op].impl is not None]
     for op in bound:
         b = bindings[op]
         bindings[op] = b.model_copy(update={"options": {**b.options, "kv_rotation": rotation}})
-    ctx.note(None, None, "kv_rotation", True, f"{rotation}: the cache stores K@H and V@H; {', '.join(bound) or 'no op'} wrapped with the rotation (readers attend with Q@H and multiply the output by H, dequant un-rotates); native excluded (vLLM's own path cannot be wrapped)")
+    k.note(None, None, "kv_rotation", True, f"{rotation}: the cache stores K@H and V@H; {', '.join(bound) or 'no op'} wrapped with the rotation (readers attend with Q@H and multiply the output by H, dequant un-rotates); native excluded (vLLM's own path cannot be wrapped)")
     return bindings
 
 
 @dataclass
-class _Ctx:
-    matrix: Matrix
-    facts: SystemFacts
-    features: tuple[str, ...]
+class _Log:
+    """What the resolver says while it decides: append-only, the only mutable state of a resolve."""
+
     trace: list[TraceEntry] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     unverified: list[str] = field(default_factory=list)
     planned_from: dict[str, str] = field(default_factory=dict)
     release_warnings: list[str] = field(default_factory=list)
     unreleased: list[str] = field(default_factory=list)
-    arch: ArchSpec | None = None
-    fi: FlashInferRelease | None = None
-    fi_exact: bool = False
-    helpers: dict[str, bool] | None = None
-    helper_params: dict[str, list[str]] = field(default_factory=dict)
-    helper_source: str | None = None
-    probe_disagrees: set[str] = field(default_factory=set)
-    vllm: VllmRelease | None = None
-    vllm_exact: bool = False
-    features_supported: dict[str, bool] = field(default_factory=dict)
-    rotation: str | None = None
 
     def note(self, op: str | None, impl: str | None, rule: str, accepted: bool, reason: str) -> None:
         self.trace.append(TraceEntry(op=op, impl=impl, rule=rule, accepted=accepted, reason=reason))
 
 
-# ------------------------------------------------------------------------------ context
+@dataclass(frozen=True)
+class Known:
+    """What the resolver knows, fixed before any decision: the matrix, the facts, the requested
+    features and rotation, and what the facts select in the matrix (arch entry, FlashInfer and vLLM
+    release, helper presence and its source). Every rule is a function of this value; ``log``
+    collects what they say."""
+
+    matrix: Matrix
+    facts: SystemFacts
+    features: tuple[str, ...]
+    rotation: str | None
+    arch: ArchSpec | None
+    fi: FlashInferRelease | None
+    fi_exact: bool
+    helpers: Mapping[str, bool] | None
+    helper_params: Mapping[str, tuple[str, ...]]
+    helper_source: str | None
+    probe_disagrees: frozenset[str]
+    vllm: VllmRelease | None
+    vllm_exact: bool
+    log: _Log = field(compare=False)
+
+    def note(self, op: str | None, impl: str | None, rule: str, accepted: bool, reason: str) -> None:
+        self.log.note(op, impl, rule, accepted, reason)
 
 
-def _setup(ctx: _Ctx) -> None:
-    m, f = ctx.matrix, ctx.facts
+# ------------------------------------------------------------------------------ what we know
+
+
+def _know(matrix: Matrix, facts: SystemFacts, features: tuple[str, ...], rotation: str | None, log: _Log) -> Known:
+    """Select in the matrix what the facts name (arch, releases, helpers); say what is unverified."""
+    m, f = matrix, facts
+    arch: ArchSpec | None = None
+    fi: FlashInferRelease | None = None
+    fi_exact = False
+    helpers: dict[str, bool] | None = None
+    helper_params: dict[str, tuple[str, ...]] = {}
+    helper_source: str | None = None
+    disagrees: set[str] = set()
+    vllm: VllmRelease | None = None
+    vllm_exact = False
     if f.arch is None:
-        ctx.note(None, None, "arch", False, "no GPU arch known (no CUDA device and NVFP4COMPAT_ARCH unset): arch-dependent requirements cannot be met")
+        log.note(None, None, "arch", False, "no GPU arch known (no CUDA device and NVFP4COMPAT_ARCH unset): arch-dependent requirements cannot be met")
     elif f.arch in m.arches:
-        ctx.arch = m.arches[f.arch]
-        ctx.note(None, None, "arch", True, f"{f.arch} is in the matrix (family {ctx.arch.family})")
+        arch = m.arches[f.arch]
+        log.note(None, None, "arch", True, f"{f.arch} is in the matrix (family {arch.family})")
     else:
-        ctx.unverified.append(f"arch {f.arch}: not in the matrix (known: {', '.join(m.arches)}); only arch-neutral Triton kernels are considered")
-        ctx.note(None, None, "arch", False, f"{f.arch} is not in the matrix: conservative choice (Triton if plausible)")
+        log.unverified.append(f"arch {f.arch}: not in the matrix (known: {', '.join(m.arches)}); only arch-neutral Triton kernels are considered")
+        log.note(None, None, "arch", False, f"{f.arch} is not in the matrix: conservative choice (Triton if plausible)")
 
     if f.flashinfer is not None:
         exact = m.flashinfer_release(f.flashinfer)
         local = parse_version(f.flashinfer).local is not None
         if exact is not None and not local:
-            ctx.fi, ctx.fi_exact = exact, True
+            fi, fi_exact = exact, True
         else:
-            ctx.fi = exact or m.nearest_flashinfer(f.flashinfer)
-            basis = f"nearest known release {ctx.fi.version}" if ctx.fi else "no known release (older than all)"
+            fi = exact or m.nearest_flashinfer(f.flashinfer)
+            basis = f"nearest known release {fi.version}" if fi else "no known release (older than all)"
             why = "a local build" if local else "not in the matrix"
-            ctx.unverified.append(f"flashinfer {f.flashinfer}: {why}; release facts taken from {basis}" + (" and the probe" if f.flashinfer_helpers is not None else ""))
-            if ctx.fi is not None and not local:
-                ctx.planned_from["flashinfer"] = ctx.fi.version
-                ctx.release_warnings.append(_unknown_release_warning(
-                    "FlashInfer", f.flashinfer, ctx.fi.version, m.flashinfer_index_checked, "flashinfer.yaml"))
+            log.unverified.append(f"flashinfer {f.flashinfer}: {why}; release facts taken from {basis}" + (" and the probe" if f.flashinfer_helpers is not None else ""))
+            if fi is not None and not local:
+                log.planned_from["flashinfer"] = fi.version
+                log.release_warnings.append(_unknown_release_warning(
+                    "FlashInfer", f.flashinfer, fi.version, m.flashinfer_index_checked, "flashinfer.yaml"))
                 checked = _unreleased(f.flashinfer, m.flashinfer_index_checked)
                 if checked is not None and f.source == "query":
-                    ctx.unreleased.append(_unreleased_reason("FlashInfer", f.flashinfer, checked, "--flashinfer"))
+                    log.unreleased.append(_unreleased_reason("FlashInfer", f.flashinfer, checked, "--flashinfer"))
         if f.flashinfer_helpers is not None:
-            ctx.helpers = {h: bool(f.flashinfer_helpers.get(h, False)) for h in HELPERS}
-            ctx.helper_params = {h: list(p) for h, p in (f.flashinfer_helper_params or {}).items()}
-            ctx.helper_source = "probe"
-            if ctx.fi is not None and ctx.fi_exact:
+            helpers = {h: bool(f.flashinfer_helpers.get(h, False)) for h in HELPERS}
+            helper_params = {h: tuple(p) for h, p in (f.flashinfer_helper_params or {}).items()}
+            helper_source = "probe"
+            if fi is not None and fi_exact:
                 for h in HELPERS:
-                    said = ctx.fi.helpers[h].present
-                    if said != ctx.helpers[h]:
-                        ctx.probe_disagrees.add(h)
-                        spec = ctx.fi.helpers[h]
-                        ctx.warnings.append(
+                    said = fi.helpers[h].present
+                    if said != helpers[h]:
+                        disagrees.add(h)
+                        spec = fi.helpers[h]
+                        log.warnings.append(
                             f"matrix and probe disagree on FlashInfer {f.flashinfer}: flashinfer.yaml says {h} is "
                             f"{'present (' + (spec.defined_at or '') + ')' if said else 'absent'}, the installed package "
-                            f"{'has' if ctx.helpers[h] else 'lacks'} it ({f.flashinfer_probe or 'probe'}); the probe wins"
+                            f"{'has' if helpers[h] else 'lacks'} it ({f.flashinfer_probe or 'probe'}); the probe wins"
                         )
-        elif ctx.fi is not None:
-            ctx.helpers = {h: ctx.fi.helpers[h].present for h in HELPERS}
-            ctx.helper_params = {
-                h: [p.split("=", 1)[0] for p in (ctx.fi.helpers[h].params or [])] for h in HELPERS if ctx.fi.helpers[h].present
+        elif fi is not None:
+            helpers = {h: fi.helpers[h].present for h in HELPERS}
+            helper_params = {
+                h: tuple(p.split("=", 1)[0] for p in (fi.helpers[h].params or [])) for h in HELPERS if fi.helpers[h].present
             }
-            ctx.helper_source = "matrix" if ctx.fi_exact else "nearest"
+            helper_source = "matrix" if fi_exact else "nearest"
         if f.flashinfer_import_error:
-            ctx.warnings.append(f"FlashInfer probe saw an error: {f.flashinfer_import_error} (helpers were read from the installed sources)")
+            log.warnings.append(f"FlashInfer probe saw an error: {f.flashinfer_import_error} (helpers were read from the installed sources)")
 
     if f.vllm is not None:
         exact_v = m.vllm_release(f.vllm)
         if exact_v is not None and parse_version(f.vllm).local is None:
-            ctx.vllm, ctx.vllm_exact = exact_v, True
+            vllm, vllm_exact = exact_v, True
         else:
-            ctx.vllm = exact_v or m.nearest_vllm(f.vllm)
-            if ctx.vllm is not None:
-                ctx.unverified.append(f"vllm {f.vllm}: not in the matrix; treated like {ctx.vllm.version}")
+            vllm = exact_v or m.nearest_vllm(f.vllm)
+            if vllm is not None:
+                log.unverified.append(f"vllm {f.vllm}: not in the matrix; treated like {vllm.version}")
                 if exact_v is None:
-                    ctx.planned_from["vllm"] = ctx.vllm.version
-                    ctx.release_warnings.append(_unknown_release_warning(
-                        "vLLM", f.vllm, ctx.vllm.version, m.vllm.index_checked, "vllm.yaml"))
+                    log.planned_from["vllm"] = vllm.version
+                    log.release_warnings.append(_unknown_release_warning(
+                        "vLLM", f.vllm, vllm.version, m.vllm.index_checked, "vllm.yaml"))
             checked = _unreleased(f.vllm, m.vllm.index_checked) if exact_v is None else None
             if checked is not None and f.source == "query":
-                ctx.unreleased.append(_unreleased_reason("vLLM", f.vllm, checked, "--vllm"))
+                log.unreleased.append(_unreleased_reason("vLLM", f.vllm, checked, "--vllm"))
+    return Known(
+        matrix=m, facts=f, features=features, rotation=rotation, arch=arch, fi=fi, fi_exact=fi_exact,
+        helpers=helpers, helper_params=helper_params, helper_source=helper_source,
+        probe_disagrees=frozenset(disagrees), vllm=vllm, vllm_exact=vllm_exact, log=log,
+    )
 
 
 def _unreleased(version: str, checked: IndexCheck | None) -> IndexCheck | None:
@@ -254,41 +284,41 @@ def _unreleased_reason(name: str, version: str, checked: IndexCheck, flag: str) 
     )
 
 
-def _cc_set_for(ctx: _Ctx, helper: str) -> tuple[list[int] | None, str | None, str]:
+def _cc_set_for(k: Known, helper: str) -> tuple[list[int] | None, str | None, str]:
     """The helper's SM gate from the matrix: the release itself, else the newest release that has it."""
-    rel = ctx.fi
+    rel = k.fi
     if rel is not None and rel.helpers[helper].present:
         s = rel.helpers[helper]
         return s.compute_capability, s.capability_source, f"[{rel.version}]"
-    for r in reversed(ctx.matrix.flashinfer):
+    for r in reversed(k.matrix.flashinfer):
         if r.helpers[helper].present:
             s = r.helpers[helper]
             return s.compute_capability, s.capability_source, f"[{r.version}, nearest release that has it]"
     return None, None, ""
 
 
-def _arch_plausible_for_triton(f: SystemFacts) -> bool:
-    major = f.arch_major
-    return major is not None and major >= 8 and major != 11
+def _arch_plausible_for_triton(k: Known) -> bool:
+    """An arch the matrix does not list may run Triton (implementations.yaml: unknown_arch_triton)."""
+    return k.matrix.implementations.unknown_arch_triton.plausible(k.facts.arch_major)
 
 
-def _check(ctx: _Ctx, req: Requirement) -> tuple[bool, str]:
+def _check(k: Known, req: Requirement) -> tuple[bool, str]:
     """Evaluate one requirement against the facts: ``(ok, reason)``."""
-    f, m = ctx.facts, ctx.matrix
+    f, m = k.facts, k.matrix
     cc = f.arch_cc
     fi_label = f"FlashInfer {f.flashinfer}" if f.flashinfer else "FlashInfer"
     if req.kind == "flashinfer_helper":
         h = req.helper or ""
         if f.flashinfer is None:
             return False, f"FlashInfer is not installed (needs {h}, first in {_first_with(m, h)})"
-        if ctx.helpers is None:
+        if k.helpers is None:
             return False, f"{fi_label}: helper presence unknown (release older than the matrix and not probed)"
-        if not ctx.helpers[h]:
-            src = {"probe": "probe of the installed package", "matrix": "flashinfer.yaml", "nearest": "nearest matrix release"}.get(ctx.helper_source or "", "")
+        if not k.helpers[h]:
+            src = {"probe": "probe of the installed package", "matrix": "flashinfer.yaml", "nearest": "nearest matrix release"}.get(k.helper_source or "", "")
             return False, f"{fi_label} lacks {h} ({src}); releases that have it: {release_span(m, m.releases_with_helper(h))}"
         if cc is None:
             return False, f"{h} is present but the arch is unknown"
-        ccs, how, where = _cc_set_for(ctx, h)
+        ccs, how, where = _cc_set_for(k, h)
         if ccs is None:
             return True, f"{fi_label} has {h} (no SM gate recorded)"
         if how == "jit_min_arch":
@@ -300,9 +330,9 @@ def _check(ctx: _Ctx, req: Requirement) -> tuple[bool, str]:
         return False, f"{fi_label} has {h} but SM{cc} is not in its @supported_compute_capability {ccs} {where}"
     if req.kind == "flashinfer_helper_param":
         h, p = req.helper or "", req.param or ""
-        if f.flashinfer is None or ctx.helpers is None or not ctx.helpers.get(h):
+        if f.flashinfer is None or k.helpers is None or not k.helpers.get(h):
             return False, f"needs {h}({p}=...), {fi_label} does not have {h}"
-        params = ctx.helper_params.get(h)
+        params = k.helper_params.get(h)
         if params is None:
             return False, f"{fi_label}: parameters of {h} unknown"
         if p in params:
@@ -313,23 +343,24 @@ def _check(ctx: _Ctx, req: Requirement) -> tuple[bool, str]:
         c = req.consumer or ""
         if f.flashinfer is None:
             return False, f"FlashInfer is not installed (needs its {c} NVFP4 path)"
-        if ctx.fi is None:
+        if k.fi is None:
             return False, f"{fi_label} is older than every release in the matrix: its {c} path is unknown"
         if cc is None:
             return False, f"arch unknown: cannot check {c}"
-        sms = ctx.fi.consumers[c].sms
+        sms = k.fi.consumers[c].sms
         if cc in sms:
-            return True, f"{fi_label} {c} reads NVFP4 on SM{cc} (SMs {sms}, [{ctx.fi.version}])"
-        return False, f"{fi_label} {c} reads NVFP4 only on SMs {sms}, found {f.arch} ([{ctx.fi.version}])"
+            return True, f"{fi_label} {c} reads NVFP4 on SM{cc} (SMs {sms}, [{k.fi.version}])"
+        return False, f"{fi_label} {c} reads NVFP4 only on SMs {sms}, found {f.arch} ([{k.fi.version}])"
     if req.kind == "arch_flag":
         flag = req.flag or ""
         if f.arch is None:
             return False, f"arch unknown: cannot check {flag}"
-        if ctx.arch is None:
-            if flag == "triton_kernels" and _arch_plausible_for_triton(f):
-                return True, f"{f.arch} is not in the matrix; Triton is plausible (SM >= 80, not the SM110 family): unverified"
+        if k.arch is None:
+            if flag == "triton_kernels" and _arch_plausible_for_triton(k):
+                rule = k.matrix.implementations.unknown_arch_triton
+                return True, f"{f.arch} is not in the matrix; Triton is plausible ({rule.reason}): unverified"
             return False, f"{f.arch} is not in the matrix: {flag} unknown"
-        claim = getattr(ctx.arch, flag)
+        claim = getattr(k.arch, flag)
         word = "yes" if claim.value else "no"
         return claim.value, f"arches.yaml {f.arch}.{flag} = {word} ({claim.status})" + (f": {claim.note}" if claim.note else "")
     if req.kind == "triton":
@@ -345,22 +376,22 @@ def _check(ctx: _Ctx, req: Requirement) -> tuple[bool, str]:
             return False, "trtllm-gen is not usable here (flashinfer-cubin missing or mismatched, or not an SM100-family GPU)"
         return True, "trtllm-gen usability unknown: assumed usable (vLLM probes flashinfer-cubin / NVIDIA's artifactory itself)"
     if req.kind == "vllm_native_path":
-        if ctx.vllm is None or f.vllm is None:
+        if k.vllm is None or f.vllm is None:
             return False, "native means vLLM's own trtllm-gen path, and no vLLM is in the facts"
         if f.arch is None:
             return False, "arch unknown"
-        stock = ctx.vllm.stock_for(f.arch)
+        stock = k.vllm.stock_for(f.arch)
         if stock is not None and stock.path == "native":
             return True, f"vLLM {f.vllm} serves nvfp4 natively on {f.arch} ({stock.evidence})"
         return False, f"vLLM {f.vllm}'s stock NVFP4 path on {f.arch} is {'the FA2 path' if stock else 'absent'}, not native"
     if req.kind == "vllm_dtype":
-        if f.vllm is None or ctx.vllm is None:
+        if f.vllm is None or k.vllm is None:
             return True, "no vLLM: dtype listing not required"
-        if req.dtype in ctx.vllm.nvfp4_dtypes:
+        if req.dtype in k.vllm.nvfp4_dtypes:
             return True, f"vLLM {f.vllm} lists {req.dtype}"
-        return False, f"vLLM {f.vllm} does not list {req.dtype} (its nvfp4 dtypes: {ctx.vllm.nvfp4_dtypes})"
+        return False, f"vLLM {f.vllm} does not list {req.dtype} (its nvfp4 dtypes: {k.vllm.nvfp4_dtypes})"
     if req.kind == "flashinfer_fa3_ragged":
-        return _check_fa3_ragged(ctx)
+        return _check_fa3_ragged(k)
     if req.kind == "not_in_vllm":
         if f.vllm is None:
             return True, "no vLLM in the facts"
@@ -368,40 +399,46 @@ def _check(ctx: _Ctx, req: Requirement) -> tuple[bool, str]:
     raise AssertionError(f"unhandled requirement kind {req.kind}")  # pragma: no cover - the spec restricts kinds
 
 
-def _check_fa3_ragged(ctx: _Ctx) -> tuple[bool, str]:
+def _check_fa3_ragged(k: Known) -> tuple[bool, str]:
     """FlashInfer's FA3 ragged prefill wrapper on this arch: the probe decides presence where it ran
     (a disagreement with flashinfer.yaml is a warning); the release's ``fa3_ragged`` record gives the
-    SMs (SM90 where the release has no record)."""
-    f = ctx.facts
+    SMs (those of the newest release with a record where this release has none)."""
+    f = k.facts
     fi_label = f"FlashInfer {f.flashinfer}" if f.flashinfer else "FlashInfer"
     if f.flashinfer is None:
         return False, "FlashInfer is not installed (needs BatchPrefillWithRaggedKVCacheWrapper(backend='fa3'))"
-    rec = ctx.fi.fa3_ragged if ctx.fi is not None and ctx.fi_exact else None
+    rec = k.fi.fa3_ragged if k.fi is not None and k.fi_exact else None
     if f.flashinfer_fa3_ragged is not None:
         present, src = f.flashinfer_fa3_ragged, "probe of the installed sources"
         if rec is not None and not present:
-            ctx.warnings.append(
+            k.log.warnings.append(
                 f"matrix and probe disagree on FlashInfer {f.flashinfer}: flashinfer.yaml records the FA3 ragged "
                 f"prefill ({rec.evidence.split(';')[0]}), the installed package lacks it; the probe wins"
             )
     elif rec is not None:
-        present, src = True, f"flashinfer.yaml fa3_ragged [{ctx.fi.version if ctx.fi else ''}]"
+        present, src = True, f"flashinfer.yaml fa3_ragged [{k.fi.version if k.fi else ''}]"
     else:
         return False, (
             f"{fi_label}: FA3 ragged prefill not recorded in flashinfer.yaml for this release and not probed "
             "(releases recorded: "
-            + (release_span(ctx.matrix, [r.version for r in ctx.matrix.flashinfer if r.fa3_ragged]) or "none")
+            + (release_span(k.matrix, [r.version for r in k.matrix.flashinfer if r.fa3_ragged]) or "none")
             + ")"
         )
     if not present:
         return False, f"{fi_label} has no FA3 ragged prefill ({src})"
-    sms = rec.sms if rec is not None else [90]
+    sms = rec.sms if rec is not None else _fa3_sms(k.matrix)
     cc = f.arch_cc
     if cc is None:
-        return False, "arch unknown: FA3 needs SM90"
+        return False, f"arch unknown: FA3 needs SM {sms}"
     if cc not in sms:
         return False, f"{fi_label}'s FA3 kernels build only for SMs {sms}, found {f.arch} ({src})"
     return True, f"{fi_label} has BatchPrefillWithRaggedKVCacheWrapper(backend='fa3') for SM{cc} ({src})"
+
+
+def _fa3_sms(m: Matrix) -> list[int]:
+    """The FA3 ragged prefill's SMs as the newest flashinfer.yaml release that records it says."""
+    recorded = [r.fa3_ragged for r in m.flashinfer if r.fa3_ragged is not None]
+    return list(recorded[-1].sms) if recorded else []
 
 
 def release_span(m: Matrix, versions: list[str]) -> str:
@@ -423,27 +460,34 @@ def _first_with(m: Matrix, helper: str) -> str:
     return f"flashinfer-python {rels[0]}" if rels else "no known release"
 
 
-def _evaluate(ctx: _Ctx, op: str, impl: str) -> tuple[bool, list[str]]:
+def _evaluate(k: Known, op: str, impl: str) -> tuple[bool, list[str]]:
     """All requirements of ``impl`` for ``op``, the plugin's limits, and requested features."""
-    m, f = ctx.matrix, ctx.facts
+    m, f = k.matrix, k.facts
     spec = m.implementations.ops[op].impls.get(impl)
     if spec is None:
         return False, [f"{op} has no {impl} implementation (implementations: {sorted(m.implementations.ops[op].impls)})"]
     reasons: list[str] = []
     ok = True
     for req in spec.requires:
-        good, why = _check(ctx, req)
+        good, why = _check(k, req)
         reasons.append(why)
         if not good:
             ok = False
             break
-    if ok and ctx.vllm is not None and f.vllm is not None and impl != "native" and op in ("write", "decode", "prefill"):
-        allowed = getattr(ctx.vllm.plugin, op)
+    if ok and k.vllm is not None and f.vllm is not None and impl != "native" and op in ("write", "decode", "prefill"):
+        allowed = getattr(k.vllm.plugin, op)
+        routed = m.vllm.routed_readers
         if impl not in allowed:
             ok = False
-            reasons.append(f"inside vLLM {f.vllm} the plugin binds only {allowed} for {op}: {ctx.vllm.plugin.reason}")
+            reasons.append(f"inside vLLM {f.vllm} the plugin binds only {allowed} for {op}: {k.vllm.plugin.reason}")
+        elif op != "write" and impl not in routed.impls and _strategy_beside_native(k) == "backport":
+            ok = False
+            reasons.append(
+                f"inside vLLM {f.vllm} on {f.arch} the plugin backports, and a backport reads with "
+                f"{routed.impls} only: {routed.reason}"
+            )
     if ok:
-        for feat in ctx.features:
+        for feat in k.features:
             fs = m.implementations.features[feat]
             per_op = fs.ops.get(op)
             if per_op is None:
@@ -453,7 +497,7 @@ def _evaluate(ctx: _Ctx, op: str, impl: str) -> tuple[bool, list[str]]:
                 reasons.append(f"{impl} {op} does not support the requested feature {feat} ({fs.summary})")
                 break
             for req in per_op[impl]:
-                good, why = _check(ctx, req)
+                good, why = _check(k, req)
                 if not good:
                     ok = False
                     reasons.append(f"feature {feat}: {why}")
@@ -463,13 +507,22 @@ def _evaluate(ctx: _Ctx, op: str, impl: str) -> tuple[bool, list[str]]:
     return ok, reasons
 
 
-def _feature_supported(ctx: _Ctx, feat: str, bindings: Mapping[str, Binding]) -> bool:
-    fs = ctx.matrix.implementations.features[feat]
+def _strategy_beside_native(k: Known) -> str | None:
+    """The vLLM strategy for implementations other than native on this arch (vllm.yaml: strategy,
+    a native arch falling back to ``native_fallback``); None without vLLM or arch."""
+    if k.vllm is None or k.facts.arch is None:
+        return None
+    declared = k.vllm.strategy.for_arch(k.facts.arch) or "backport"
+    return k.vllm.strategy.native_fallback if declared == "native" else declared
+
+
+def _feature_supported(k: Known, feat: str, bindings: Mapping[str, Binding]) -> bool:
+    fs = k.matrix.implementations.features[feat]
     for op, per_impl in fs.ops.items():
         impl = bindings[op].impl
         if impl is None or impl not in per_impl:
             return False
-        if not all(_check(ctx, r)[0] for r in per_impl[impl]):
+        if not all(_check(k, r)[0] for r in per_impl[impl]):
             return False
     return True
 
@@ -477,8 +530,10 @@ def _feature_supported(ctx: _Ctx, feat: str, bindings: Mapping[str, Binding]) ->
 # ------------------------------------------------------------------------------ binding
 
 
-def _bind(ctx: _Ctx, overrides: Mapping[str, str], env_over: Mapping[str, str]) -> dict[str, Binding]:
-    m = ctx.matrix
+def _bind(k: Known, overrides: Mapping[str, str], env_over: Mapping[str, str]) -> tuple[dict[str, Binding], dict[str, bool]]:
+    """Bind every op (explicit request, then the matrix preference), and say which features the
+    bindings provide."""
+    m = k.matrix
     group = m.implementations.groups.get("native")
     group_ops = list(group.ops) if group else []
     explicit: dict[str, tuple[str, str]] = {}
@@ -487,14 +542,14 @@ def _bind(ctx: _Ctx, overrides: Mapping[str, str], env_over: Mapping[str, str]) 
             explicit[op] = (overrides[op], "argument")
         elif op in env_over:
             explicit[op] = (env_over[op], "environment")
-    pref = m.preference_for(ctx.facts.arch or "")
-    if ctx.facts.arch is not None and ctx.arch is None:
+    pref = m.preference_for(k.facts.arch or "")
+    if k.facts.arch is not None and k.arch is None:
         pref = m.implementations.unknown_arch_preference
 
     # native is all-or-none across its group (write/decode/prefill)
     native_ok, native_why = True, ""
     for op in group_ops:
-        good, why = _evaluate(ctx, op, "native")
+        good, why = _evaluate(k, op, "native")
         if not good:
             native_ok, native_why = False, why[-1]
             break
@@ -507,7 +562,8 @@ def _bind(ctx: _Ctx, overrides: Mapping[str, str], env_over: Mapping[str, str]) 
         if not native_ok:
             raise ResolutionError(
                 f"{where} asks for native on {explicit_native}, but native cannot run here: {native_why}. "
-                f"Native is vLLM's own SM100-family trtllm-gen path (SM100/103, SM107 with FlashInfer >= 0.6.16, vLLM installed, trtllm-gen usable). "
+                f"Native is vLLM's own SM100-family trtllm-gen path ({_native_arches(k)}, with a FlashInfer whose "
+                "trtllm-gen consumer lists the SM, vLLM installed, trtllm-gen usable). "
                 f"Way out: request flashinfer or triton instead (e.g. {ENV_IMPL}=triton)."
             )
         if explicit_other:
@@ -517,21 +573,21 @@ def _bind(ctx: _Ctx, overrides: Mapping[str, str], env_over: Mapping[str, str]) 
             )
     exclude_native = (not native_ok) or bool(explicit_other)
     if native_ok and explicit_other:
-        ctx.note(None, "native", "group", False, f"native is all-or-none for {group_ops}; excluded because {[(o, explicit[o][0]) for o in explicit_other]} was requested")
+        k.note(None, "native", "group", False, f"native is all-or-none for {group_ops}; excluded because {[(o, explicit[o][0]) for o in explicit_other]} was requested")
 
     bindings: dict[str, Binding] = {}
     for op in OPS:
         if op in explicit:
             impl, src = explicit[op]
-            who = "the explicit argument" if src == "argument" else f"{ENV_IMPL}={ctx.facts.impl_env}"
+            who = "the explicit argument" if src == "argument" else f"{ENV_IMPL}={k.facts.impl_env}"
             if impl == "native" and op not in group_ops:
                 raise ResolutionError(f"{who} asks for native {op}, but {op} has no native implementation (vLLM's native path does not dequantize). Way out: request flashinfer or triton for {op}.")
-            good, why = _evaluate(ctx, op, impl)
-            ctx.note(op, impl, src, good, "; ".join(why))
+            good, why = _evaluate(k, op, impl)
+            k.note(op, impl, src, good, "; ".join(why))
             if not good:
                 raise ResolutionError(
-                    f"{who} asks for {impl} {op}, but it cannot run here: {why[-1]}. Found: {_found(ctx)}. "
-                    f"Way out: {_way_out(ctx, op, impl)}"
+                    f"{who} asks for {impl} {op}, but it cannot run here: {why[-1]}. Found: {_found(k)}. "
+                    f"Way out: {_way_out(k, op, impl)}"
                 )
             bindings[op] = Binding(op=op, impl=impl, source=src, reason=f"requested by {who}: {why[-1] if why else 'ok'}")  # type: ignore[arg-type]
             continue
@@ -543,15 +599,15 @@ def _bind(ctx: _Ctx, overrides: Mapping[str, str], env_over: Mapping[str, str]) 
                 continue
             if impl == "native" and exclude_native:
                 reason = native_why if not native_ok else "native excluded: another implementation was requested for its group"
-                ctx.note(op, impl, "matrix", False, reason)
+                k.note(op, impl, "matrix", False, reason)
                 rejected.append(f"native: {reason}")
                 continue
-            good, why = _evaluate(ctx, op, impl)
-            ctx.note(op, impl, "matrix", good, "; ".join(why))
+            good, why = _evaluate(k, op, impl)
+            k.note(op, impl, "matrix", good, "; ".join(why))
             if not good:
                 rejected.append(f"{impl}: {why[-1]}")
                 continue
-            probe_based = impl == "flashinfer" and ctx.helper_source == "probe" and (not ctx.fi_exact or bool(ctx.probe_disagrees))
+            probe_based = impl == "flashinfer" and k.helper_source == "probe" and (not k.fi_exact or bool(k.probe_disagrees))
             if probe_based:
                 src = "probe"
             elif rank == 0:
@@ -562,71 +618,78 @@ def _bind(ctx: _Ctx, overrides: Mapping[str, str], env_over: Mapping[str, str]) 
                 f"fell back to {impl} ({'; '.join(rejected)})"
             )
             if src == "fallback":
-                ctx.warnings.append(f"{op}: {order.order[0]} preferred but rejected ({rejected[0]}); using {impl}")
+                k.log.warnings.append(f"{op}: {order.order[0]} preferred but rejected ({rejected[0]}); using {impl}")
             chosen = Binding(op=op, impl=impl, source=src, reason=reason)  # type: ignore[arg-type]
             break
         if chosen is None:
-            chosen = Binding(op=op, impl=None, source="matrix", reason=_unbound_reason(ctx, op, rejected))
-            ctx.note(op, None, "bind", False, chosen.reason)
+            chosen = Binding(op=op, impl=None, source="matrix", reason=_unbound_reason(k, op, rejected))
+            k.note(op, None, "bind", False, chosen.reason)
         bindings[op] = chosen
 
     # features and options
-    feats = {feat: _feature_supported(ctx, feat, bindings) for feat in m.implementations.features}
+    feats = {feat: _feature_supported(k, feat, bindings) for feat in m.implementations.features}
     w = bindings["write"]
     if w.impl is not None:
-        bindings["write"] = w.model_copy(update={"options": {"nvfp4_4over6": _op_feature(ctx, "nvfp4_4over6", "write", w.impl)}})
-    ctx.features_supported = feats
-    return bindings
+        bindings["write"] = w.model_copy(update={"options": {"nvfp4_4over6": _op_feature(k, "nvfp4_4over6", "write", w.impl)}})
+    return bindings, feats
 
 
-def _op_feature(ctx: _Ctx, feat: str, op: str, impl: str) -> bool:
-    fs = ctx.matrix.implementations.features.get(feat)
+def _op_feature(k: Known, feat: str, op: str, impl: str) -> bool:
+    fs = k.matrix.implementations.features.get(feat)
     if fs is None or op not in fs.ops or impl not in fs.ops[op]:
         return False
-    return all(_check(ctx, r)[0] for r in fs.ops[op][impl])
+    return all(_check(k, r)[0] for r in fs.ops[op][impl])
 
 
-def _found(ctx: _Ctx) -> str:
-    f = ctx.facts
+def _found(k: Known) -> str:
+    f = k.facts
     parts = [f"arch {f.arch or 'unknown'}", f"flashinfer {f.flashinfer or 'not installed'}", f"triton {f.triton or 'not installed'}{' (disabled)' if f.triton_disabled else ''}"]
     if f.vllm:
         parts.append(f"vllm {f.vllm}")
     return ", ".join(parts)
 
 
-def _way_out(ctx: _Ctx, op: str, impl: str) -> str:
+def _native_arches(k: Known) -> str:
+    """The arches ``arches.yaml`` qualifies for vLLM's native path."""
+    return ", ".join(a for a, spec in k.matrix.arches.items() if spec.native_trtllm_path.value)
+
+
+def _way_out(k: Known, op: str, impl: str) -> str:
     if impl == "flashinfer":
-        helper = SLOT_HELPER if op == "write" else "nvfp4_kv_dequantize_paged" if op == "dequant" else None
+        helper = k.matrix.implementations.flashinfer_helper(op)
         if helper:
-            rels = ctx.matrix.releases_with_helper(helper)
-            return f"install a FlashInfer release with {helper} ({release_span(ctx.matrix, rels)}), or request {op}=triton"
+            rels = k.matrix.releases_with_helper(helper)
+            return f"install a FlashInfer release with {helper} ({release_span(k.matrix, rels)}), or request {op}=triton"
         return f"use a GPU whose FlashInfer FA2 path reads NVFP4, or request {op}=triton"
     if impl == "triton":
         return f"pip install triton and unset {ENV_DISABLE_TRITON}, or request {op}=flashinfer"
     if impl == "dequant_fa3":
+        m = k.matrix
+        fa3 = release_span(m, [r.version for r in m.flashinfer if r.fa3_ragged is not None])
         return (
-            f"run on an SM90 GPU with a FlashInfer whose BatchPrefillWithRaggedKVCacheWrapper has "
-            f"backend='fa3' (0.6.10+) and Triton, or request {op}=triton"
+            f"run on a GPU of SM {_fa3_sms(m)} with a FlashInfer whose BatchPrefillWithRaggedKVCacheWrapper has "
+            f"backend='fa3' ({fa3}) and Triton, or request {op}=triton"
         )
     return f"request {op}=flashinfer or {op}=triton"
 
 
-def _unbound_reason(ctx: _Ctx, op: str, rejected: list[str]) -> str:
-    f, a = ctx.facts, ctx.arch
+def _unbound_reason(k: Known, op: str, rejected: list[str]) -> str:
+    f, a = k.facts, k.arch
     # Suggest only what can help on this arch: nothing where no NVFP4 path runs at all (SM75, SM110),
     # FlashInfer only when the installed one lacks the helper, Triton only when it is absent or disabled.
     dead = f.arch is None or (a is not None and not (a.fa2_nvfp4_read.value or a.triton_kernels.value or a.native_trtllm_path.value)) or (
-        a is None and not _arch_plausible_for_triton(f))
-    if op == "write":
-        rels = ctx.matrix.releases_with_helper(SLOT_HELPER)
-        found = f"FlashInfer {f.flashinfer} without {SLOT_HELPER}" if f.flashinfer else "no FlashInfer installed"
-        has_helper = bool(f.flashinfer and ctx.helpers and ctx.helpers.get(SLOT_HELPER))
+        a is None and not _arch_plausible_for_triton(k))
+    slot_helper = k.matrix.implementations.flashinfer_helper("write")
+    if op == "write" and slot_helper is not None:
+        rels = k.matrix.releases_with_helper(slot_helper)
+        found = f"FlashInfer {f.flashinfer} without {slot_helper}" if f.flashinfer else "no FlashInfer installed"
+        has_helper = bool(f.flashinfer and k.helpers and k.helpers.get(slot_helper))
         if has_helper:
-            found = f"FlashInfer {f.flashinfer} has {SLOT_HELPER} but it cannot run here"
+            found = f"FlashInfer {f.flashinfer} has {slot_helper} but it cannot run here"
         tri = next((r for r in rejected if r.startswith("triton:")), "triton: not considered")
         ways = []
         if not dead and not has_helper:
-            ways.append(f"FlashInfer releases that provide it: {release_span(ctx.matrix, rels)} (e.g. pip install --no-deps flashinfer-python=={rels[0]})")
+            ways.append(f"FlashInfer releases that provide it: {release_span(k.matrix, rels)} (e.g. pip install --no-deps flashinfer-python=={rels[0]})")
         if not dead and (f.triton is None or f.triton_disabled):
             ways.append(f"or enable the Triton fallback (pip install triton, unset {ENV_DISABLE_TRITON})")
         return f"{WRITER_REQUIRED}: found {found} [{tri}]" + "".join(f"; {w}" for w in ways)
@@ -637,47 +700,57 @@ def _unbound_reason(ctx: _Ctx, op: str, rejected: list[str]) -> str:
 # ------------------------------------------------------------------------------- vLLM
 
 
-def _vllm_plan(ctx: _Ctx, bindings: Mapping[str, Binding], required_ok: bool) -> VllmPlan | None:
-    f, m = ctx.facts, ctx.matrix
+def _vllm_blocker(k: Known) -> str | None:
+    """Why no patch set can serve NVFP4 in this vLLM release here, whatever the bindings (None: a
+    strategy applies)."""
+    f, m, rel = k.facts, k.matrix, k.vllm
+    if rel is None:
+        return f"vLLM {f.vllm} is older than every release the matrix knows ({m.vllm.releases[0].version}..{m.vllm.releases[-1].version})"
+    if f.arch is None:
+        return "no GPU arch known: cannot plan vLLM patches"
+    cc = f.arch_cc or 0
+    lo, hi = rel.compute_capability_window
+    if not lo <= cc <= hi:
+        return f"vLLM {f.vllm} refuses compute capability {cc // 10}.{cc % 10} (its FLASHINFER backend window is {lo // 10}.{lo % 10}-{hi // 10}.{hi % 10}); no patch set changes that"
+    if f.flashinfer is None:
+        return f"vLLM {f.vllm}'s FLASHINFER backend (the only non-MLA backend listing nvfp4) imports flashinfer at module load; install flashinfer-python (vLLM pins {rel.pins.flashinfer_python})"
+    for h in rel.requires_flashinfer_helpers:
+        if k.helpers is not None and not k.helpers.get(h, False):
+            rels = m.releases_with_helper(h)
+            return (
+                f"vLLM {f.vllm} imports {h} from flashinfer at module load (vllm/v1/attention/backends/flashinfer.py), "
+                f"FlashInfer {f.flashinfer} lacks it: install one of {release_span(m, rels)} (vLLM pins {rel.pins.flashinfer_python})"
+            )
+    return None
+
+
+def _vllm_plan(k: Known, bindings: Mapping[str, Binding], required_ok: bool) -> VllmPlan | None:
+    f, m = k.facts, k.matrix
     if f.vllm is None:
         return None
 
     def none(reason: str) -> VllmPlan:
-        ctx.note(None, None, "vllm", False, reason)
+        k.note(None, None, "vllm", False, reason)
         return VllmPlan(version=f.vllm or "", strategy="none", patches=[], kv_cache_dtypes=[], reason=reason)
 
-    rel = ctx.vllm
-    if rel is None:
-        return none(f"vLLM {f.vllm} is older than every release the matrix knows ({m.vllm.releases[0].version}..{m.vllm.releases[-1].version})")
-    if f.arch is None:
-        return none("no GPU arch known: cannot plan vLLM patches")
-    cc = f.arch_cc or 0
-    lo, hi = rel.compute_capability_window
-    if not lo <= cc <= hi:
-        return none(f"vLLM {f.vllm} refuses compute capability {cc // 10}.{cc % 10} (its FLASHINFER backend window is {lo // 10}.{lo % 10}-{hi // 10}.{hi % 10}); no patch set changes that")
-    if f.flashinfer is None:
-        return none(f"vLLM {f.vllm}'s FLASHINFER backend (the only non-MLA backend listing nvfp4) imports flashinfer at module load; install flashinfer-python (vLLM pins {rel.pins.flashinfer_python})")
-    for h in rel.requires_flashinfer_helpers:
-        if ctx.helpers is not None and not ctx.helpers.get(h, False):
-            rels = m.releases_with_helper(h)
-            return none(
-                f"vLLM {f.vllm} imports {h} from flashinfer at module load (vllm/v1/attention/backends/flashinfer.py), "
-                f"FlashInfer {f.flashinfer} lacks it: install one of {release_span(m, rels)} (vLLM pins {rel.pins.flashinfer_python})"
-            )
+    blocker = _vllm_blocker(k)
+    rel, arch = k.vllm, f.arch
+    if blocker is not None or rel is None or arch is None:
+        return none(blocker or "no vLLM release or GPU arch known")
     if not required_ok:
         return none("the plan binds no implementation for a required op (see reason)")
-    declared = rel.strategy.for_arch(f.arch)
+    declared = rel.strategy.for_arch(arch)
     if declared is None:
         declared = "backport"
-        ctx.unverified.append(f"vLLM patch strategy for {f.arch}: not in vllm.yaml; using backport")
+        k.log.unverified.append(f"vLLM patch strategy for {f.arch}: not in vllm.yaml; using backport")
     if declared == "none":
         return none(f"vLLM {f.vllm} has no NVFP4 path on {f.arch} and the matrix lists no reader nvfp4compat can route there ({rel.strategy.evidence})")
     native = all(bindings[op].impl == "native" for op in ("write", "decode", "prefill"))
-    stock = rel.stock_for(f.arch)
+    stock = rel.stock_for(arch)
     if native:
         dtypes = list(stock.kv_cache_dtypes) if stock else ["nvfp4"]
         reason = f"vLLM {f.vllm}'s own trtllm-gen path serves nvfp4 on {f.arch}: nothing to patch"
-        ctx.note(None, "native", "vllm", True, reason)
+        k.note(None, "native", "vllm", True, reason)
         return VllmPlan(version=f.vllm, strategy="native", patches=[], kv_cache_dtypes=dtypes, reason=reason)
     strategy = declared if declared != "native" else rel.strategy.native_fallback
     w, d, p = bindings["write"].impl, bindings["decode"].impl, bindings["prefill"].impl
@@ -694,7 +767,7 @@ def _vllm_plan(ctx: _Ctx, bindings: Mapping[str, Binding], required_ok: bool) ->
             patches.add("gate_nvfp4_4over6")
         if triton_readers and stock.refuses:
             patches.add("gate_combination")
-        if ctx.rotation is not None:
+        if k.rotation is not None:
             patches.update(("kv_cache_update", "forward_reader"))  # the plugin wraps only what it routes
         why = f"stock vLLM {f.vllm} already serves nvfp4 on {f.arch} (writer {stock.writer}, reader {stock.reader}); patch only what the plan changes"
     else:
@@ -712,19 +785,74 @@ def _vllm_plan(ctx: _Ctx, bindings: Mapping[str, Binding], required_ok: bool) ->
     dtypes = ["nvfp4"] + (["nvfp4_4over6"] if "gate_nvfp4_4over6" in patches else [])
     if not ordered:
         why += "; the stock path already matches the plan: no patch"
-    ctx.note(None, None, "vllm", True, f"{strategy}: {why}; patches {ordered or '[]'}")
+    k.note(None, None, "vllm", True, f"{strategy}: {why}; patches {ordered or '[]'}")
     return VllmPlan(version=f.vllm, strategy=strategy, patches=ordered, kv_cache_dtypes=dtypes, reason=why)  # type: ignore[arg-type]
+
+
+def _refusable(k: Known, bindings: Mapping[str, Binding], vplan: VllmPlan | None) -> bool:
+    """Whether an unsupported plan is refused at engine start (the plugin's route carries the plan's
+    reason) rather than leaving vLLM untouched: the plan names a vLLM release that the matrix serves
+    on this arch with a patch strategy, and what is missing here is the install: every unbound
+    required op has an implementation that runs once Triton is installed and enabled."""
+    f = k.facts
+    if vplan is None or k.vllm is None or f.arch is None:
+        return False
+    if vplan.strategy in ("backport", "extend"):
+        return True  # supported here but refused for another reason (e.g. an unreleased version)
+    unbound = [op for op in OPS if k.matrix.implementations.ops[op].required and bindings[op].impl is None]
+    if not unbound or _vllm_blocker(k) is not None or k.vllm.strategy.for_arch(f.arch) == "none":
+        return False
+    with_triton = replace(k, facts=f.model_copy(update={"triton": f.triton or "any", "triton_disabled": False}), log=_Log())
+    return all(_evaluate(with_triton, op, "triton")[0] for op in unbound)
+
+
+def _vllm_route(k: Known, bindings: Mapping[str, Binding], vplan: VllmPlan, refusal: str | None) -> VllmRoute | None:
+    """What the plugin does in vLLM for this plan (:class:`~nvfp4compat.plan.VllmRoute`), or None to
+    leave vLLM untouched. ``refusal``: the text NVFP4 is refused with at engine start."""
+    if refusal is not None:
+        every = [dt for p in k.matrix.vllm.patches.values() if (dt := p.accepts) is not None]
+        route = VllmRoute(strategy=vplan.strategy, patches=[], accept=every, refusal=refusal)
+        k.note(None, None, "vllm_route", True, route.describe())
+        return route
+    if vplan.strategy not in ("backport", "extend") or not vplan.patches:
+        return None
+    patches = vplan.patches
+    routed = k.matrix.vllm.routed_readers.impls
+    read: dict[str, str] = {}
+    if "forward_reader" in patches:
+        for op in ("decode", "prefill"):
+            impl = bindings[op].impl
+            if impl in routed:
+                read[op] = impl
+    w = bindings["write"]
+    gates = k.matrix.vllm.patches
+    accept = [dt for pid in patches if (dt := gates[pid].accepts) is not None]
+    route = VllmRoute(
+        strategy=vplan.strategy,
+        patches=patches,
+        accept=accept,
+        combination="gate_combination" in patches,
+        # With both phases on nvfp4compat's readers, vLLM's builder would only plan FlashInfer
+        # wrappers nobody runs (and 0.32+'s refuses head_size 64 and sinks for NVFP4).
+        own_builder="metadata_builder" in patches or len(read) == 2,
+        write=w.impl if "kv_cache_update" in patches else None,
+        write_4over6=bool(w.options.get("nvfp4_4over6")),
+        read=read,  # type: ignore[arg-type]
+        kv_rotation=k.rotation,
+    )
+    k.note(None, None, "vllm_route", True, route.describe())
+    return route
 
 
 # ----------------------------------------------------------------------- version check
 
 
-def _version_env(ctx: _Ctx, bindings: Mapping[str, Binding], vplan: VllmPlan | None) -> dict[str, str]:
-    f = ctx.facts
+def _version_env(k: Known, bindings: Mapping[str, Binding], vplan: VllmPlan | None) -> dict[str, str]:
+    f = k.facts
     env: dict[str, str] = {}
-    if f.flashinfer is None or ctx.fi is None:
+    if f.flashinfer is None or k.fi is None:
         return env
-    vc = ctx.fi.version_check
+    vc = k.fi.version_check
     fv = f.flashinfer
     cubin_bad = f.flashinfer_cubin is not None and f.flashinfer_cubin != fv
     jit = f.flashinfer_jit_cache
@@ -736,12 +864,12 @@ def _version_env(ctx: _Ctx, bindings: Mapping[str, Binding], vplan: VllmPlan | N
         jit_bad = jit != fv and not jit.startswith(fv + "+")
     if not (cubin_bad or jit_bad):
         if f.flashinfer_cubin or jit:
-            ctx.note(None, None, "version_check", True, "flashinfer-cubin / flashinfer-jit-cache match flashinfer-python")
+            k.note(None, None, "version_check", True, "flashinfer-cubin / flashinfer-jit-cache match flashinfer-python")
         return env
     uses_native = any(b.impl == "native" for b in bindings.values())
     uses_xqa = (
         bindings["decode"].impl == "flashinfer"
-        and f.arch_cc in ctx.fi.consumers["xqa_decode"].sms
+        and f.arch_cc in k.fi.consumers["xqa_decode"].sms
         and vplan is not None
         and vplan.strategy in ("extend",)
     )
@@ -762,16 +890,16 @@ def _version_env(ctx: _Ctx, bindings: Mapping[str, Binding], vplan: VllmPlan | N
             blockers.append("the plan uses FlashInfer JIT modules, which would be loaded from the mismatched flashinfer-jit-cache")
         if blockers:
             msg = f"{mism}: FlashInfer {fv} raises at import ({vc.evidence.split(' [')[0]}); not bypassing because {' and '.join(blockers)}. Fix: {fix}"
-            ctx.warnings.append(msg)
-            ctx.note(None, None, "version_check", False, msg)
+            k.log.warnings.append(msg)
+            k.note(None, None, "version_check", False, msg)
         else:
             env["FLASHINFER_DISABLE_VERSION_CHECK"] = "1"
-            ctx.note(None, None, "version_check", True, f"{mism}: FlashInfer {fv} raises at import; the plan uses no cubin-backed kernel (native/trtllm-gen/XQA), so FLASHINFER_DISABLE_VERSION_CHECK=1 is set")
-            ctx.warnings.append(f"{mism}: setting FLASHINFER_DISABLE_VERSION_CHECK=1 (FlashInfer {fv} would raise at import; the plan uses no cubin-backed kernel). Cleaner fix: {fix}")
+            k.note(None, None, "version_check", True, f"{mism}: FlashInfer {fv} raises at import; the plan uses no cubin-backed kernel (native/trtllm-gen/XQA), so FLASHINFER_DISABLE_VERSION_CHECK=1 is set")
+            k.log.warnings.append(f"{mism}: setting FLASHINFER_DISABLE_VERSION_CHECK=1 (FlashInfer {fv} would raise at import; the plan uses no cubin-backed kernel). Cleaner fix: {fix}")
     else:
         extra = " The plan's native/XQA path needs those cubins: they will be downloaded on demand (fails offline)." if cubin_kernels else ""
-        ctx.warnings.append(f"{mism}: FlashInfer {fv} ignores the mismatched package with a warning ('Ignoring incompatible ...').{extra} Fix: {fix}")
-        ctx.note(None, None, "version_check", True, f"{mism}: FlashInfer {fv} only warns; no env change")
+        k.log.warnings.append(f"{mism}: FlashInfer {fv} ignores the mismatched package with a warning ('Ignoring incompatible ...').{extra} Fix: {fix}")
+        k.note(None, None, "version_check", True, f"{mism}: FlashInfer {fv} only warns; no env change")
     return env
 
 
@@ -822,34 +950,34 @@ def resolve(
         rotation = KV_ROTATIONS[0]
     if rotation is not None and "kv_rotation" not in feats:
         feats += ("kv_rotation",)
-    ctx = _Ctx(matrix=matrix, facts=facts, features=feats, rotation=rotation)
+    log = _Log()
     arg = parse_impl_spec(overrides, source="argument")
     env_over = parse_impl_spec(facts.impl_env, source=ENV_IMPL)
     if env_over:
-        ctx.note(None, None, "precedence", True, f"{ENV_IMPL}={facts.impl_env} applies to {sorted(set(env_over) - set(arg))}" + (f"; the explicit argument overrides {sorted(set(env_over) & set(arg))}" if set(env_over) & set(arg) else ""))
-    _setup(ctx)
-    bindings = _bind(ctx, arg, env_over)
+        log.note(None, None, "precedence", True, f"{ENV_IMPL}={facts.impl_env} applies to {sorted(set(env_over) - set(arg))}" + (f"; the explicit argument overrides {sorted(set(env_over) & set(arg))}" if set(env_over) & set(arg) else ""))
+    k = _know(matrix, facts, feats, rotation, log)
+    bindings, feats_out = _bind(k, arg, env_over)
     if rotation is not None:
-        bindings = _tie_rotation(ctx, bindings, rotation)
+        bindings = _tie_rotation(k, bindings, rotation)
     required = [op for op in OPS if matrix.implementations.ops[op].required]
     unbound = [op for op in required if bindings[op].impl is None]
-    vplan = _vllm_plan(ctx, bindings, not unbound)
-    env = _version_env(ctx, bindings, vplan)
+    vplan = _vllm_plan(k, bindings, not unbound)
+    env = _version_env(k, bindings, vplan)
 
     if facts.arch is None:
-        ctx.warnings.append("no CUDA GPU detected: the plan cannot bind arch-dependent implementations; set NVFP4COMPAT_ARCH=sm_90 (for example) to plan for a given arch")
+        k.log.warnings.append("no CUDA GPU detected: the plan cannot bind arch-dependent implementations; set NVFP4COMPAT_ARCH=sm_90 (for example) to plan for a given arch")
     if facts.trtllm_gen_usable is None and any(b.impl == "native" for b in bindings.values()):
-        ctx.unverified.append("trtllm-gen usability: unknown, assumed usable for vLLM's native path")
-        ctx.warnings.append("trtllm-gen usability is unknown (flashinfer-cubin not installed): vLLM probes NVIDIA's artifactory; if it then reports 'kv_cache_dtype not supported', set NVFP4COMPAT_IMPL=triton (or flashinfer)")
-    if ctx.fi is not None and bindings["write"].impl == "flashinfer" and ctx.fi.scale_check.mode == "device_trap":
-        ctx.warnings.append(f"FlashInfer {facts.flashinfer}'s writer checks a CUDA scale on the device and executes trap unless it is finite and > 0: a bad k_scale/v_scale leaves the CUDA context unusable")
-    if ctx.fi is not None and bindings["write"].impl == "flashinfer" and ctx.fi.scale_check.mode == "host_sync":
-        ctx.note("write", "flashinfer", "scale_check", True, f"FlashInfer {facts.flashinfer} validates a CUDA scale tensor on the host (one sync per call outside CUDA-graph capture)")
+        k.log.unverified.append("trtllm-gen usability: unknown, assumed usable for vLLM's native path")
+        k.log.warnings.append("trtllm-gen usability is unknown (flashinfer-cubin not installed): vLLM probes NVIDIA's artifactory; if it then reports 'kv_cache_dtype not supported', set NVFP4COMPAT_IMPL=triton (or flashinfer)")
+    if k.fi is not None and bindings["write"].impl == "flashinfer" and k.fi.scale_check.mode == "device_trap":
+        k.log.warnings.append(f"FlashInfer {facts.flashinfer}'s writer checks a CUDA scale on the device and executes trap unless it is finite and > 0: a bad k_scale/v_scale leaves the CUDA context unusable")
+    if k.fi is not None and bindings["write"].impl == "flashinfer" and k.fi.scale_check.mode == "host_sync":
+        k.note("write", "flashinfer", "scale_check", True, f"FlashInfer {facts.flashinfer} validates a CUDA scale tensor on the host (one sync per call outside CUDA-graph capture)")
 
     reasons: list[str] = []
     if facts.arch is None and unbound:
         reasons.append("no GPU arch known (no CUDA device; set NVFP4COMPAT_ARCH)")
-    a = ctx.arch
+    a = k.arch
     if a is not None and unbound and not (a.fa2_nvfp4_read.value or a.triton_kernels.value or a.native_trtllm_path.value):
         reasons.append(
             f"{facts.arch} ({a.family}) is not supported: no NVFP4 reader runs on it "
@@ -859,14 +987,16 @@ def resolve(
         reasons.append(bindings[op].reason)
     if vplan is not None and vplan.strategy == "none" and not unbound:
         reasons.append(vplan.reason)
-    reasons.extend(ctx.unreleased)
+    reasons.extend(k.log.unreleased)
     supported = not reasons
     dq = bindings["dequant"]
     if dq.impl is None and supported:
-        ctx.warnings.append(f"dequant: {dq.reason}")
-    feats_out = dict(ctx.features_supported)
-    from nvfp4compat import __version__  # the package is fully imported by the time resolve() runs
-
+        k.log.warnings.append(f"dequant: {dq.reason}")
+    if vplan is not None:
+        refusal = None
+        if not supported and _refusable(k, bindings, vplan):
+            refusal = f"nvfp4compat refuses --kv-cache-dtype nvfp4 on {facts.arch} with vLLM {facts.vllm}: {'; '.join(reasons)}"
+        vplan = VllmPlan(**{**vplan.model_dump(exclude={"route"}), "route": _vllm_route(k, bindings, vplan, refusal)})
     return Plan(
         facts=facts,
         supported=supported,
@@ -875,122 +1005,12 @@ def resolve(
         vllm=vplan,
         features=feats_out,
         env=env,
-        warnings=list(dict.fromkeys(ctx.release_warnings + ctx.warnings)),
-        unverified=list(dict.fromkeys(ctx.unverified)),
-        planned_from=dict(ctx.planned_from),
-        release_warnings=list(dict.fromkeys(ctx.release_warnings)),
-        trace=ctx.trace,
+        warnings=list(dict.fromkeys(k.log.release_warnings + k.log.warnings)),
+        unverified=list(dict.fromkeys(k.log.unverified)),
+        planned_from=dict(k.log.planned_from),
+        release_warnings=list(dict.fromkeys(k.log.release_warnings)),
+        trace=k.log.trace,
         nvfp4compat_version=__version__,
         kv_rotation=rotation,
     )
 
-
-def query(
-    arch: str | None,
-    flashinfer: str | None = None,
-    vllm: str | None = None,
-    *,
-    triton: bool | str = True,
-    torch: str | None = None,
-    cuda: str | None = None,
-    flashinfer_cubin: str | None = None,
-    flashinfer_jit_cache: str | None = None,
-    trtllm_gen_usable: bool | None = None,
-    helpers: Mapping[str, bool] | None = None,
-    gpu_name: str | None = None,
-    triton_disabled: bool = False,
-    impl_env: str | None | object = _FROM_ENV,
-    kv_rotation: str | None | object = _FROM_ENV,
-    overrides: str | Mapping[str, str] | None = None,
-    features: Iterable[str] = (),
-    matrix: Matrix | None = None,
-) -> Plan:
-    """Resolve a plan for hand-written facts (no detection, nothing imported).
-
-    Parameters
-    ----------
-    arch : str or None
-        ``"sm_90"`` (also ``sm90``, ``9.0``); an unknown but well-formed arch is planned
-        conservatively and listed in ``plan.unverified``.
-    flashinfer, vllm : str, optional
-        Release versions. Without ``flashinfer`` but with ``vllm``, vLLM's pin is assumed.
-    triton : bool or str, default True
-        True: installed (version not given); False: absent; a string: that version.
-    flashinfer_cubin : str, optional
-        Installed flashinfer-cubin; defaults to vLLM's cubin pin when vLLM pins one.
-    helpers : mapping, optional
-        Helper presence as a probe would report it; default: from the matrix entry.
-    impl_env : str or None, optional
-        Value of ``NVFP4COMPAT_IMPL`` to apply; by default it is read from ``os.environ`` (the
-        environment beats the matrix, an explicit ``overrides`` beats both); None ignores it.
-    kv_rotation : str or None, optional
-        Value of ``NVFP4COMPAT_KV_ROTATION`` (``"hadamard"`` or ``"none"``); by default it is read
-        from ``os.environ``; None means no rotation.
-
-    Raises
-    ------
-    ValueError
-        For a malformed arch or version (the message names the accepted forms).
-    """
-    from nvfp4compat.loader import load_matrix
-
-    m = matrix if matrix is not None else load_matrix()
-    if impl_env is _FROM_ENV:
-        impl_env = os.environ.get(ENV_IMPL) or None
-    if kv_rotation is _FROM_ENV:
-        kv_rotation = os.environ.get(ENV_KV_ROTATION) or None
-    notes: list[str] = []
-    if vllm is not None:
-        # Pins come from the release asked about only: a release not in the matrix has unknown pins.
-        rel = m.vllm_release(vllm)  # a local build (0.34.0+cu130) has its release's pins
-        if rel is None and flashinfer is None:
-            notes.append(
-                f"flashinfer not given, and vLLM {vllm} is not in the matrix, so its flashinfer-python pin is unknown: "
-                "planning without FlashInfer (pass --flashinfer)"
-            )
-        if rel is not None:
-            unpublished = rel.pins.unpublished_pin("flashinfer_python")
-            if flashinfer is None and unpublished is not None:
-                flashinfer = unpublished.install_instead
-                notes.append(
-                    f"flashinfer not given: vLLM {vllm} pins flashinfer-python=={rel.pins.flashinfer_python}, which is not "
-                    f"on the package index; assuming {flashinfer}, the release the matrix installs instead "
-                    f"(nvfp4compat constraints --vllm {vllm})"
-                )
-            elif flashinfer is None:
-                flashinfer = rel.pins.flashinfer_python
-                notes.append(f"flashinfer not given: assuming vLLM {vllm}'s pin flashinfer-python=={flashinfer}")
-            if flashinfer_cubin is None and rel.pins.flashinfer_cubin is not None:
-                flashinfer_cubin = rel.pins.flashinfer_cubin
-                notes.append(f"flashinfer-cubin not given: assuming vLLM {vllm}'s pin flashinfer-cubin=={flashinfer_cubin}")
-            if torch is None and rel.pins.torch is not None:
-                torch = rel.pins.torch
-                notes.append(f"torch not given: vLLM {vllm} pins torch {torch}")
-    tri: str | None
-    if triton is True:
-        tri = "any"
-    elif triton is False:
-        tri = None
-    else:
-        tri = str(triton)
-    facts = SystemFacts(
-        arch=arch,
-        arch_source="argument" if arch else None,
-        gpu_name=gpu_name,
-        cuda=cuda,
-        torch=torch,
-        triton=tri,
-        flashinfer=flashinfer,
-        flashinfer_helpers=dict(helpers) if helpers is not None else None,
-        flashinfer_probe="argument" if helpers is not None else None,
-        flashinfer_cubin=flashinfer_cubin,
-        flashinfer_jit_cache=flashinfer_jit_cache,
-        vllm=vllm,
-        trtllm_gen_usable=trtllm_gen_usable,
-        triton_disabled=triton_disabled,
-        impl_env=impl_env,  # type: ignore[arg-type]
-        kv_rotation_env=kv_rotation,  # type: ignore[arg-type]
-        source="query",
-        notes=notes,
-    )
-    return resolve(m, facts, overrides, features=features)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import datetime
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -28,6 +28,9 @@ __all__ = [
     "IMPLS",
     "KV_ROTATIONS",
     "OPS",
+    "Impl",
+    "Op",
+    "Strategy",
     "PATCH_IDS",
     "ArchSpec",
     "BoolClaim",
@@ -42,19 +45,23 @@ __all__ = [
     "OpSpec",
     "PreferenceEntry",
     "Requirement",
+    "RoutedReaders",
     "ScaleCheckSpec",
     "StockPath",
+    "UnknownArchTriton",
     "VersionCheckSpec",
     "VllmRelease",
-    "arch_cc",
     "arch_name",
 ]
 
 Status = Literal["verified", "read", "expected"]
+# The vocabularies of operations, implementations and vLLM strategies, defined here only (the plan,
+# the kernels and the plugin import them).
 Op = Literal["write", "dequant", "decode", "prefill"]
 Impl = Literal["native", "flashinfer", "triton", "dequant_fa3"]
-OPS: tuple[str, ...] = ("write", "dequant", "decode", "prefill")
-IMPLS: tuple[str, ...] = ("native", "flashinfer", "triton", "dequant_fa3")
+Strategy = Literal["none", "native", "backport", "extend"]
+OPS: tuple[str, ...] = get_args(Op)
+IMPLS: tuple[str, ...] = get_args(Impl)
 HELPERS: tuple[str, ...] = (
     "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping",
     "nvfp4_quantize_append_paged_kv_cache",
@@ -88,14 +95,6 @@ ARCH_RE = re.compile(r"^sm_(?P<major>[1-9][0-9]?)(?P<minor>[0-9])$")
 def arch_name(major: int, minor: int) -> str:
     """``(9, 0) -> "sm_90"``."""
     return f"sm_{major}{minor}"
-
-
-def arch_cc(arch: str) -> int:
-    """``"sm_90" -> 90``, ``"sm_121" -> 121`` (FlashInfer's ``major*10+minor``)."""
-    m = ARCH_RE.match(arch)
-    if m is None:
-        raise ValueError(f"invalid arch {arch!r}: expected sm_<major><minor> such as sm_90")
-    return int(m["major"]) * 10 + int(m["minor"])
 
 
 class _Model(BaseModel):
@@ -320,9 +319,6 @@ class FlashInferRelease(_Model):
     def parsed(self) -> Version:
         return parse_version(self.version)
 
-    def has_helper(self, name: str) -> bool:
-        return self.helpers[name].present
-
 
 # ------------------------------------------------------------------- implementations.yaml
 
@@ -470,12 +466,34 @@ class GroupSpec(_Model):
     reason: str = Field(min_length=1)
 
 
+class UnknownArchTriton(_Model):
+    """Where the bundled Triton kernels are plausible on an arch ``arches.yaml`` does not list."""
+
+    min_major: int = Field(ge=1)
+    excluded_majors: list[int]
+    reason: str = Field(min_length=1)
+    evidence: str = Field(min_length=1)
+    status: Status
+
+    def plausible(self, major: int | None) -> bool:
+        """Whether an unknown arch of compute-capability ``major`` may run the Triton kernels."""
+        return major is not None and major >= self.min_major and major not in self.excluded_majors
+
+
 class Implementations(_Model):
     ops: dict[str, OpSpec]
     features: dict[str, FeatureSpec]
     groups: dict[str, GroupSpec]
     preferences: list[PreferenceEntry]
     unknown_arch_preference: PreferenceEntry
+    unknown_arch_triton: UnknownArchTriton
+
+    def flashinfer_helper(self, op: str) -> str | None:
+        """The FlashInfer helper the ``flashinfer`` implementation of ``op`` calls: its
+        ``flashinfer_helper`` requirement (None when it has none, e.g. the FA2 readers)."""
+        spec = self.ops[op].impls.get("flashinfer")
+        found = [r.helper for r in (spec.requires if spec is not None else []) if r.kind == "flashinfer_helper"]
+        return found[0] if found else None
 
     @field_validator("ops")
     @classmethod
@@ -666,6 +684,8 @@ class VllmRelease(_Model):
 class PatchSpec(_Model):
     summary: str = Field(min_length=1)
     applies_when: str = Field(min_length=1)
+    # the --kv-cache-dtype the patched gate accepts on top of vLLM's own answer (gate patches)
+    accepts: str | None = None
 
 
 class Combination(_Model):
@@ -696,9 +716,24 @@ class IndexCheck(_Model):
         return _check_version(v)
 
 
+class RoutedReaders(_Model):
+    """The readers the plugin serves with nvfp4compat's own kernels inside vLLM (``vllm.yaml``).
+
+    A phase bound to one of ``impls`` is routed to nvfp4compat (``VllmRoute.read``); a phase bound
+    to another reader (``flashinfer``) stays on vLLM's own FA2 reader, which only an ``extend``
+    strategy has: a ``backport`` binds its readers from ``impls`` only.
+    """
+
+    impls: list[Impl]
+    reason: str = Field(min_length=1)
+    evidence: str = Field(min_length=1)
+    status: Status
+
+
 class VllmFile(_Model):
     patches: dict[str, PatchSpec]
     backport_patches: list[str]
+    routed_readers: RoutedReaders
     index_checked: IndexCheck
     releases: list[VllmRelease]
     combinations: list[Combination]

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nvfp4compat.resolver import query, release_span
+from nvfp4compat.api import query
+from nvfp4compat.resolver import release_span
 from nvfp4compat.spec import Matrix
 
 __all__ = ["matrix_json", "matrix_markdown", "vllm_cell"]
@@ -70,11 +71,12 @@ def matrix_markdown(m: Matrix) -> str:
     out.append("")
     out.append("| FlashInfer | slot-mapping writer | paged dequant | writer `nvfp4_4over6` | trtllm-gen SMs | writer scale check | cubin/jit-cache mismatch | CPU `import flashinfer` (default deps) |")
     out.append("|---|---|---|---|---|---|---|---|")
+    writer, dequant = (m.implementations.flashinfer_helper(op) or "" for op in ("write", "dequant"))
     for rel in m.flashinfer:
         h = rel.helpers
         out.append(
-            f"| {rel.version} | {'yes' if h['nvfp4_quantize_append_paged_kv_cache_with_slot_mapping'].present else 'no'} "
-            f"| {'yes' if h['nvfp4_kv_dequantize_paged'].present else 'no'} "
+            f"| {rel.version} | {'yes' if h[writer].present else 'no'} "
+            f"| {'yes' if h[dequant].present else 'no'} "
             f"| {'yes' if rel.nvfp4_4over6.writer_param else 'no'} "
             f"| {', '.join(str(s) for s in rel.consumers['trtllm_gen'].sms)} "
             f"| {rel.scale_check.mode.replace('_', ' ')} "
@@ -82,7 +84,7 @@ def matrix_markdown(m: Matrix) -> str:
             f"| {rel.cpu_import.default_deps} |"
         )
     out.append("")
-    writers = m.releases_with_helper("nvfp4_quantize_append_paged_kv_cache_with_slot_mapping")
+    writers = m.releases_with_helper(m.implementations.flashinfer_helper("write") or "")
     out.append(
         f"Slot-mapping writer in {release_span(m, writers)}. Every release imports on a CPU-only torch with "
         "`--no-deps` and the minimal set in `matrix/flashinfer.yaml` (`cpu_import.requirements`)."

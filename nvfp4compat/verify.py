@@ -28,16 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nvfp4compat.flashinfer_probe import home_module, import_guarded, probe_fa3_ragged
 from nvfp4compat.spec import EXPORT_MODULES, HELPERS, FlashInferRelease, Matrix, VllmRelease
 from nvfp4compat.versions import parse_version
 
 __all__ = ["Check", "run", "verify_flashinfer", "verify_vllm"]
 
 ARCH_UNIVERSE = (75, 80, 86, 87, 89, 90, 100, 103, 107, 110, 120, 121)
-_HOME_MODULE = {
-    "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping": "flashinfer.page",
-    "nvfp4_quantize_append_paged_kv_cache": "flashinfer.page",
-}
 
 
 @dataclass(frozen=True)
@@ -116,15 +113,6 @@ def _without_env(name: str) -> Iterator[None]:
             os.environ[name] = old
 
 
-def _import(name: str) -> tuple[Any, str | None]:
-    try:
-        return importlib.import_module(name), None
-    except BaseException as exc:  # noqa: BLE001 - report, never crash
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise
-        return None, f"{type(exc).__name__}: {exc}".splitlines()[0]
-
-
 def verify_flashinfer(m: Matrix, version: str, rel: FlashInferRelease) -> list[Check]:
     """Every claim of ``rel`` against the imported flashinfer package."""
     subj = f"flashinfer {version}"
@@ -133,12 +121,12 @@ def verify_flashinfer(m: Matrix, version: str, rel: FlashInferRelease) -> list[C
     def add(claim: str, expected: object, actual: object) -> None:
         checks.append(Check(subj, claim, str(expected), str(actual), expected == actual))
 
-    fi, err = _import("flashinfer")
+    fi, err = import_guarded("flashinfer")
     add("import flashinfer", "ok", "ok" if err is None else err)
     if fi is None:
         return checks
     add("flashinfer.__version__", rel.version, getattr(fi, "__version__", "?"))
-    modules = {name: _import(name)[0] for name in EXPORT_MODULES}
+    modules = {name: import_guarded(name)[0] for name in EXPORT_MODULES}
     for h in HELPERS:
         spec = rel.helpers[h]
         actual_exports = [mod for mod in EXPORT_MODULES if modules[mod] is not None and hasattr(modules[mod], h)]
@@ -146,7 +134,7 @@ def verify_flashinfer(m: Matrix, version: str, rel: FlashInferRelease) -> list[C
         add(f"{h} exported at", spec.exports, actual_exports)
         if not spec.present or not actual_exports:
             continue
-        home = modules.get(_HOME_MODULE.get(h, "flashinfer.quantization.fp4_quantization"))
+        home = modules.get(home_module(m, h))
         fn = getattr(home, h, None) or getattr(fi, h)
         add(f"{h} defined at", spec.defined_at, _def_line(fn))
         try:
@@ -169,7 +157,8 @@ def verify_flashinfer(m: Matrix, version: str, rel: FlashInferRelease) -> list[C
             want_min = spec.compute_capability[0] if spec.compute_capability else None
             add(f"{h} JIT minimum SM (jit/core.py check_cuda_arch)", want_min, int(m_.group(1)) if m_ else "message not found")
     # 4over6
-    slot = getattr(modules.get("flashinfer.page"), "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping", None)
+    slot_name = m.implementations.flashinfer_helper("write") or ""
+    slot = getattr(modules.get(home_module(m, slot_name)), slot_name, None)
     has_param = slot is not None and "nvfp4_4over6" in inspect.signature(inspect.unwrap(slot)).parameters
     add("slot-mapping writer takes nvfp4_4over6", rel.nvfp4_4over6.writer_param, has_param)
     cfg = [mod for mod in ("flashinfer", "flashinfer.quantization") if modules[mod] is not None and hasattr(modules[mod], "NVFP44Over6Config")]
@@ -200,17 +189,15 @@ def verify_flashinfer(m: Matrix, version: str, rel: FlashInferRelease) -> list[C
         has_sf = cls is not None and "kv_cache_sf" in inspect.signature(cls.run).parameters
         add(f"{cls_name}.run takes kv_cache_sf ({consumer})", bool(rel.consumers[consumer].sms), has_sf)
     # the FA3 ragged prefill the dequant_fa3 prefill attends with (the same probe detect() runs)
-    from nvfp4compat.facts import _probe_fa3_ragged
-
     add("BatchPrefillWithRaggedKVCacheWrapper backend fa3 (fa3_ragged)", rel.fa3_ragged is not None,
-        _probe_fa3_ragged(Path(fi.__file__).parent))  # fmt: skip
+        probe_fa3_ragged(Path(fi.__file__).parent))  # fmt: skip
     return checks
 
 
 def _verify_version_check(fi: Any, rel: FlashInferRelease, subj: str) -> list[Check]:
     vc = rel.version_check
     out: list[Check] = []
-    env_mod, err = _import("flashinfer.jit.env")
+    env_mod, err = import_guarded("flashinfer.jit.env")
     if env_mod is None:
         return [Check(subj, "import flashinfer.jit.env", "ok", str(err), False)]
     src = Path(env_mod.__file__).read_text(encoding="utf-8")
@@ -301,7 +288,8 @@ def verify_vllm(m: Matrix, version: str, rel: VllmRelease) -> list[Check]:
     add("nvfp4 dtypes in FlashInferBackend.supported_kv_cache_dtypes", rel.nvfp4_dtypes, dtypes)
     has_fa2 = any(isinstance(n, ast.FunctionDef) and n.name == "_nvfp4_kv_on_fa2" for n in tree.body)
     add("gate kind (_nvfp4_kv_on_fa2 defined)", rel.gate.kind, "fa2_families" if has_fa2 else "fam100_trtllm")
-    writer = "flashinfer_slot_mapping" if "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(" in src else "reshape_and_cache_flash"
+    slot_call = f"{m.implementations.flashinfer_helper('write')}("
+    writer = "flashinfer_slot_mapping" if slot_call in src else "reshape_and_cache_flash"
     add("NVFP4 KV writer", rel.writer.name, writer)
     texts = _string_constants(src)
     be = _vllm_file("v1/attention/backend.py")

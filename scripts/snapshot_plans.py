@@ -14,8 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from nvfp4compat.api import query  # noqa: E402
 from nvfp4compat.loader import load_matrix  # noqa: E402
-from nvfp4compat.resolver import query  # noqa: E402
 
 OUT = ROOT / "tests" / "data" / "plan_snapshot.json"
 

@@ -99,7 +99,7 @@ def test_delta_keeps_only_what_changed_and_renders_as_the_file_does() -> None:
 
 
 def test_emit_without_flashinfer_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(emit, "_import", lambda name: (None, "ModuleNotFoundError: No module named 'flashinfer'"))
+    monkeypatch.setattr(emit, "import_guarded", lambda name: (None, "ModuleNotFoundError: No module named 'flashinfer'"))
     with pytest.raises(emit.EmitError, match=r"cannot import flashinfer .*install it the CPU-importable way"):
         emit.emit_flashinfer(load_matrix())
     monkeypatch.setattr(importlib.metadata, "version", lambda dist: "0.7.4")

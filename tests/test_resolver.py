@@ -298,6 +298,68 @@ def test_public_api() -> None:
     assert nvfp4compat.__version__ == "0.1.0"
     for name in ("query", "detect", "resolve", "load_matrix", "Plan", "SystemFacts"):
         assert hasattr(nvfp4compat, name)
+    from nvfp4compat.api import query as api_query
+
+    assert nvfp4compat.query is api_query
+
+
+def test_the_resolver_imports_nothing_from_the_package_root() -> None:
+    import ast
+
+    tree = ast.parse((REPO / "nvfp4compat" / "resolver.py").read_text(encoding="utf-8"))
+    from_modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "nvfp4compat" not in from_modules  # no import back up (e.g. __version__)
+    assert "os" not in imported  # it reads no environment: query() in nvfp4compat.api does
+
+
+def test_resolve_is_a_function_of_what_it_is_given() -> None:
+    """The same matrix and facts give the same plan, whatever was resolved in between."""
+    facts = SystemFacts(arch="sm_90", flashinfer="0.6.14", vllm="0.26.0", triton="any")
+    first = resolve(M, facts)
+    resolve(M, facts.model_copy(update={"triton": None}))
+    assert resolve(M, facts) == first
+
+
+# ------------------------------------------------------------------- facts from the matrix
+
+
+def test_helper_names_and_first_releases_come_from_the_matrix() -> None:
+    from nvfp4compat.flashinfer_probe import (
+        first_release,
+        first_release_with_4over6,
+        helper_for,
+        home_module,
+    )
+
+    impls = M.implementations
+    assert helper_for("write") == impls.flashinfer_helper("write")
+    assert helper_for("dequant") == impls.flashinfer_helper("dequant")
+    assert impls.flashinfer_helper("decode") is None  # the FA2 readers call no helper
+    with pytest.raises(ValueError, match="no flashinfer_helper requirement"):
+        helper_for("decode")
+    writer = helper_for("write")
+    assert first_release(writer) == M.releases_with_helper(writer)[0] == "0.6.15"
+    assert first_release_with_4over6() == next(r.version for r in M.flashinfer if r.nvfp4_4over6.writer_param)
+    assert home_module(M, writer) == "flashinfer.page"
+    assert home_module(M, helper_for("dequant")) == "flashinfer.quantization.fp4_quantization"
+
+
+@pytest.mark.parametrize(("arch", "plausible"), [("sm_91", True), ("sm_82", True), ("sm_111", False), ("sm_72", False)])
+def test_unknown_arch_triton_rule_is_the_matrix_rule(arch: str, plausible: bool) -> None:
+    rule = M.implementations.unknown_arch_triton
+    assert rule.plausible(SystemFacts(arch=arch).arch_major) is plausible
+    p = query(arch, "0.6.14", impl_env=None, kv_rotation=None)
+    assert (p.impl("write") == "triton") is plausible
+    if plausible:
+        assert any(rule.reason in t.reason for t in p.trace if t.impl == "triton")
+
+
+def test_detect_takes_the_trtllm_gen_arches_from_the_matrix() -> None:
+    from nvfp4compat.facts import _trtllm_gen_arch
+
+    assert [a for a in M.arches if _trtllm_gen_arch(a)] == [a for a, s in M.arches.items() if s.trtllm_gen_fmha.value]
+    assert _trtllm_gen_arch("sm_100") and not _trtllm_gen_arch("sm_90") and not _trtllm_gen_arch("sm_91")
 
 
 # ----------------------------------------------------------------------------- detect
@@ -330,6 +392,9 @@ for name in ("torch", "triton", "flashinfer", "vllm", "numpy"):
     sys.modules[name] = None
 import nvfp4compat.spec, nvfp4compat.loader, nvfp4compat.versions, nvfp4compat.resolver
 import nvfp4compat.plan, nvfp4compat.explain, nvfp4compat.constraints, nvfp4compat.table
+import nvfp4compat.api, nvfp4compat.flashinfer_probe, nvfp4compat.facts
+from nvfp4compat.flashinfer_probe import helper_for, first_release
+assert helper_for("write") and first_release(helper_for("write"))
 from nvfp4compat import load_matrix, query
 p = query("sm_90", "0.6.14", "0.26.0", impl_env=None)
 assert p.supported and p.impl("write") == "triton", p.render_text()
@@ -393,15 +458,15 @@ def test_dequant_fa3_inside_vllm_keeps_the_combination_gate() -> None:
 
 
 def test_fa3_ragged_probe_reads_the_installed_sources(tmp_path: Path) -> None:
-    from nvfp4compat.facts import _probe_fa3_ragged
+    from nvfp4compat.flashinfer_probe import probe_fa3_ragged
 
     (tmp_path / "__init__.py").write_text(
         "from .prefill import BatchPrefillWithRaggedKVCacheWrapper as BatchPrefillWithRaggedKVCacheWrapper\n"
     )
     (tmp_path / "prefill.py").write_text('def f(backend):\n    if backend == "fa3":\n        return 1\n')
-    assert _probe_fa3_ragged(tmp_path)
+    assert probe_fa3_ragged(tmp_path)
     (tmp_path / "prefill.py").write_text('def f(backend):\n    if backend == "fa2":\n        return 1\n')
-    assert not _probe_fa3_ragged(tmp_path)
+    assert not probe_fa3_ragged(tmp_path)
     (tmp_path / "__init__.py").write_text("")
-    assert not _probe_fa3_ragged(tmp_path)
-    assert not _probe_fa3_ragged(tmp_path / "missing")
+    assert not probe_fa3_ragged(tmp_path)
+    assert not probe_fa3_ragged(tmp_path / "missing")

@@ -11,9 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from nvfp4compat import detect, query
-from nvfp4compat.plan import Plan
+from nvfp4compat.plan import Plan, VllmRoute
 from nvfp4compat.resolver import ResolutionError, parse_kv_rotation
-from nvfp4compat.vllm_plugin.route import RouteError, route_from_plan
 
 OPS = ("write", "dequant", "decode", "prefill")
 
@@ -105,7 +104,7 @@ def test_inside_vllm_the_readers_are_routed_and_wrapped():
     rot = query("sm_120", vllm="0.33.0", kv_rotation="hadamard", impl_env=None)
     assert rot.bindings["decode"].impl == "triton" and rot.bindings["prefill"].impl == "triton"
     assert {"kv_cache_update", "forward_reader"} <= set(rot.vllm.patches)
-    route = route_from_plan(rot)
+    route = rot.vllm.route
     assert route is not None and route.kv_rotation == "hadamard"
     assert route.write in ("flashinfer", "triton") and route.reads_all
     with pytest.raises(ResolutionError, match="kv_rotation"):
@@ -114,11 +113,10 @@ def test_inside_vllm_the_readers_are_routed_and_wrapped():
 
 def test_route_refuses_a_rotated_plan_that_leaves_a_reader_to_vllm():
     rot = query("sm_90", vllm="0.33.0", kv_rotation="hadamard", impl_env=None)
-    broken = rot.model_copy(
-        update={"vllm": rot.vllm.model_copy(update={"patches": [p for p in rot.vllm.patches if p != "kv_cache_update"]})}
-    )
-    with pytest.raises(RouteError, match="read a rotated cache unrotated"):
-        route_from_plan(broken)
+    data = rot.vllm.route.model_dump()
+    data["read"] = {"prefill": data["read"]["prefill"]}
+    with pytest.raises(ValidationError, match="read a rotated cache unrotated"):
+        VllmRoute.model_validate(data)
 
 
 def test_a_plan_whose_writer_and_readers_disagree_does_not_validate():
@@ -167,7 +165,7 @@ def test_every_matrix_cell_resolves_rotated_into_a_consistent_route():
                 assert all(b.impl != "native" for b in plan.bindings.values())
                 if not plan.supported:
                     continue
-                route = route_from_plan(plan)
+                route = plan.vllm.route
                 assert route is not None and route.kv_rotation == "hadamard", (arch, rel.version)
                 assert route.write is not None and route.reads_all, (arch, rel.version)
                 checked += 1

@@ -14,10 +14,9 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["OPS", "IMPLS", "KERNELS", "get_kernel"]
+from nvfp4compat.spec import IMPLS, OPS
 
-OPS = ("write", "dequant", "decode", "prefill")
-IMPLS = ("native", "flashinfer", "triton", "dequant_fa3")
+__all__ = ["OPS", "IMPLS", "KERNELS", "get_kernel"]
 
 # (op, impl) -> "module:function". Imported lazily: nothing here imports torch, triton or flashinfer.
 KERNELS: dict[tuple[str, str], str] = {

@@ -2,11 +2,12 @@
 
 vLLM calls :func:`register` (entry point ``vllm.general_plugins: nvfp4compat``) once in every
 process -- API server, engine core, each worker -- before the model and attention selection exist.
-It detects the system, asks the resolver for a plan, sets the plan's environment (before FlashInfer is
-first imported), applies the plan's vLLM patches and logs one INFO line saying what it bound and why.
-It never raises: where NVFP4 cannot be served it leaves vLLM untouched and says why, except that
-when no KV writer can be bound on an otherwise servable GPU it makes NVFP4 fail at engine start with
-"FlashInfer NVFP4 slot-mapping KV cache update is required" (found, needed, way out).
+It detects the system, asks the resolver for a plan (once), sets the plan's environment (before
+FlashInfer is first imported), applies the plan's route (``plan.vllm.route``, decided by the resolver
+and printed by ``nvfp4compat query``) and logs one INFO line saying what it bound and why. It decides
+nothing itself and never raises: a plan without a route leaves vLLM untouched, and a refusal route
+(e.g. no KV writer on an otherwise servable GPU: "FlashInfer NVFP4 slot-mapping KV cache update is
+required", found, needed, way out) makes NVFP4 fail at engine start with the plan's reason.
 
 The patches (``docs/patches.md``) are a subclass of vLLM's FlashInfer backend registered over
 ``AttentionBackendEnum.FLASHINFER``; every change is recorded in the ledger :data:`_PATCHES`, and
@@ -18,12 +19,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
+from nvfp4compat.resolver import WRITER_REQUIRED
 from nvfp4compat.vllm_plugin import state
 from nvfp4compat.vllm_plugin.ledger import Ledger
 from nvfp4compat.vllm_plugin.patches import PATCH_TARGETS, apply_route, clear_memoised
-from nvfp4compat.vllm_plugin.route import NO_WRITER_ERROR, Route, RouteError, route_from_plan
+
+if TYPE_CHECKING:
+    from nvfp4compat.plan import Plan, VllmRoute
 
 __all__ = [
     "register",
@@ -32,9 +36,10 @@ __all__ = [
     "applied",
     "active_route",
     "last_plan",
+    "route_of",
     "summary_line",
     "PATCH_TARGETS",
-    "NO_WRITER_ERROR",
+    "WRITER_REQUIRED",
 ]
 
 # vLLM configures the "vllm" logger; a child logger lands in vLLM's log with vLLM's format.
@@ -42,15 +47,15 @@ logger = logging.getLogger("vllm.nvfp4compat")
 
 _PATCHES = Ledger()
 _REGISTERED = False
-_LAST_PLAN: Any = None
+_LAST_PLAN: Plan | None = None
 
 
-def last_plan() -> Any:
+def last_plan() -> Plan | None:
     """The plan :func:`register` resolved last in this process (None before, or when it failed)."""
     return _LAST_PLAN
 
 
-def active_route() -> Route | None:
+def active_route() -> VllmRoute | None:
     """The route applied in this process (None when vLLM is untouched)."""
     return state.route()
 
@@ -60,73 +65,45 @@ def applied() -> dict[str, list[str]]:
     return _PATCHES.targets()
 
 
-def _fact(plan: Any, *names: str) -> Any:
-    facts = getattr(plan, "facts", None)
-    for name in names:
-        value = getattr(facts, name, None)
-        if value is not None:
-            return value
-    return None
+def route_of(plan: Plan) -> VllmRoute | None:
+    """The route :func:`apply` applies for ``plan``: ``plan.vllm.route`` (None: vLLM untouched)."""
+    return plan.vllm.route if plan.vllm is not None else None
 
 
-def _arch(plan: Any) -> str:
-    arch = _fact(plan, "arch")
-    if arch is None:
-        return "no GPU"
-    text = str(arch)
-    return text if text.startswith("sm_") else f"sm_{text}"
-
-
-def summary_line(plan: Any, route: Route | None) -> str:
-    """The one INFO line: facts, strategy, patches, each binding (with its reason where it is not
-    the matrix's preference), and the environment set.
-
-    ``op=vllm(impl)`` marks an op the plan leaves to vLLM's own code (e.g. vLLM 0.33's FlashInfer
-    writer under ``extend``).
-    """
-    vllm_v = _fact(plan, "vllm") or "?"
-    fi_v = _fact(plan, "flashinfer") or "not installed"
-    head = f"nvfp4compat: vLLM {vllm_v} on {_arch(plan)} with FlashInfer {fi_v}"
-    planned_from = getattr(plan, "planned_from", None) or {}
-    if planned_from:
-        basis = ", ".join(f"{k} {v}" for k, v in planned_from.items())
+def summary_line(plan: Plan) -> str:
+    """The one INFO line: facts, then the route as ``nvfp4compat query`` prints it
+    (:meth:`~nvfp4compat.plan.VllmRoute.describe`), each binding that is not the matrix's preference
+    with its reason, and the environment set."""
+    f = plan.facts
+    arch = f.arch or "no GPU"
+    head = f"nvfp4compat: vLLM {f.vllm or '?'} on {arch} with FlashInfer {f.flashinfer or 'not installed'}"
+    if plan.planned_from:
+        basis = ", ".join(f"{k} {v}" for k, v in plan.planned_from.items())
         head += f" (UNVERIFIED: planned from the nearest release in the matrix: {basis})"
-    vllm_plan = getattr(plan, "vllm", None)
-    strategy = getattr(vllm_plan, "strategy", None) or "none"
-    if route is not None and route.refusal is not None:
-        return f"{head}: --kv-cache-dtype nvfp4 will fail at engine start: {plan.reason}"
+    route = route_of(plan)
     if route is None:
-        reason = (
-            getattr(plan, "reason", None)
-            or getattr(vllm_plan, "reason", None)
-            or "the plan binds no vLLM patch"
-        )
+        vp = plan.vllm
+        strategy = vp.strategy if vp is not None else "none"
+        reason = plan.reason or (vp.reason if vp is not None else None) or "the plan binds no vLLM patch"
         return f"{head}: {strategy} ({reason}); vLLM left untouched"
-    parts = []
-    bindings = getattr(plan, "bindings", None) or {}
-    for op in ("write", "decode", "prefill"):
-        binding = bindings.get(op)
-        impl = getattr(binding, "impl", None)
-        routed = (op == "write" and route.write is not None) or op in route.read
-        text = f"{op}={impl}" if routed else f"{op}=vllm({impl})"
-        # The matrix's own preference needs no comment here (``nvfp4compat doctor`` prints it);
-        # a fallback, an override or a probe says why.
-        why = getattr(binding, "reason", None)
-        if why and getattr(binding, "source", "matrix") != "matrix":
-            text += f" ({why})"
-        parts.append(text)
-    env = getattr(plan, "env", None) or {}
-    tail = f"; env {', '.join(f'{k}={v}' for k, v in env.items())}" if env else ""
-    return f"{head}: {strategy} [{', '.join(route.patches)}]; {', '.join(parts)}{tail}"
+    if route.refusal is not None:
+        return f"{head}: {route.describe()}"
+    # The matrix's own preference needs no comment here (``nvfp4compat doctor`` prints it);
+    # a fallback, an override or a probe says why.
+    why = [
+        f"{op}: {b.reason}" for op in ("write", "decode", "prefill")
+        if (b := plan.bindings[op]).source != "matrix"
+    ]  # fmt: skip
+    tail = f"; {'; '.join(why)}" if why else ""
+    if plan.env:
+        tail += f"; env {', '.join(f'{k}={v}' for k, v in plan.env.items())}"
+    return f"{head}: {route.describe()}{tail}"
 
 
-def _set_plan_env(plan: Any) -> None:
+def _set_plan_env(plan: Plan) -> None:
     """Set ``plan.env`` in ``os.environ``; warn when FlashInfer was imported before (too late)."""
-    env = dict(getattr(plan, "env", None) or {})
-    if not env:
-        return
     already = "flashinfer" in sys.modules
-    for key, value in env.items():
+    for key, value in plan.env.items():
         if os.environ.get(key) == str(value):
             continue
         os.environ[key] = str(value)
@@ -139,34 +116,29 @@ def _set_plan_env(plan: Any) -> None:
             )  # fmt: skip
 
 
-def apply(plan: Any, *, refuse_here: bool = False) -> Route | None:
-    """Apply ``plan`` to vLLM in this process (replacing what an earlier call applied).
+def apply(plan: Plan) -> VllmRoute | None:
+    """Apply ``plan``'s route to vLLM in this process (replacing what an earlier call applied).
 
     Parameters
     ----------
     plan : nvfp4compat.plan.Plan
-        A resolved plan.
-    refuse_here : bool
-        For an unsupported plan on a GPU and vLLM release the matrix serves with another install:
-        make NVFP4 fail at engine start with the plan's reason (see :func:`route_from_plan`).
+        A resolved plan; its ``vllm.route`` is applied as it is.
 
     Returns
     -------
-    Route or None
+    VllmRoute or None
         The route applied, or None when vLLM is left untouched.
 
     Raises
     ------
-    RouteError
-        When the plan asks for something the plugin cannot do; nothing is left applied.
     RuntimeError
         When vLLM refuses the override (e.g. another plugin holds FLASHINFER); nothing is left
         applied.
     """
     global _REGISTERED
     unpatch()
-    route = route_from_plan(plan, refuse_here=refuse_here)
-    if getattr(plan, "supported", False):
+    route = route_of(plan)
+    if plan.supported:
         _set_plan_env(plan)
     if route is not None:
         state.set_route(route)
@@ -193,31 +165,11 @@ def unpatch() -> list[str]:
     return restored
 
 
-def _resolve_here() -> tuple[Any, bool]:
-    """Detect this process's system and resolve its plan; also say whether to refuse here.
-
-    Returns ``(plan, refuse_here)``. ``refuse_here`` is True for an unsupported plan that would
-    serve this GPU and vLLM release if Triton were available (the same facts re-resolved with
-    Triton present and enabled): the refusal is then about this install (no KV writer, Triton
-    disabled or missing), so NVFP4 must fail at engine start with the plan's reason. Where even that
-    plan has no vLLM strategy (SM75, SM110 family, an unknown vLLM) vLLM is left untouched.
-    """
+def _resolve_here() -> Plan:
+    """Detect this process's system and resolve its plan (once: the plan holds the whole decision)."""
     from nvfp4compat import detect, load_matrix, resolve
 
-    matrix = load_matrix()
-    facts = detect()
-    plan = resolve(matrix, facts)
-    refuse_here = False
-    if not plan.supported and plan.vllm is not None:
-        with_triton = facts.model_copy(
-            update={"triton": facts.triton or "any", "triton_disabled": False}
-        )
-        alternative = resolve(matrix, with_triton)
-        refuse_here = alternative.vllm is not None and alternative.vllm.strategy in (
-            "backport",
-            "extend",
-        )
-    return plan, refuse_here
+    return resolve(load_matrix(), detect())
 
 
 def register() -> None:
@@ -232,7 +184,7 @@ def register() -> None:
     _REGISTERED = True
     _LAST_PLAN = None
     try:
-        plan, refuse_here = _resolve_here()
+        plan = _resolve_here()
     except Exception as exc:
         logger.warning(
             "nvfp4compat: could not resolve a plan (%s: %s); vLLM left untouched",
@@ -242,8 +194,8 @@ def register() -> None:
         return
     _LAST_PLAN = plan
     try:
-        route = apply(plan, refuse_here=refuse_here)
-    except (RouteError, RuntimeError) as exc:
+        apply(plan)
+    except RuntimeError as exc:
         logger.warning("nvfp4compat: %s; vLLM left untouched", exc)
         _REGISTERED = True  # apply() restored everything; do not retry in this process
         return
@@ -254,11 +206,10 @@ def register() -> None:
         return
     # the pid tells the processes apart (API, EngineCore, every tensor-parallel worker): a worker
     # logs this before vLLM prefixes its lines with "(Worker_TP1 pid=...)"
-    logger.info("%s [pid %d]", summary_line(plan, route), os.getpid())
-    release_warnings = getattr(plan, "release_warnings", None) or []
-    for warning in release_warnings:  # a release not in the matrix: always said, supported or not
+    logger.info("%s [pid %d]", summary_line(plan), os.getpid())
+    for warning in plan.release_warnings:  # a release not in the matrix: always said, supported or not
         logger.warning("nvfp4compat: %s", warning)
-    if getattr(plan, "supported", False):
-        for warning in getattr(plan, "warnings", None) or []:
-            if warning not in release_warnings:
+    if plan.supported:
+        for warning in plan.warnings:
+            if warning not in plan.release_warnings:
                 logger.warning("nvfp4compat: %s", warning)

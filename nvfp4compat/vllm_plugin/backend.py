@@ -3,7 +3,7 @@
 vLLM imports this module itself, through the class path the plugin registers over
 ``AttentionBackendEnum.FLASHINFER`` (``register_backend``); the name stays ``"FLASHINFER"``, so
 automatic selection, priorities and ``isinstance`` checks are unchanged. Every override consults the
-process's :class:`~nvfp4compat.vllm_plugin.route.Route` and delegates to vLLM's own code for every
+process's :class:`~nvfp4compat.plan.VllmRoute` (``plan.vllm.route``) and delegates to vLLM's own code for every
 layer it does not handle: non-NVFP4 KV-cache dtypes always take the stock path unchanged.
 
 What the NVFP4 path does (per patch id, see ``docs/patches.md``):
@@ -19,7 +19,7 @@ What the NVFP4 path does (per patch id, see ``docs/patches.md``):
   ``reshape_and_cache_flash(..., "nvfp4")`` never runs.
 * ``forward_reader``: decode and prefill go to the bound readers (``get_kernel("decode", impl)``,
   ``get_kernel("prefill", impl)``); a phase the plan leaves on vLLM's reader runs vLLM's code.
-* a rotated plan (``NVFP4COMPAT_KV_ROTATION=hadamard``, ``Route.kv_rotation``): the routed writer
+* a rotated plan (``NVFP4COMPAT_KV_ROTATION=hadamard``, ``VllmRoute.kv_rotation``): the routed writer
   and readers are wrapped by :func:`nvfp4compat.kernels.rotation.rotated`.
 """
 
@@ -44,8 +44,8 @@ from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
 from nvfp4compat.kernels import get_kernel
 from nvfp4compat.kernels.layout import split_combined_page
+from nvfp4compat.plan import VllmRoute
 from nvfp4compat.vllm_plugin import state
-from nvfp4compat.vllm_plugin.route import Route
 
 __all__ = [
     "Nvfp4KVMetadata",
@@ -157,7 +157,7 @@ def page_views(
     return split_combined_page(kv_cache, num_kv_heads)
 
 
-def _handled(kv_cache_dtype: str | None) -> Route | None:
+def _handled(kv_cache_dtype: str | None) -> VllmRoute | None:
     """The active route when it acts on layers of ``kv_cache_dtype``."""
     route = state.route()
     if route is None or not route.handles(kv_cache_dtype):
@@ -247,7 +247,7 @@ class Nvfp4CompatMetadataBuilder(_fi.FlashInferMetadataBuilder):
         vllm_config: Any,
         device: torch.device,
     ) -> None:
-        self._nvfp4_route: Route | None = None
+        self._nvfp4_route: VllmRoute | None = None
         self._nvfp4_attach = False
         cache_dtype = _layer_cache_dtype(kv_cache_spec, vllm_config, layer_names)
         route = _handled(cache_dtype)
@@ -387,7 +387,7 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
     For layers the route does not handle this is vLLM's ``FlashInferImpl`` unchanged.
     """
 
-    _nvfp4_route: Route | None
+    _nvfp4_route: VllmRoute | None
     _nvfp4_write: Callable[..., None] | None
     _nvfp4_read: dict[str, Callable[..., Any]]
     _nvfp4_host_lens: bool = False
@@ -447,12 +447,13 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
         if route.write is not None:
             self._nvfp4_write = get_kernel("write", route.write)
         self._nvfp4_host_lens = False
-        for op, impl in route.read.items():
+        for op, bound in route.read.items():
+            impl: str = bound
             if op == "prefill" and impl == "dequant_fa3":
                 impl = self._nvfp4_dequant_fa3_or_triton(head_size)
                 self._nvfp4_host_lens = impl == "dequant_fa3"
             self._nvfp4_read[op] = get_kernel(op, impl)
-        if route.kv_rotation is not None:  # route_from_plan checked that all three are routed
+        if route.kv_rotation is not None:  # VllmRoute's validator checked that all three are routed
             from nvfp4compat.kernels.rotation import rotated
 
             if self._nvfp4_write is None or set(self._nvfp4_read) != {"decode", "prefill"}:

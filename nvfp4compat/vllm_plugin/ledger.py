@@ -1,9 +1,8 @@
 """The patch ledger: every object the plugin changes in vLLM, with the original to put back.
 
-A target is an attribute of an object (a module function, a class attribute), an item of a
-mapping (vLLM's attention-backend override table), or an ``override``: a vLLM method that the
-registered nvfp4compat subclass overrides (vLLM's own class is untouched, so there is nothing to put
-back for it). :class:`Ledger` records the original value the first time a target is set (``MISSING``
+A target is an item of a mapping (vLLM's attention-backend override table, set by vLLM's own
+``register_backend``) or an ``override``: a vLLM method that the registered nvfp4compat subclass
+overrides (vLLM's own class is untouched, so there is nothing to put back for it). :class:`Ledger` records the original value the first time a target is set (``MISSING``
 when it was absent), so :meth:`Ledger.restore_all` puts every target back exactly as it was, in
 reverse order, and a test can compare identities before and after. Nothing here imports vLLM.
 """
@@ -46,12 +45,11 @@ class LedgerEntry:
         Dotted name of the target as written in ``docs/patches.md``, e.g.
         ``vllm.v1.attention.backends.registry._ATTN_OVERRIDES[FLASHINFER]``.
     kind : str
-        ``"item"`` (mapping item), ``"attr"`` (attribute) or ``"override"`` (subclass override).
+        ``"item"`` (mapping item) or ``"override"`` (subclass override).
     owner : object
-        The module/class (attribute targets) or the mapping (item targets) holding it; None for
-        overrides.
-    key : str or object
-        Attribute name, or mapping key.
+        The mapping holding an item target; None for overrides.
+    key : object
+        The mapping key (None for overrides).
     original : object
         The value before the first patch, or ``MISSING``.
     also : list[str]
@@ -70,25 +68,17 @@ class LedgerEntry:
         """The value the target holds now (``MISSING`` when absent or for an override)."""
         if self.kind == "item":
             return self.owner.get(self.key, MISSING)
-        if self.kind == "attr":
-            return getattr(self.owner, self.key, MISSING)
         return MISSING
 
     def restore(self) -> None:
         """Put the original back (delete the target when it was absent; nothing for overrides)."""
         if self.kind == "override":
             return
-        if self.kind == "item":
-            mapping: MutableMapping[Any, Any] = self.owner
-            if self.original is MISSING:
-                mapping.pop(self.key, None)
-            else:
-                mapping[self.key] = self.original
-        elif self.original is MISSING:
-            if hasattr(self.owner, self.key):
-                delattr(self.owner, self.key)
+        mapping: MutableMapping[Any, Any] = self.owner
+        if self.original is MISSING:
+            mapping.pop(self.key, None)
         else:
-            setattr(self.owner, self.key, self.original)
+            mapping[self.key] = self.original
 
 
 class Ledger:
@@ -114,12 +104,7 @@ class Ledger:
     def _record(self, patch_id: str, target: str, kind: str, owner: Any, key: Any) -> None:
         entry = self._entries.get(target)
         if entry is None:
-            if kind == "item":
-                original = owner.get(key, MISSING)
-            elif kind == "attr":
-                original = getattr(owner, key, MISSING)
-            else:
-                original = MISSING
+            original = owner.get(key, MISSING) if kind == "item" else MISSING
             self._entries[target] = LedgerEntry(patch_id, target, kind, owner, key, original)
         elif patch_id != entry.patch_id and patch_id not in entry.also:
             entry.also.append(patch_id)
@@ -128,23 +113,11 @@ class Ledger:
         """Record that the registered subclass overrides ``target`` for ``patch_id``."""
         self._record(patch_id, target, "override", None, None)
 
-    def set_attr(self, patch_id: str, target: str, owner: Any, name: str, value: Any) -> None:
-        """Set ``owner.name = value``, recording the original on first use of ``target``."""
-        self._record(patch_id, target, "attr", owner, name)
-        setattr(owner, name, value)
-
     def record_item(
         self, patch_id: str, target: str, mapping: MutableMapping[Any, Any], key: Any
     ) -> None:
         """Record ``mapping[key]``'s original before a vLLM API (e.g. ``register_backend``) sets it."""
         self._record(patch_id, target, "item", mapping, key)
-
-    def set_item(
-        self, patch_id: str, target: str, mapping: MutableMapping[Any, Any], key: Any, value: Any
-    ) -> None:
-        """Set ``mapping[key] = value``, recording the original on first use of ``target``."""
-        self._record(patch_id, target, "item", mapping, key)
-        mapping[key] = value
 
     def restore_all(self, on_restore: Callable[[LedgerEntry], None] | None = None) -> list[str]:
         """Restore every target, newest first; return the targets restored and empty the ledger."""

@@ -21,8 +21,9 @@ import functools
 import sys
 from collections.abc import Callable
 
+from nvfp4compat.plan import VllmRoute
+from nvfp4compat.spec import PATCH_IDS
 from nvfp4compat.vllm_plugin.ledger import Ledger
-from nvfp4compat.vllm_plugin.route import PATCH_IDS, Route
 
 __all__ = [
     "OVERRIDE_PATH",
@@ -194,7 +195,7 @@ APPLY: dict[str, Callable[[Ledger], None]] = {
 }
 
 
-def apply_route(ledger: Ledger, route: Route) -> list[str]:
+def apply_route(ledger: Ledger, route: VllmRoute) -> list[str]:
     """Apply every patch of ``route`` in order; return the patch ids applied."""
     ids = [REFUSE_ID] if route.refusal is not None else list(route.patches)
     for patch_id in ids:

@@ -7,19 +7,19 @@ import cycle. Nothing here imports vLLM.
 
 from __future__ import annotations
 
-from nvfp4compat.vllm_plugin.route import Route
+from nvfp4compat.plan import VllmRoute
 
 __all__ = ["route", "set_route"]
 
-_ROUTE: Route | None = None
+_ROUTE: VllmRoute | None = None
 
 
-def route() -> Route | None:
+def route() -> VllmRoute | None:
     """The route applied in this process, or None when the plugin leaves vLLM untouched."""
     return _ROUTE
 
 
-def set_route(new: Route | None) -> None:
+def set_route(new: VllmRoute | None) -> None:
     """Install ``new`` as this process's route (None clears it)."""
     global _ROUTE
     _ROUTE = new

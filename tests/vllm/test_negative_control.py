@@ -25,7 +25,7 @@ from vllm_cpu_support import (  # noqa: E402
 )
 
 from nvfp4compat import vllm_plugin  # noqa: E402
-from nvfp4compat.vllm_plugin import NO_WRITER_ERROR  # noqa: E402
+from nvfp4compat.vllm_plugin import WRITER_REQUIRED  # noqa: E402
 
 HELPER = "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping"
 
@@ -48,7 +48,7 @@ def no_writer(cpu_vllm, clean_plugin, monkeypatch):
 
 
 def _check_message(text: str, cpu_vllm) -> None:
-    assert NO_WRITER_ERROR in text
+    assert WRITER_REQUIRED in text
     assert cpu_vllm.flashinfer_version in text  # what was found
     assert "0.6.15" in text  # which FlashInfer releases have the helper
     assert "NVFP4COMPAT_DISABLE_TRITON" in text  # the way to the Triton fallback

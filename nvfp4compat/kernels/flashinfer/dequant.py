@@ -1,4 +1,5 @@
-"""FlashInfer implementation of ``dequant``: ``nvfp4_kv_dequantize_paged`` (flashinfer-python 0.6.15+).
+"""FlashInfer implementation of ``dequant``: ``nvfp4_kv_dequantize_paged`` (the helper and its first
+release are read from the matrix by :mod:`nvfp4compat.flashinfer_probe`).
 
 The ``dequant`` contract (:class:`nvfp4compat.kernels.contract.DequantOp`) through a thin wrapper
 with the host-side validation of the Triton implementation. FlashInfer takes the global scales only as float32 device tensors: a
@@ -15,16 +16,14 @@ from collections.abc import Sequence
 
 import torch
 
+from nvfp4compat.flashinfer_probe import helper_for, import_flashinfer, require_helper
 from nvfp4compat.kernels.checks import check_dequant_inputs, resolve_scale
-from nvfp4compat.kernels.flashinfer.write import import_flashinfer, require_helper
 from nvfp4compat.kernels.layout import normalize_cache
 
-__all__ = ["HELPER", "FIRST_RELEASE", "dequantize_paged"]
+__all__ = ["HELPER", "dequantize_paged"]
 
-HELPER = "nvfp4_kv_dequantize_paged"
-FIRST_RELEASE = "0.6.15"
-
-_helper = require_helper(import_flashinfer(), HELPER, FIRST_RELEASE, "dequant")
+_helper = require_helper(import_flashinfer("dequant"), "dequant")
+HELPER: str = helper_for("dequant")  # implementations.yaml: the flashinfer dequant's flashinfer_helper
 
 
 def _as_tensor(scale: float | torch.Tensor, device: torch.device) -> torch.Tensor:

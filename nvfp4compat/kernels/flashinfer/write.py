@@ -2,7 +2,8 @@
 
 The ``write`` contract (:class:`nvfp4compat.kernels.contract.WriteOp`) through a thin wrapper: the
 host-side validation of the Triton implementation (so every implementation rejects the same inputs with the same message),
-then FlashInfer's helper (first released in flashinfer-python 0.6.15; ``nvfp4_4over6`` from 0.7.4).
+then FlashInfer's helper (the release that first has it, and the first whose helper takes
+``nvfp4_4over6``, are read from ``matrix/flashinfer.yaml`` by :mod:`nvfp4compat.flashinfer_probe`).
 
 Importing this module raises :class:`ImportError` when FlashInfer cannot be imported or lacks the
 helper, naming the installed version and the way out (``impl 'triton'``).
@@ -18,63 +19,38 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Sequence
-from types import ModuleType
 from typing import Any
 
 import torch
 
+from nvfp4compat.flashinfer_probe import (
+    first_release_with_4over6,
+    helper_for,
+    import_flashinfer,
+    require_helper,
+)
 from nvfp4compat.kernels.checks import check_write_inputs, resolve_scale
 from nvfp4compat.kernels.layout import normalize_cache
 
 __all__ = [
     "HELPER",
-    "FIRST_RELEASE",
     "flashinfer_version",
     "supports_4over6",
     "append_slot_mapping",
 ]
 
-HELPER = "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping"
-FIRST_RELEASE = "0.6.15"
-
-
-def import_flashinfer() -> ModuleType:
-    """Import FlashInfer, turning any import-time failure into an ImportError that says why."""
-    try:
-        import flashinfer
-    except (
-        Exception
-    ) as exc:  # FlashInfer <= 0.7.0 raises AssertionError/RuntimeError on some setups
-        raise ImportError(
-            f"cannot import flashinfer ({type(exc).__name__}: {exc}); install flashinfer-python "
-            f">= {FIRST_RELEASE} or use impl 'triton'"
-        ) from exc
-    return flashinfer
+_flashinfer = import_flashinfer("write")
+_helper = require_helper(_flashinfer, "write")
+HELPER: str = helper_for("write")  # implementations.yaml: the flashinfer write's flashinfer_helper
 
 
 def flashinfer_version() -> str:
-    return str(getattr(import_flashinfer(), "__version__", "unknown"))
-
-
-def require_helper(module: ModuleType, name: str, first_release: str, what: str) -> Any:
-    """Return ``module.<name>`` or raise ImportError naming the installed FlashInfer version."""
-    fn = getattr(module, name, None)
-    if fn is None:
-        raise ImportError(
-            f"flashinfer {getattr(module, '__version__', 'unknown')} lacks {name} (needed by impl "
-            f"'flashinfer' of {what!r}; first released in flashinfer-python {first_release}); upgrade "
-            f"flashinfer-python or use impl 'triton' (NVFP4COMPAT_IMPL={what}=triton)"
-        )
-    return fn
-
-
-_flashinfer = import_flashinfer()
-_helper = require_helper(_flashinfer, HELPER, FIRST_RELEASE, "write")
+    return str(getattr(_flashinfer, "__version__", "unknown"))
 
 
 @functools.cache
 def supports_4over6() -> bool:
-    """Whether the installed helper takes ``nvfp4_4over6`` (FlashInfer 0.7.4+)."""
+    """Whether the installed helper takes ``nvfp4_4over6`` (flashinfer.yaml: nvfp4_4over6.writer_param)."""
     try:
         return "nvfp4_4over6" in inspect.signature(_helper).parameters
     except (TypeError, ValueError):
@@ -84,7 +60,8 @@ def supports_4over6() -> bool:
 def _four_over_six_config() -> Any:
     if not supports_4over6():
         raise NotImplementedError(
-            f"nvfp4_4over6=True needs FlashInfer >= 0.7.4 (its {HELPER} takes nvfp4_4over6); "
+            f"nvfp4_4over6=True needs FlashInfer >= {first_release_with_4over6()} (its {HELPER} takes "
+            "nvfp4_4over6); "
             f"flashinfer {flashinfer_version()} is installed. Use impl 'triton' for the write op "
             "(NVFP4COMPAT_IMPL=write=triton), which implements the same 4over6 scale search"
         )
@@ -108,8 +85,8 @@ def append_slot_mapping(
 ) -> None:
     """The ``write`` op (:class:`~nvfp4compat.kernels.contract.WriteOp`) through FlashInfer's helper.
 
-    ``nvfp4_4over6=True`` needs FlashInfer >= 0.7.4 and raises :class:`NotImplementedError`
-    otherwise. Device-scale handling is FlashInfer's (module docstring).
+    ``nvfp4_4over6=True`` requires a FlashInfer whose helper takes it and raises
+    :class:`NotImplementedError` otherwise. Device-scale handling is FlashInfer's (module docstring).
     """
     views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
     check_write_inputs(key, value, slot_mapping, views)
