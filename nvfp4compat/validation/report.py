@@ -67,7 +67,7 @@ def headline(name: str, r: Mapping[str, Any]) -> str:
             f = r.get(key) or {}
             if f.get("ok"):
                 parts.append(
-                    f"{label}: mean |dlogprob| {f['mean_abs_diff']:.4f}, top-1 {100 * f['top1_agreement']:.1f}%"
+                    f"{label}: mean abs logprob diff {f['mean_abs_diff']:.4f}, top-1 agreement {100 * f['top1_agreement']:.1f}%"
                 )
             else:
                 parts.append(f"{label}: {f.get('reason', 'not measured')}")

@@ -1,0 +1,76 @@
+"""The offline bundle's host runner (tools/gpu_bundle/run_on_device.py), on the CPU.
+
+What is left of it besides unpacking: the compile-cache chunks that must fit the transport's limits,
+the job environment over the unpacked components, and handing the checks to ``nvfp4compat.validation``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+RUNNER = Path(__file__).resolve().parents[1] / "tools" / "gpu_bundle" / "run_on_device.py"
+
+
+@pytest.fixture(scope="module")
+def rod():
+    spec = importlib.util.spec_from_file_location("run_on_device", RUNNER)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["run_on_device"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_compile_caches_come_back_in_chunks_and_restore(rod, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / ".cache" / "flashinfer" / "m").mkdir(parents=True)
+    blob = bytes(range(256)) * 8192  # 2 MiB
+    (home / ".cache" / "flashinfer" / "m" / "a.so").write_bytes(blob)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(rod, "CACHE_CHUNK", 64 << 10)  # small chunks: several files come back
+    monkeypatch.setattr(rod, "CACHE_LIMIT", 64 << 20)
+    out = tmp_path / "out"
+    out.mkdir()
+    msg = rod.save_caches(out)
+    chunks = sorted(p.name for p in out.iterdir())
+    assert chunks and all(n.startswith("caches.tar.xz.") for n in chunks), msg
+    assert all((out / n).stat().st_size <= 64 << 10 for n in chunks)
+    bundle = tmp_path / "bundle" / "caches"
+    bundle.mkdir(parents=True)
+    for n in chunks:
+        (bundle / n).write_bytes((out / n).read_bytes())
+    (home / ".cache" / "flashinfer" / "m" / "a.so").unlink()
+    state: dict = {}
+    rod.restore_caches(bundle.parent, state)
+    assert (home / ".cache" / "flashinfer" / "m" / "a.so").read_bytes() == blob
+    assert state["caches"]
+
+
+def test_job_environment_puts_the_components_on_the_path(rod, tmp_path):
+    site = tmp_path / "site"
+    for d in ("plugin", "fi-0.6.15", "common"):
+        (site / d).mkdir(parents=True)
+    env = rod.bundle_env(site, "0.6.15", True, {"VLLM_PLUGINS": ""})
+    assert env["PYTHONPATH"].split(":") == [str(site / "plugin"), str(site / "fi-0.6.15"), str(site / "common")]
+    assert env["HF_HUB_OFFLINE"] == "1" and env["NCCL_NVLS_ENABLE"] == "0"
+    off = rod.bundle_env(site, "0.6.15", False, {})
+    assert str(site / "plugin") not in off["PYTHONPATH"]
+    with pytest.raises(rod.RunnerError, match=r"fi-0.7.4 is missing: the bundle has components \['common', 'fi-0.6.15', 'plugin'\]"):
+        rod.bundle_env(site, "0.7.4", True, {})
+
+
+def test_dry_run_plans_the_packages_jobs(rod, tmp_path, capsys):
+    (tmp_path / "b" / "p01").mkdir(parents=True)
+    manifest = {"build_id": "x", "built_at": "t", "parts": [], "flashinfer_default": "0.6.14"}
+    (tmp_path / "b" / "p01" / "manifest.json").write_text(json.dumps(manifest))
+    argv = ["run", "--bundle-dir", str(tmp_path / "b"), "--site", str(tmp_path / "site"), "--checks", "1,3", "--dry-run"]
+    assert rod.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "nvfp4-eager-fi0.6.14-noplugin" in out and "auto-eager-fi0.6.14-plugin" in out
+    assert rod.main([*argv[:-2], "1,5", "--dry-run"]) == 2
+    assert "unknown check '5'" in capsys.readouterr().err
