@@ -81,8 +81,8 @@ def find_manifest(
             found.append((str(data.get("built_at", "")), str(path), data))
     if not found:
         raise RunnerError(
-            f"no manifest.json under {bundle_dir}/p*/: carry the part folders (e.g. carry=['.bundle/p01']) "
-            "built by `python scripts/gpu_bundle/build.py build`"
+            f"no manifest.json under {bundle_dir}/p*/: bring the part folders (e.g. .bundle/p01/) "
+            "built by `python tools/gpu_bundle/build.py build`"
         )
     found.sort(key=lambda t: (t[0], t[1]))
     built_at, where, data = found[-1]
