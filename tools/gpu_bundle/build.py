@@ -1540,9 +1540,7 @@ def cmd_check_venv(args: argparse.Namespace) -> int:
         log(
             f"{venv} ready: torch 2.13.0+cpu, {len(HOST_PACKAGES_PINNED) + len(HOST_PACKAGES_UNPINNED)} host packages, {len(DEPS)} bundle deps (cp311 twins)"
         )
-    py312 = next(
-        iter(sorted(Path("/root/.pyenv/versions").glob("3.12*/bin/python3.12"))), None
-    ) or shutil.which("python3.12")
+    py312 = next(iter(_pyenv_py312()), None) or shutil.which("python3.12")
     if not py312:
         log("no Python 3.12 here: verify will not import the cp312 binaries")
     elif PY312_VENV.exists() and not args.recreate:
@@ -1584,10 +1582,16 @@ PY312_HOST_PACKAGES = (
 )
 
 
+def _pyenv_py312() -> list[Path]:
+    """CPython 3.12 interpreters pyenv installed ($PYENV_ROOT, else ~/.pyenv)."""
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    return sorted((root / "versions").glob("3.12*/bin/python3.12"))
+
+
 def _find_py312() -> str | None:
     if (PY312_VENV / "bin/python").exists():
         return str(PY312_VENV / "bin/python")
-    for cand in sorted(Path("/root/.pyenv/versions").glob("3.12*/bin/python3.12")) + [
+    for cand in _pyenv_py312() + [
         Path(p) for p in (shutil.which("python3.12"),) if p
     ]:
         if (
@@ -1626,7 +1630,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     )
     b.add_argument(
         "--flashinfer-default", default=None,
-        help="the release the host runner uses unless told otherwise (default: vLLM's pin if listed, else the first)",
+        help=f"the release the host runner uses unless told otherwise (default: {FLASHINFER_DEFAULT} if listed, else the first)",
     )
     b.add_argument(
         "--wheel-cache", type=Path, default=cache_home / "wheels",
