@@ -129,6 +129,14 @@ def test_negative_control_needs_vllms_own_refusal():
     _fill(jobs)
     r = vc.evaluate(["negative"], jobs)["negative"]
     assert not r["passed"] and r["engine_started"]
+    # where the plan says vLLM serves NVFP4 itself (SM100), stock vLLM must start instead
+    native = _preflight("native", "native", "native")
+    native["tasks"]["preflight"]["plan"]["json"]["vllm"] = {"strategy": "native"}
+    _fill(jobs, preflight=native)
+    r = vc.evaluate(["negative"], jobs)["negative"]
+    assert r["passed"] and r["expected"].startswith("starts")
+    _fill(jobs, preflight=native, **{"nvfp4-eager-fi0.6.14-noplugin": refused})
+    assert not vc.evaluate(["negative"], jobs)["negative"]["passed"]
 
 
 @pytest.mark.parametrize(("nvfp4", "bf16", "passed"), [(35_600, 10_000, True), (32_900, 10_000, False), (None, 10_000, False)])

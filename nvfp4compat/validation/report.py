@@ -51,6 +51,9 @@ def headline(name: str, r: Mapping[str, Any]) -> str:
             f"{op}={impl}" for op, impl in (r.get("planned") or {}).items()
         )
     if name == "negative":
+        if str(r.get("expected", "")).startswith("starts"):
+            started = "started" if r.get("engine_started") else "did not start: " + str(r.get("error"))[-160:]
+            return f"stock vLLM serves NVFP4 natively here; the engine without the plugin {started}"
         if r.get("engine_started"):
             return "the engine started without the plugin: the control does not hold"
         return "refused: " + (r.get("matching_lines") or [r.get("error") or "no error recorded"])[0][-160:]
