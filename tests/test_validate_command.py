@@ -173,6 +173,15 @@ def test_runner_reports_a_job_that_never_wrote_its_result(tmp_path, monkeypatch)
     assert "no result file (rc 3)" in err and "boom: no GPU memory" in err
 
 
+def test_an_unwritable_report_folder_is_one_line(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(command, "refusal", lambda: None)  # as on a GPU machine with vLLM
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert cli_main(["validate", "--model", "m/x", "--out", str(blocker / "report")]) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert "cannot create the report folders" in err and "pass --out" in err
+
+
 @pytest.mark.gpu
 def test_validate_on_the_gpu_reproduces_the_negative_control_and_capacity(tmp_path):
     """On a CUDA machine with vLLM: the plan, the negative control and capacity on the tiny model."""

@@ -241,6 +241,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{PROG}: the tp check needs {settings.tp} GPUs, {torch.cuda.device_count()} visible",
                   file=sys.stderr)
             return EXIT_FAILED
+    try:
+        settings.out.mkdir(parents=True, exist_ok=True)
+        settings.work.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"{PROG}: cannot create the report folders {settings.out} and {settings.work}: "
+              f"{exc.strerror or exc}; pass --out (and --work) in a writable place", file=sys.stderr)
+        return EXIT_USAGE
     from nvfp4compat.validation.report import headline, verdict
     from nvfp4compat.validation.runner import run_checks
 

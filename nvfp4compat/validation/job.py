@@ -34,7 +34,7 @@ TEXT_PROMPT = "The quick brown fox jumps over the lazy dog. Key 17 maps to value
 
 
 def log(msg: str) -> None:
-    print(f"[engine_job] {msg}", flush=True)
+    print(f"[nvfp4compat validate job] {msg}", flush=True)
 
 
 def _err(exc: BaseException) -> str:
