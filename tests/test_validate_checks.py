@@ -107,6 +107,45 @@ def test_plan_check_passes_only_when_the_plugin_binds_what_the_plan_says():
     assert not vc.evaluate(["plan"], jobs)["plan"]["passed"]
 
 
+def _real_preflight(arch: str, vllm: str, flashinfer: str | None = None):
+    """A preflight result holding what `nvfp4compat doctor --json` prints for these facts."""
+    import json
+
+    import nvfp4compat
+
+    plan = json.loads(nvfp4compat.query(arch=arch, flashinfer=flashinfer, vllm=vllm).to_json())
+    pre = _preflight()
+    pre["tasks"]["preflight"]["plan"] = {"json": plan, "supported": plan["supported"], "reason": plan["reason"]}
+    return pre
+
+
+def test_plan_check_reads_the_real_plan_and_the_real_plugin_line():
+    # the line the plugin logged on an H200 with vLLM 0.26.0 and FlashInfer 0.6.14 (docs/validation.md,
+    # check 2), whose plan binds the dequant + FA3 prefill: an implementation name with a digit
+    line = (
+        "(EngineCore pid=42) INFO 11-29 [__init__.py:250] nvfp4compat: vLLM 0.26.0 on sm_90 with FlashInfer "
+        "0.6.14: backport [gate_nvfp4, gate_combination, metadata_builder, kv_cache_update, forward_reader]; "
+        "write=triton (fell back to triton (flashinfer: FlashInfer 0.6.14 lacks "
+        "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping (probe of the installed package); releases "
+        "that have it: 0.6.15..0.7.4)), decode=triton, prefill=dequant_fa3 [pid 42]"
+    )
+    jobs = vc.plan_jobs(["plan"], "0.6.14")
+    _fill(jobs, preflight=_real_preflight("sm_90", "0.26.0", "0.6.14"),
+          **{"nvfp4-eager-fi0.6.14-plugin": _engine_result(plugin_line=line)})
+    r = vc.evaluate(["plan"], jobs)["plan"]
+    assert r["planned"] == {"write": "triton", "decode": "triton", "prefill": "dequant_fa3"}
+    assert r["passed"] and r["plugin_bound"] == r["planned"]
+    # SM100 with vLLM 0.33: vLLM serves NVFP4 itself; the plugin leaves it untouched and says so
+    untouched = "nvfp4compat: vLLM 0.33.0 on sm_100 with FlashInfer 0.7.2.post1: native (...); vLLM left untouched [pid 9]"
+    jobs = vc.plan_jobs(["plan", "negative"], "0.7.2.post1")
+    _fill(jobs, preflight=_real_preflight("sm_100", "0.33.0"),
+          **{"nvfp4-eager-fi0.7.2.post1-plugin": _engine_result(plugin_line=untouched),
+             "nvfp4-eager-fi0.7.2.post1-noplugin": _engine_result(plugin_line="INFO vllm")})
+    r = vc.evaluate(["plan", "negative"], jobs)
+    assert r["plan"]["passed"] and r["plan"]["plugin_left_vllm_untouched"]
+    assert r["negative"]["passed"] and r["negative"]["engine_started"]
+
+
 def test_an_op_left_to_vllm_counts_as_its_implementation():
     line = "nvfp4compat: vLLM 0.33.0 on sm_100: native; write=vllm(native), decode=vllm(native), prefill=vllm(native)"
     jobs = vc.plan_jobs(["plan"], "0.7.2")
