@@ -109,7 +109,7 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff on the package and tests, mypy on the package."""
     session.install("-e", ".[lint]")
-    session.run("ruff", "check", "nvfp4compat", "tests", "benchmarks", "scripts", "noxfile.py")
+    session.run("ruff", "check", "nvfp4compat", "tests", "benchmarks", "scripts", "tools", "noxfile.py")
     session.run("mypy")
 
 

@@ -9,6 +9,7 @@ Subcommands::
     nvfp4compat verify [--expect-flashinfer X] [--expect-vllm Y] [--emit [--wheel vllm-X.whl]]
     nvfp4compat constraints --vllm X [--flashinfer Y] [--json]
     nvfp4compat demo ...        (nvfp4compat.demo:main, loaded lazily)
+    nvfp4compat validate --model <path or name> ...   (nvfp4compat.validation.command:main, lazily)
 
 Exit codes: 0 ok (``query``/``doctor``: a supported plan), 1 not supported here (an unsupported
 plan, drift in ``verify``, a failed demo, output that cannot be written), 2 bad input (usage), 3
@@ -47,6 +48,10 @@ EXIT_UNVERIFIED_RELEASE = EXIT_UNVERIFIED
 # name -> (module, function, help). The function receives the remaining argv and returns an exit code.
 EXTERNAL_COMMANDS: dict[str, tuple[str, str, str]] = {
     "demo": ("nvfp4compat.demo", "main", "run the end-to-end NVFP4 KV-cache demo"),
+    "validate": (
+        "nvfp4compat.validation.command", "main",
+        "run the end-to-end checks in vLLM on this GPU and write a report (needs CUDA and vLLM)",
+    ),
 }
 
 

@@ -19,8 +19,8 @@ trains one (the same config and tokenizer code, other weights).
 
 Usage::
 
-    python scripts/make_tiny_model.py --out /tmp/tiny-qwen3 [--seed 0] [--layers 4] [--vocab 4096]
-    python scripts/make_tiny_model.py --out /tmp/tiny-qwen3 --check   # + load with transformers offline
+    python scripts/make_tiny_model.py --out tiny-qwen3 [--seed 0] [--layers 4] [--vocab 4096]
+    python scripts/make_tiny_model.py --out tiny-qwen3 --check   # + load with transformers offline
 
 Needs numpy, torch, safetensors and tokenizers (``--check`` also transformers); runs on CPU in ~10 s.
 """

@@ -28,10 +28,10 @@ Usage::
     # H200 (about 4 minutes of training plus ~1 minute of evaluation)
     python scripts/train_recall_model.py --out $OUT/recall-model
     # CPU smoke run (2 cores, a few minutes)
-    python scripts/train_recall_model.py --out /tmp/recall-cpu --device cpu --max-len 256 \
+    python scripts/train_recall_model.py --out recall-cpu --device cpu --max-len 256 \
         --min-len 64 --tokens-per-step 4096 --steps 400 --max-seconds 240 --eval-lengths 128,256
     # compare the forward with transformers' Qwen3ForCausalLM on a saved folder
-    python scripts/train_recall_model.py --check-hf /tmp/recall-cpu
+    python scripts/train_recall_model.py --check-hf recall-cpu
 """
 
 from __future__ import annotations

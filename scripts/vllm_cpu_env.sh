@@ -2,7 +2,7 @@
 # Create a CPU-only virtual environment that imports a real vLLM release, for tests/vllm/.
 #
 # Usage: scripts/vllm_cpu_env.sh VLLM_VERSION [VENV_DIR]
-#   VENV_DIR defaults to /work/venvs/vllm-$VLLM_VERSION (or $NVFP4COMPAT_VENVS/vllm-$VLLM_VERSION).
+#   VENV_DIR defaults to <repo>/.venvs/vllm-$VLLM_VERSION (or $NVFP4COMPAT_VENVS/vllm-$VLLM_VERSION).
 #   FLASHINFER=X.Y.Z replaces the flashinfer-python that vLLM pins (installed with --no-deps after the
 #   pinned list), e.g. FLASHINFER=0.6.15 on vLLM 0.25.1, whose flashinfer-cubin==0.6.13 pin then no
 #   longer matches (FlashInfer's version check); VENV_DIR then defaults to vllm-$VER-fi$X.Y.Z.
@@ -23,7 +23,7 @@ fi
 VER="$1"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SUFFIX="${FLASHINFER:+-fi$FLASHINFER}"
-VENV="${2:-${NVFP4COMPAT_VENVS:-/work/venvs}/vllm-$VER$SUFFIX}"
+VENV="${2:-${NVFP4COMPAT_VENVS:-$ROOT/.venvs}/vllm-$VER$SUFFIX}"
 EXTRAS="$ROOT/tests/vllm/requirements/extras-$VER.txt"
 PYTHON="${PYTHON:-python3.11}"
 

@@ -20,7 +20,7 @@ LENGTHS = (2048, 4096, 8192)
 N_PER_DEPTH = 10  # 100 needles per length: one extra miss is exactly one point
 MAX_GAP_POINTS = 1.0
 MIN_BF16_RECALL = 0.95
-SEED = 7  # the vLLM recall check (scripts/gpu_bundle/engine_job.py) uses seed 7 too: same needles
+SEED = 7  # the vLLM recall check (nvfp4compat/validation/job.py) uses seed 7 too: same needles
 
 
 @pytest.fixture(scope="module")

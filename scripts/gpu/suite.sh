@@ -16,19 +16,20 @@
 #   prefill     benchmarks/bench_prefill.py (FA3/FA2 bf16, FA2 NVFP4, fused Triton, dequant + FA3)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/nvfp4compat-gpu}
+SCRATCH=${TMPDIR:-/tmp}
+OUT=${OUT:-$SCRATCH/nvfp4compat-gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 ROOT=$PWD
 
 use_fi() {  # use_fi VERSION: unpack once, then put it first on PYTHONPATH
-  local v=$1 d=/tmp/fi-$1
+  local v=$1 d=$SCRATCH/fi-$1
   if [ ! -d "$d/flashinfer" ]; then mkdir -p "$d" && tar -xJf ".gpu/fi-$v.tar.xz" -C "$d" || return 1; fi
-  if [ ! -d /tmp/dep/pydantic ] || [ ! -d /tmp/dep/tvm_ffi ]; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/dep .gpu/*.whl || return 1
+  if [ ! -d "$SCRATCH/dep/pydantic" ] || [ ! -d "$SCRATCH/dep/tvm_ffi" ]; then
+    python3 -m pip install -q --no-index --no-deps --target "$SCRATCH/dep" .gpu/*.whl || return 1
   fi
-  export PYTHONPATH="$ROOT:/tmp/dep:$d"
+  export PYTHONPATH="$ROOT:$SCRATCH/dep:$d"
   python3 -c "import flashinfer, sys; print('flashinfer', flashinfer.__version__, file=sys.stderr)"
 }
 

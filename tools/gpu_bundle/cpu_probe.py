@@ -5,7 +5,7 @@ Imports vLLM modules from the pruned tree and reports, as one ``PROBE {json}`` l
 and which failed. Options:
 
 ``--cuda``
-    Import as the CUDA platform does on the H200: ``current_platform`` is vLLM's ``CudaPlatform``
+    Import as the CUDA platform does on an SM90 GPU: ``current_platform`` is vLLM's ``CudaPlatform``
     (capability 9.0), so CUDA-only imports run. The compiled modules the bundle keeps cannot load
     without a GPU; each one named in ``--stand-in`` becomes an empty module, and the torch.ops
     namespaces they register (``--namespaces``) answer any op name. Nothing else is replaced: an

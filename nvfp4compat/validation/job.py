@@ -1,15 +1,19 @@
-#!/usr/bin/env python3
-"""One job of the on-device run: a vLLM engine, the kernel-level writer comparison, or the preflight.
+"""One job of ``nvfp4compat validate``: a vLLM engine, the writer byte comparison, or the preflight.
 
-Started by ``run_on_device.py`` as ``python3 engine_job.py SPEC.json`` in its own process (vLLM does
-not give GPU memory back inside a process), with PYTHONPATH pointing at the unpacked bundle. It writes
-``spec["result"]`` (JSON) whatever happens; its stdout/stderr (vLLM's log included) is the job log.
+The runner (``runner.py``) starts each job as ``python job.py SPEC.json`` in its own process and
+process group (vLLM does not give GPU memory back inside a process). It is started by file path, not
+as ``-m nvfp4compat.validation.job``, because the negative control runs where the plugin must not be
+loaded, and a caller may run it where the package is not importable at all; this module therefore
+imports nothing of nvfp4compat at the top. It writes ``spec["result"]`` (JSON) whatever happens;
+its stdout/stderr (vLLM's log included) is the job log.
 
 Spec keys: ``kind`` ("engine" | "writer" | "preflight"), ``tasks`` (engine: "start", "generate",
-"logprobs", "throughput"), ``model``, ``kv_cache_dtype`` ("auto" = bf16, "fp8", "nvfp4"), ``mode``
-("eager", "piecewise", "full", "default" = vLLM's own cudagraph mode), ``gpu_memory_utilization``,
-``max_model_len``, ``max_cudagraph_capture_size``, ``logprob_prompts``, ``logprob_prompt_len``,
-``throughput_requests``, ``throughput_context``, ``throughput_new_tokens``, ``seed``, ``result``.
+"logprobs", "throughput", "recall"), ``model``, ``kv_cache_dtype`` ("auto" = bf16, "fp8", "nvfp4"),
+``mode`` ("eager", "piecewise", "full", "full-decode-optin", "default" = vLLM's own cudagraph
+mode), ``gpu_memory_utilization``, ``max_model_len``, ``max_cudagraph_capture_size``,
+``logprob_prompts``, ``logprob_prompt_len``, ``throughput_requests``, ``throughput_context``,
+``throughput_new_tokens``, ``recall_lengths``, ``recall_per_depth``, ``seed``,
+``tensor_parallel_size``, ``kv_cache_memory_bytes``, ``result``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ TEXT_PROMPT = "The quick brown fox jumps over the lazy dog. Key 17 maps to value
 
 
 def log(msg: str) -> None:
-    print(f"[engine_job] {msg}", flush=True)
+    print(f"[nvfp4compat validate job] {msg}", flush=True)
 
 
 def _err(exc: BaseException) -> str:
@@ -38,13 +42,23 @@ def _err(exc: BaseException) -> str:
 
 
 def token_range(model: str) -> tuple[int, int]:
-    """Ids of ordinary (non-special) tokens, from the tiny model's card; the whole vocab otherwise."""
+    """Ids of ordinary (non-special) tokens, from the tiny model's card; the whole vocab otherwise
+    (from the local ``config.json``, or the Hugging Face config of a hub name)."""
     card = Path(model) / "tiny_model.json"
     if card.exists():
         lo, hi = json.loads(card.read_text())["regular_token_range"]
         return int(lo), int(hi)
-    cfg = json.loads((Path(model) / "config.json").read_text())
-    return 0, int(cfg["vocab_size"])
+    local = Path(model) / "config.json"
+    if local.exists():
+        cfg = json.loads(local.read_text())
+        vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+        if not vocab:
+            raise ValueError(f"{local} names no vocab_size: cannot draw prompt token ids")
+        return 0, int(vocab)
+    from transformers import AutoConfig  # a vLLM dependency; reads the hub cache vLLM filled
+
+    hf = AutoConfig.from_pretrained(model)
+    return 0, int(getattr(hf, "vocab_size", None) or hf.get_text_config().vocab_size)
 
 
 def random_prompts(
@@ -584,15 +598,13 @@ def run_preflight(spec: dict[str, Any], result: dict[str, Any]) -> None:
         info["vllm_C"] = {"loaded": False, "error": _err(exc)}
         info["ok"] = False
     # Which distribution each loaded top-level module came from, and whether vLLM's requirements hold.
-    site = str(Path(os.environ.get("PYTHONPATH", "/tmp/site").split(os.pathsep)[-1]).parent)
     dists: dict[str, str] = {}
     pkg = md.packages_distributions()
     for top in sorted({name.split(".")[0] for name in list(sys.modules)}):
         for dist in pkg.get(top, []):
             try:
                 d = md.distribution(dist)
-                where = "bundle" if str(d.locate_file("")).startswith(site) else "host"
-                dists[dist] = f"{d.version} ({where})"
+                dists[dist] = f"{d.version} ({d.locate_file('')})"
             except md.PackageNotFoundError:
                 pass
     info["loaded_distributions"] = dists
@@ -628,11 +640,47 @@ def run_preflight(spec: dict[str, Any], result: dict[str, Any]) -> None:
     except Exception as exc:  # noqa: BLE001
         violations.append(f"requirement check failed: {_err(exc)}")
     info["requirement_mismatches"] = violations
+    info["plan"] = current_plan()
     result["tasks"]["preflight"] = info
     log(json.dumps(info, indent=1, default=str))
 
 
+def current_plan() -> dict[str, Any]:
+    """This environment's plan, as ``nvfp4compat doctor`` prints it (JSON and text).
+
+    Run as the command, not imported: its JSON is the interface the checks read (``supported``,
+    ``reason``, ``bindings``), whatever the resolver's internals are.
+    """
+    import subprocess
+
+    out: dict[str, Any] = {}
+    base = [sys.executable, "-m", "nvfp4compat", "doctor", "--no-trace"]
+    for key, argv in (("json", [*base, "--json"]), ("text", base)):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        out[f"{key}_rc"] = proc.returncode
+        if key == "text":
+            out["text"] = proc.stdout.strip()
+        elif proc.stdout.strip():
+            try:
+                out["json"] = json.loads(proc.stdout)
+            except json.JSONDecodeError as exc:
+                out["error"] = f"doctor --json printed no JSON ({exc}): {proc.stdout[:300]!r}"
+        if proc.returncode not in (0, 1, 3):
+            out["error"] = f"nvfp4compat doctor exited {proc.returncode}: {proc.stderr.strip()[-600:]}"
+    plan = out.get("json") or {}
+    out["supported"] = plan.get("supported")
+    out["reason"] = plan.get("reason")
+    return out
+
+
 def main() -> int:
+    # Started by file path: Python put this folder first on sys.path; take it off so that its
+    # modules (checks, report, runner) cannot shadow a top-level module of the same name.
+    here = str(Path(__file__).resolve().parent)
+    sys.path[:] = [p for p in sys.path if p and str(Path(p).resolve()) != here] or sys.path
+    if len(sys.argv) != 2:
+        print(f"usage: {Path(sys.argv[0]).name} SPEC.json (written by nvfp4compat validate)", file=sys.stderr)
+        return 2
     spec = json.loads(Path(sys.argv[1]).read_text())
     result: dict[str, Any] = {"kind": spec["kind"], "tasks": {}, "error": None, "pid": os.getpid()}
     t0 = time.time()

@@ -1,35 +1,37 @@
 #!/usr/bin/env python3
-"""Build the offline bundle that runs issue 6's end-to-end checks on the H200 host.
+"""Build an offline bundle of vLLM, FlashInfer and nvfp4compat for a GPU host without internet access.
 
-The GPU host has python3 3.12, torch 2.11.0+cu130, triton 3.6.0, transformers 5.17.0 and the
-packages listed in the device docs, but no network, and each call carries at most 64 MiB of files.
-This script assembles, on the CPU machine, everything else the checks need:
+The host is assumed to have Python 3.12, a CUDA torch and Triton, transformers and the packages in
+``HOST_PACKAGES_*``, but no network; the files reach it in transfers of limited size
+(``--transfer-mib``). This script assembles, on a machine with internet access, everything else
+``nvfp4compat validate``'s checks need:
 
-- vLLM 0.26.0, pruned to what a dense Qwen3/Llama model on the FLASHINFER attention backend loads
-  (``PRUNE_VLLM`` says what goes and why), as an extracted tree;
+- vLLM (``--vllm``), pruned to what a dense Qwen3/Llama model on the FLASHINFER attention backend
+  loads (``PRUNE_VLLM`` says what goes and why; written against vLLM 0.26.0, and ``REQUIRED_VLLM``
+  stops a build whose pruning removed a file the engine needs), as an extracted tree;
 - the minimal set of Python packages the host lacks (``DEPS``: each line says which import needs it),
   as cp312 manylinux x86_64 wheels, extracted;
-- flashinfer-python 0.6.14 (vLLM 0.26.0's pin), 0.6.15 (first release with the slot-mapping writer)
-  and 0.7.2.post1 (faster FA2 NVFP4 read; CUDA sources no KV-cache path builds pruned), each in its
-  own site folder so the runner picks one per engine;
+- one or more flashinfer-python releases (``--flashinfer``), each in its own site folder so the
+  host runner picks one per run;
 - the nvfp4compat wheel, rebuilt from the checkout every time (its code changes).
 
 Everything is packed into ``.bundle/pNN/part-NN.tar.xz`` files of at most ``--max-part-mib`` each.
 Each part is a self-contained tar.xz (a concatenation of independently compressed xz streams, which
-``tar -xJf`` and Python's ``tarfile`` read as one archive), so the host unpacks every part in the call
-that carried it. A file too large for one part is stored as raw chunks and joined by the runner.
+``tar -xJf`` and Python's ``tarfile`` read as one archive), so the host unpacks every part as it
+arrives. A file too large for one part is stored as raw chunks and joined by the runner.
 ``manifest.json`` (copied into every part folder) gives each part's sha256, size and contents, a
 sha256 over every component's file tree, and the pruning record.
 
 Usage::
 
-    python scripts/gpu_bundle/build.py build            # download (cached), stage, pack, print call plan
-    python scripts/gpu_bundle/build.py verify           # unpack the parts with the device runner, import-check
-    python scripts/gpu_bundle/build.py plan             # the device calls for the parts on disk
-    python scripts/gpu_bundle/build.py check-venv       # (re)create the CPU venv that mimics the host
+    python tools/gpu_bundle/build.py build --vllm 0.26.0 --flashinfer 0.6.14 0.6.15 --max-part-mib 44
+    python tools/gpu_bundle/build.py verify     # unpack the parts with the host runner, import-check
+    python tools/gpu_bundle/build.py plan       # which parts go in which transfer
+    python tools/gpu_bundle/build.py check-venv # (re)create the CPU venv that mimics the host
 
-Only the standard library is needed to build; ``verify`` uses ``/work/venvs/bundle-check`` (see
-``check-venv``) and, when present, a Python 3.12 interpreter for the cp312 binaries.
+Only the standard library is needed to build; ``verify`` uses the venv ``check-venv`` makes
+(``--check-venv``, default under the bundle folder) and, when present, a Python 3.12 interpreter
+for the cp312 binaries.
 """
 
 from __future__ import annotations
@@ -59,10 +61,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
+# Defaults of --vllm / --flashinfer / --flashinfer-default: the release the prune rules and DEPS
+# were written against, its FlashInfer pin, the first release with the slot-mapping writer, and
+# one with a faster FA2 NVFP4 read. main() sets these from the arguments (build) or the manifest.
 VLLM_VERSION = "0.26.0"
-FLASHINFER_VERSIONS = ("0.6.14", "0.6.15", "0.7.2.post1")
-# flashinfer-python's vLLM 0.26.0 pin; the runner's default.
-FLASHINFER_DEFAULT = "0.6.14"
+FLASHINFER_VERSIONS: tuple[str, ...] = ("0.6.14", "0.6.15", "0.7.2.post1")
+FLASHINFER_DEFAULT = "0.6.14"  # vLLM 0.26.0's pin; the host runner's default
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,7 @@ DEPS: tuple[Dep, ...] = (
 )
 
 # The host's packages that vLLM's import path touches, for the CPU venv that mimics the host
-# (/work/.library/device/KINDS.md, "Python packages already there"). Versions from its pip list
+# (the GPU host's own package list). Versions from its pip list
 # where known; numpy 2.5.2 has no Python 3.11 wheel, so 2.4.6 stands in. Others: newest at build.
 HOST_PACKAGES_PINNED = (
     "transformers==5.17.0",
@@ -244,7 +248,7 @@ REQUIRED_VLLM = (
 # symbols); the CPU probe of the CUDA import path stands in for exactly these.
 KEPT_OP_NAMESPACES = ("_C", "_C_cache_ops", "_C_cuda_utils", "_C_custom_ar")
 # CUDA sources under flashinfer/data/csrc that no KV-cache path (page, FA2 prefill/decode, fp4 kv
-# quantize/dequantize) builds: /work/shared/docs/flashinfer-nvfp4.md and the brief of issue 6.
+# quantize/dequantize) builds (FlashInfer's JIT specs of those modules list their sources).
 FLASHINFER_CSRC_PRUNE: dict[str, tuple[str, ...]] = {
     "0.7.2.post1": ("cake_", "kda", "gdn", "fused_moe", "blackwell_"),
 }
@@ -273,14 +277,14 @@ PIP_PLATFORMS = (
 )
 HOST_GLIBC = (2, 39)  # Ubuntu 24.04 (Python 3.12.3 on the host)
 
-COMPONENTS_ORDER = ("common", *(f"fi-{v}" for v in FLASHINFER_VERSIONS), "plugin")
+COMPONENTS_ORDER: tuple[str, ...] = ("common", *(f"fi-{v}" for v in FLASHINFER_VERSIONS), "plugin")
 VOLATILE = ("plugin",)  # rebuilt every time: kept in its own part so the other parts stay identical
 
 XZ_PRESET = 9
 MTIME = 1_700_000_000  # fixed member mtime: identical inputs give byte-identical parts
 GROUP_RAW_BYTES = 8 << 20  # small files are compressed in groups of about this much raw data
 MIB = 1 << 20
-DEVICE_CALL_LIMIT = 64 * MIB
+DEVICE_CALL_LIMIT = 64 * MIB  # --transfer-mib: what one transfer to the host carries, checkout included
 FORMAT_VERSION = 1
 
 
@@ -904,11 +908,11 @@ def write_parts(out: Path, parts: list[list[Unit]], eof: bytes) -> list[dict[str
 
 
 # --------------------------------------------------------------------------------------------
-# device call plan
+# transfers to the host
 
 
 def working_tree_bytes(repo: Path) -> int:
-    """Bytes of what every device call sends anyway: tracked + untracked-not-ignored files."""
+    """Bytes of what every transfer sends anyway: tracked + untracked-not-ignored files."""
     proc = subprocess.run(
         ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         capture_output=True,
@@ -927,11 +931,11 @@ def working_tree_bytes(repo: Path) -> int:
 
 
 def auto_part_mib(tree_bytes: int) -> int:
-    """The largest part (whole MiB) that fits one device call beside the working tree, with 2 MiB spare."""
+    """The largest part (whole MiB) that fits one transfer beside the working tree, with 2 MiB spare."""
     room = DEVICE_CALL_LIMIT - tree_bytes - 2 * MIB
     if room < 8 * MIB:
         raise BuildError(
-            f"the working tree is {tree_bytes / MIB:.1f} MiB: a 64 MiB call has room for only "
+            f"the working tree is {tree_bytes / MIB:.1f} MiB: a {DEVICE_CALL_LIMIT // MIB} MiB transfer has room for only "
             f"{room / MIB:.1f} MiB of bundle beside it; move large untracked files out of the checkout or "
             "into an ignored folder"
         )
@@ -941,7 +945,7 @@ def auto_part_mib(tree_bytes: int) -> int:
 def call_plan(
     manifest: dict[str, Any], tree_bytes: int, bundle_rel: str = ".bundle"
 ) -> list[dict[str, Any]]:
-    """Group part folders into device calls that fit 64 MiB together with the working tree."""
+    """Group part folders into transfers that fit ``DEVICE_CALL_LIMIT`` together with the working tree."""
     room = DEVICE_CALL_LIMIT - tree_bytes - MIB
     calls: list[dict[str, Any]] = []
     cur: list[dict[str, Any]] = []
@@ -950,7 +954,7 @@ def call_plan(
         size = int(part["bytes"]) + 64 * 1024  # + manifest copy
         if size > room:
             raise BuildError(
-                f"{part['name']} is {size / MIB:.1f} MiB but a call has room for {room / MIB:.1f} MiB beside the "
+                f"{part['name']} is {size / MIB:.1f} MiB but a transfer has room for {room / MIB:.1f} MiB beside the "
                 f"{tree_bytes / MIB:.1f} MiB working tree; rebuild with --max-part-mib {max(1, int(room / MIB) - 1)}"
             )
         if cur and used + size > room:
@@ -965,33 +969,19 @@ def call_plan(
 
 def render_plan(manifest: dict[str, Any], tree_bytes: int) -> str:
     calls = call_plan(manifest, tree_bytes)
+    limit = DEVICE_CALL_LIMIT / MIB
     lines = [
-        f"working tree sent with every call: {tree_bytes / MIB:.2f} MiB; calls below carry the parts (limit 64 MiB per call).",
-        "Back-to-back on one warm machine (it stays warm 30 s after a call); /tmp/site keeps what was unpacked.",
+        f"working tree: {tree_bytes / MIB:.2f} MiB; transfers of at most {limit:.0f} MiB with it carry the parts:",
     ]
-    runner = "python3 scripts/gpu_bundle/run_on_device.py"
+    runner = "python3 tools/gpu_bundle/run_on_device.py"
     for i, call in enumerate(calls, start=1):
         carry = [f".bundle/{p['folder']}" for p in call["parts"]]
-        last = i == len(calls)
-        cmd = (
-            f"{runner} unpack --partial-ok"
-            if not last
-            else f"{runner} run --checks 1,2,3 --out $OUT"
-        )
-        lines.append(
-            f"call {i}: carry={json.dumps(carry)} ({int(call['bytes']) / MIB:.1f} MiB of parts)"
-        )
-        lines.append(f"        command: {cmd}")
+        lines.append(f"transfer {i}: {json.dumps(carry)} ({int(call['bytes']) / MIB:.1f} MiB of parts)")
     lines.append(
-        "then, on the same warm machine (nothing to carry): "
-        f"`{runner} run --checks 4,5 --out $OUT`, then `{runner} run --checks 6 --out $OUT`, and "
-        f"`{runner} run --checks recall --out $OUT` once the recall model is trained "
-        "(each run re-checks the unpacked bundle in seconds; give --save-caches to the first run that "
-        "starts bf16/fp8 engines: FlashInfer's JIT builds took ~10 of the first session's 30 device "
-        "minutes). docs/validation.md ('Next device session') orders what is still open. "
-        "Check 7: `run --checks 7 --tp 2` on kind nvidia-h200-x2, after the same unpack calls there."
+        f"on the host, after each transfer: `{runner} unpack --partial-ok` (parts already unpacked are "
+        f"skipped); once all are in: `{runner} run --checks plan,negative,capacity,fidelity,throughput --out OUT`"
     )
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------------------------
@@ -1008,7 +998,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     tree_bytes = working_tree_bytes(REPO)
     if args.max_part_mib is None:
         args.max_part_mib = auto_part_mib(tree_bytes)
-        log(f"parts of at most {args.max_part_mib} MiB (64 MiB a call less the working tree and 2 MiB)")
+        log(f"parts of at most {args.max_part_mib} MiB ({DEVICE_CALL_LIMIT // MIB} MiB a transfer less the working tree and 2 MiB)")
     budget = int(args.max_part_mib * MIB) - 4096
     st = stage(out, cache, args.offline, args.flashinfer, not args.no_plugin)
     components = [c for c in COMPONENTS_ORDER if (st.root / c).is_dir()]
@@ -1030,7 +1020,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         c["chunks"] = [{"arcname": a, "part": part_of[a]} for a in c["chunks"]]
     manifest: dict[str, Any] = {
         "format": FORMAT_VERSION,
-        "bundle": "nvfp4compat gpu bundle (issue 6)",
+        "bundle": "nvfp4compat offline bundle",
         "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "build_id": sha256_bytes("".join(str(r["sha256"]) for r in records).encode())[:16],
         "max_part_bytes": int(args.max_part_mib * MIB),
@@ -1040,9 +1030,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             **{f"fi-{v}": f"flashinfer-python {v}" for v in args.flashinfer},
             "plugin": "nvfp4compat (wheel built from the checkout)",
         },
-        "flashinfer_default": FLASHINFER_DEFAULT
-        if FLASHINFER_DEFAULT in args.flashinfer
-        else args.flashinfer[0],
+        "flashinfer_default": FLASHINFER_DEFAULT,
         "vllm_version": VLLM_VERSION,
         "components": comp_info,
         "parts": records,
@@ -1075,7 +1063,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 def load_manifest(out: Path) -> dict[str, Any]:
     path = out / "manifest.json"
     if not path.exists():
-        raise BuildError(f"{path} is missing: run `python scripts/gpu_bundle/build.py build` first")
+        raise BuildError(f"{path} is missing: run `python tools/gpu_bundle/build.py build` first")
     return json.loads(path.read_text())
 
 
@@ -1229,7 +1217,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="bundle-verify-") as tmp_s:
         tmp = Path(tmp_s)
         site = tmp / "site"
-        # 1) unpack in two steps, as the device calls do: all parts but the last, then the last.
+        # 1) unpack in two steps, as separate transfers would: all parts but the last, then the last.
         parts = manifest["parts"]
         staged = tmp / "bundle"
         staged.mkdir()
@@ -1552,9 +1540,7 @@ def cmd_check_venv(args: argparse.Namespace) -> int:
         log(
             f"{venv} ready: torch 2.13.0+cpu, {len(HOST_PACKAGES_PINNED) + len(HOST_PACKAGES_UNPINNED)} host packages, {len(DEPS)} bundle deps (cp311 twins)"
         )
-    py312 = next(
-        iter(sorted(Path("/root/.pyenv/versions").glob("3.12*/bin/python3.12"))), None
-    ) or shutil.which("python3.12")
+    py312 = next(iter(_pyenv_py312()), None) or shutil.which("python3.12")
     if not py312:
         log("no Python 3.12 here: verify will not import the cp312 binaries")
     elif PY312_VENV.exists() and not args.recreate:
@@ -1580,7 +1566,7 @@ def cmd_check_venv(args: argparse.Namespace) -> int:
     return 0
 
 
-PY312_VENV = Path("/work/venvs/bundle-check-py312")
+PY312_VENV = REPO / ".bundle" / "venvs" / "bundle-check-py312"  # main() puts it beside --check-venv
 # host packages the cp312 binaries' Python wrappers import (pydantic_core -> typing_extensions, ...)
 PY312_HOST_PACKAGES = (
     "typing_extensions",
@@ -1596,10 +1582,16 @@ PY312_HOST_PACKAGES = (
 )
 
 
+def _pyenv_py312() -> list[Path]:
+    """CPython 3.12 interpreters pyenv installed ($PYENV_ROOT, else ~/.pyenv)."""
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    return sorted((root / "versions").glob("3.12*/bin/python3.12"))
+
+
 def _find_py312() -> str | None:
     if (PY312_VENV / "bin/python").exists():
         return str(PY312_VENV / "bin/python")
-    for cand in sorted(Path("/root/.pyenv/versions").glob("3.12*/bin/python3.12")) + [
+    for cand in _pyenv_py312() + [
         Path(p) for p in (shutil.which("python3.12"),) if p
     ]:
         if (
@@ -1611,8 +1603,10 @@ def _find_py312() -> str | None:
 
 
 def main(argv: Iterable[str] | None = None) -> int:
+    global VLLM_VERSION, FLASHINFER_VERSIONS, FLASHINFER_DEFAULT, COMPONENTS_ORDER
+    global DEVICE_CALL_LIMIT, PY312_VENV
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        description=(__doc__ or "").split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument(
         "--out",
@@ -1620,44 +1614,75 @@ def main(argv: Iterable[str] | None = None) -> int:
         default=REPO / ".bundle",
         help="bundle folder (default: <repo>/.bundle, git-ignored)",
     )
+    ap.add_argument(
+        "--transfer-mib",
+        type=float,
+        default=DEVICE_CALL_LIMIT / MIB,
+        help="what one transfer to the host carries, the checkout included (default 64)",
+    )
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nvfp4compat-bundle"
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="download, stage, prune, pack; print the device call plan")
-    b.add_argument("--wheel-cache", type=Path, default=Path("/work/wheels"))
+    b = sub.add_parser("build", help="download, stage, prune, pack; print the transfers")
+    b.add_argument("--vllm", default=VLLM_VERSION, help=f"vLLM release (default {VLLM_VERSION})")
     b.add_argument(
-        "--unit-cache",
-        type=Path,
-        default=Path("/work/wheels/.bundle-units"),
-        help="compressed units, reused by later builds",
+        "--flashinfer", nargs="+", default=list(FLASHINFER_VERSIONS),
+        help=f"flashinfer-python releases, one site folder each (default {' '.join(FLASHINFER_VERSIONS)})",
+    )
+    b.add_argument(
+        "--flashinfer-default", default=None,
+        help=f"the release the host runner uses unless told otherwise (default: {FLASHINFER_DEFAULT} if listed, else the first)",
+    )
+    b.add_argument(
+        "--wheel-cache", type=Path, default=cache_home / "wheels",
+        help="downloaded wheels (default: $XDG_CACHE_HOME or ~/.cache, then nvfp4compat-bundle/wheels)",
+    )
+    b.add_argument(
+        "--unit-cache", type=Path, default=None,
+        help="compressed units, reused by later builds (default: WHEEL_CACHE/.bundle-units)",
     )
     b.add_argument(
         "--max-part-mib",
         type=float,
         default=None,
-        help="largest part (default: what fits one 64 MiB device call beside the working tree)",
-    )
-    b.add_argument(
-        "--flashinfer", nargs="+", default=list(FLASHINFER_VERSIONS), choices=FLASHINFER_VERSIONS
+        help="largest part (default: what fits one transfer beside the working tree)",
     )
     b.add_argument("--offline", action="store_true", help="use only cached wheels")
     b.add_argument("--no-plugin", action="store_true", help="leave the nvfp4compat wheel out")
     b.add_argument("--jobs", type=int, default=max(1, os.cpu_count() or 1))
-    sub.add_parser("plan", help="print the device calls for the bundle on disk")
-    v = sub.add_parser(
-        "verify", help="check the parts, unpack them with the device runner, import-check"
-    )
-    v.add_argument("--check-venv", type=Path, default=Path("/work/venvs/bundle-check"))
-    v.add_argument(
-        "--py312", default=_find_py312(), help="a CPython 3.12 to import the cp312 binaries with"
-    )
+    sub.add_parser("plan", help="print the transfers for the bundle on disk")
+    v = sub.add_parser("verify", help="check the parts, unpack them with the host runner, import-check")
+    v.add_argument("--check-venv", type=Path, default=None, help="default: OUT/venvs/bundle-check")
+    v.add_argument("--py312", default=None, help="a CPython 3.12 to import the cp312 binaries with")
     v.add_argument(
         "--leave-one-out",
         action="store_true",
         help="also prove each dep is needed (about 10 s each)",
     )
     c = sub.add_parser("check-venv", help="create the CPU venv that mimics the host's packages")
-    c.add_argument("--check-venv", type=Path, default=Path("/work/venvs/bundle-check"))
+    c.add_argument("--check-venv", type=Path, default=None, help="default: OUT/venvs/bundle-check")
     c.add_argument("--recreate", action="store_true")
     args = ap.parse_args(list(argv) if argv is not None else None)
+    DEVICE_CALL_LIMIT = int(args.transfer_mib * MIB)
+    if args.cmd == "build":
+        VLLM_VERSION, FLASHINFER_VERSIONS = args.vllm, tuple(args.flashinfer)
+        if args.flashinfer_default is not None and args.flashinfer_default not in args.flashinfer:
+            print(f"build.py: error: --flashinfer-default {args.flashinfer_default} is not among --flashinfer "
+                  f"{' '.join(args.flashinfer)}", file=sys.stderr)
+            return 2
+        FLASHINFER_DEFAULT = args.flashinfer_default or (
+            FLASHINFER_DEFAULT if FLASHINFER_DEFAULT in args.flashinfer else args.flashinfer[0]
+        )
+        COMPONENTS_ORDER = ("common", *(f"fi-{v}" for v in FLASHINFER_VERSIONS), "plugin")
+        args.unit_cache = args.unit_cache or args.wheel_cache / ".bundle-units"
+    elif (args.out / "manifest.json").exists():  # verify, plan, check-venv: the bundle's own releases
+        manifest = json.loads((args.out / "manifest.json").read_text())
+        VLLM_VERSION = manifest.get("vllm_version", VLLM_VERSION)
+        FLASHINFER_DEFAULT = manifest.get("flashinfer_default", FLASHINFER_DEFAULT)
+    if args.cmd in ("verify", "check-venv"):
+        args.check_venv = args.check_venv or args.out / "venvs" / "bundle-check"
+        PY312_VENV = args.check_venv.parent / (args.check_venv.name + "-py312")
+        if args.cmd == "verify":
+            args.py312 = args.py312 or _find_py312()
     try:
         return {
             "build": cmd_build,

@@ -1,0 +1,349 @@
+"""The end-to-end checks' pure logic (``nvfp4compat.validation.checks``), on the CPU.
+
+The engines run on a GPU; what decides a check's verdict is plain Python over the jobs' JSON results
+and is tested here: the job plan per check, the plan check (the plugin's log line against the plan
+the preflight job recorded), the divergence analysis between CUDA-graph modes, the capacity and
+recall verdicts, and the job environment.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nvfp4compat.validation import checks as vc
+from nvfp4compat.validation.runner import base_job_env
+
+PLAN_LINE = (
+    "INFO 12-03 [__init__.py:250] nvfp4compat: vLLM 0.26.0 on sm_90 with FlashInfer 0.6.14: backport "
+    "[gate_nvfp4, kv_cache_update, forward_reader]; write=triton, decode=triton, prefill=triton [pid 7]"
+)
+
+
+def _preflight(write="triton", decode="triton", prefill="triton", supported=True):
+    bindings = {op: {"op": op, "impl": impl} for op, impl in
+                (("write", write), ("dequant", None), ("decode", decode), ("prefill", prefill))}
+    plan = {"supported": supported, "reason": None if supported else "SM75 is not supported",
+            "json": {"supported": supported, "bindings": bindings}, "text": "plan text"}
+    return {"tasks": {"preflight": {"ok": True, "plan": plan}}, "log_lines": {"plugin": []}}
+
+
+def _gen(tokens, tops):
+    return {"ok": True, "token_ids": tokens, "top_logprobs": tops}
+
+
+def test_divergence_reports_margin_and_drift():
+    base = _gen(
+        [[1, 2, 3], [4, 5, 6]],
+        [
+            [[(1, -1.0), (9, -2.0)], [(2, -1.0), (8, -1.05)], [(3, -1.0), (7, -3.0)]],
+            [[(4, -1.0), (5, -1.5)], [(5, -1.0), (8, -1.02)], [(6, -1.0), (5, -2.0)]],
+        ],
+    )
+    other = _gen(
+        [[1, 2, 3], [4, 8, 6]],
+        [
+            [[(1, -1.02), (9, -2.0)], [(2, -1.0), (8, -1.05)], [(3, -1.0), (7, -3.0)]],
+            [[(4, -1.03), (5, -1.5)], [(8, -1.0), (5, -1.0)], [(6, -1.0), (5, -2.0)]],
+        ],
+    )
+    d = vc.divergence(base, other)
+    assert d["prompts_matching"] == "1/2" and not d["matches"]
+    assert d["first_divergence"] == [None, 1]
+    assert d["base_margin_at_divergence"] == [pytest.approx(0.02)]
+    assert d["max_logprob_diff_before_divergence"] == pytest.approx(0.03)
+
+
+def _engine_result(gen=None, recall=None, plugin_line=PLAN_LINE, start=None):
+    tasks = {"start": start or {"ok": True}}
+    if gen is not None:
+        tasks["generate"] = gen
+    if recall is not None:
+        tasks["recall"] = {"ok": True, "recall": recall, "table": {}}
+    return {"tasks": tasks, "log_lines": {"plugin": [plugin_line], "cudagraph": []}}
+
+
+def _fill(jobs, preflight=None, **by_name):
+    for j in jobs:
+        if j.kind == "preflight":
+            j.result = preflight or _preflight()
+        else:
+            j.result = by_name.get(j.name) or _engine_result()
+
+
+def test_parse_checks_takes_names_and_docs_numbers():
+    assert vc.parse_checks("plan,1, capacity,4,6,1") == ["plan", "negative", "capacity", "fidelity", "throughput"]
+    with pytest.raises(ValueError, match=r"unknown check '5'.*known checks: plan, negative \(1\)"):
+        vc.parse_checks("1,5")
+    with pytest.raises(ValueError, match="no check selected"):
+        vc.parse_checks(" , ")
+
+
+def test_default_checks_share_engines_and_run_the_preflight_first():
+    jobs = vc.plan_jobs(list(vc.DEFAULT_CHECKS), "0.6.14")
+    names = [j.name for j in jobs]
+    assert names[0] == "preflight-fi0.6.14-plugin"
+    # the plan, capacity and fidelity checks share one NVFP4 eager engine; nothing runs twice
+    shared = next(j for j in jobs if j.name == "nvfp4-eager-fi0.6.14-plugin")
+    assert shared.checks == ["plan", "capacity", "fidelity"] and shared.tasks == ["start", "logprobs"]
+    assert len(names) == len(set(names)) == 8
+    assert [j for j in jobs if not j.plugin and j.kind == "engine"][0].name == "nvfp4-eager-fi0.6.14-noplugin"
+
+
+def test_plan_check_passes_only_when_the_plugin_binds_what_the_plan_says():
+    jobs = vc.plan_jobs(["plan"], "0.6.15")
+    _fill(jobs)
+    r = vc.evaluate(["plan"], jobs)["plan"]
+    assert r["passed"] and r["plugin_bound"] == r["planned"] == {"write": "triton", "decode": "triton", "prefill": "triton"}
+    # the plan binds FlashInfer's writer; the plugin's line says Triton: the plugin decided again
+    _fill(jobs, preflight=_preflight(write="flashinfer"))
+    r = vc.evaluate(["plan"], jobs)["plan"]
+    assert not r["passed"] and r["planned"]["write"] == "flashinfer" and r["plugin_bound"]["write"] == "triton"
+    # an unsupported plan is no pass, and the reason is in the result
+    _fill(jobs, preflight=_preflight(supported=False))
+    r = vc.evaluate(["plan"], jobs)["plan"]
+    assert not r["passed"] and r["reason"] == "SM75 is not supported"
+    # no plugin line (the plugin did not load): no pass
+    _fill(jobs, **{"nvfp4-eager-fi0.6.15-plugin": _engine_result(plugin_line="INFO vllm started")})
+    assert not vc.evaluate(["plan"], jobs)["plan"]["passed"]
+
+
+def _real_preflight(arch: str, vllm: str, flashinfer: str | None = None):
+    """A preflight result holding what `nvfp4compat doctor --json` prints for these facts."""
+    import json
+
+    import nvfp4compat
+
+    plan = json.loads(nvfp4compat.query(arch=arch, flashinfer=flashinfer, vllm=vllm).to_json())
+    pre = _preflight()
+    pre["tasks"]["preflight"]["plan"] = {"json": plan, "supported": plan["supported"], "reason": plan["reason"]}
+    return pre
+
+
+def test_plan_check_reads_the_real_plan_and_the_real_plugin_line():
+    # the line the plugin logged on an H200 with vLLM 0.26.0 and FlashInfer 0.6.14 (docs/validation.md,
+    # check 2), whose plan binds the dequant + FA3 prefill: an implementation name with a digit
+    line = (
+        "(EngineCore pid=42) INFO 11-29 [__init__.py:250] nvfp4compat: vLLM 0.26.0 on sm_90 with FlashInfer "
+        "0.6.14: backport [gate_nvfp4, gate_combination, metadata_builder, kv_cache_update, forward_reader]; "
+        "write=triton (fell back to triton (flashinfer: FlashInfer 0.6.14 lacks "
+        "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping (probe of the installed package); releases "
+        "that have it: 0.6.15..0.7.4)), decode=triton, prefill=dequant_fa3 [pid 42]"
+    )
+    jobs = vc.plan_jobs(["plan"], "0.6.14")
+    _fill(jobs, preflight=_real_preflight("sm_90", "0.26.0", "0.6.14"),
+          **{"nvfp4-eager-fi0.6.14-plugin": _engine_result(plugin_line=line)})
+    r = vc.evaluate(["plan"], jobs)["plan"]
+    assert r["planned"] == {"write": "triton", "decode": "triton", "prefill": "dequant_fa3"}
+    assert r["passed"] and r["plugin_bound"] == r["planned"]
+    # SM100 with vLLM 0.33: vLLM serves NVFP4 itself; the plugin leaves it untouched and says so
+    untouched = "nvfp4compat: vLLM 0.33.0 on sm_100 with FlashInfer 0.7.2.post1: native (...); vLLM left untouched [pid 9]"
+    jobs = vc.plan_jobs(["plan", "negative"], "0.7.2.post1")
+    _fill(jobs, preflight=_real_preflight("sm_100", "0.33.0"),
+          **{"nvfp4-eager-fi0.7.2.post1-plugin": _engine_result(plugin_line=untouched),
+             "nvfp4-eager-fi0.7.2.post1-noplugin": _engine_result(plugin_line="INFO vllm")})
+    r = vc.evaluate(["plan", "negative"], jobs)
+    assert r["plan"]["passed"] and r["plan"]["plugin_left_vllm_untouched"]
+    assert r["negative"]["passed"] and r["negative"]["engine_started"]
+
+
+def test_an_op_left_to_vllm_counts_as_its_implementation():
+    line = "nvfp4compat: vLLM 0.33.0 on sm_100: native; write=vllm(native), decode=vllm(native), prefill=vllm(native)"
+    jobs = vc.plan_jobs(["plan"], "0.7.2")
+    _fill(jobs, preflight=_preflight("native", "native", "native"),
+          **{"nvfp4-eager-fi0.7.2-plugin": _engine_result(plugin_line=line)})
+    assert vc.evaluate(["plan"], jobs)["plan"]["passed"]
+
+
+def test_negative_control_needs_vllms_own_refusal():
+    jobs = vc.plan_jobs(["negative"], "0.6.14")
+    refused = _engine_result(start={"ok": False, "error": "ValueError: Selected backend ... Reason: ['kv_cache_dtype not supported']"})
+    _fill(jobs, **{"nvfp4-eager-fi0.6.14-noplugin": refused})
+    r = vc.evaluate(["negative"], jobs)["negative"]
+    assert r["passed"] and not r["engine_started"] and r["check"] == "1"
+    # another failure (out of memory) is not the control
+    oom = _engine_result(start={"ok": False, "error": "torch.OutOfMemoryError: CUDA out of memory"})
+    _fill(jobs, **{"nvfp4-eager-fi0.6.14-noplugin": oom})
+    assert not vc.evaluate(["negative"], jobs)["negative"]["passed"]
+    # the engine started without the plugin: the control does not hold
+    _fill(jobs)
+    r = vc.evaluate(["negative"], jobs)["negative"]
+    assert not r["passed"] and r["engine_started"]
+    # where the plan says vLLM serves NVFP4 itself (SM100), stock vLLM must start instead
+    native = _preflight("native", "native", "native")
+    native["tasks"]["preflight"]["plan"]["json"]["vllm"] = {"strategy": "native"}
+    _fill(jobs, preflight=native)
+    r = vc.evaluate(["negative"], jobs)["negative"]
+    assert r["passed"] and r["expected"].startswith("starts")
+    _fill(jobs, preflight=native, **{"nvfp4-eager-fi0.6.14-noplugin": refused})
+    assert not vc.evaluate(["negative"], jobs)["negative"]["passed"]
+
+
+@pytest.mark.parametrize(("nvfp4", "bf16", "passed"), [(35_600, 10_000, True), (32_900, 10_000, False), (None, 10_000, False)])
+def test_capacity_needs_the_ratio(nvfp4, bf16, passed):
+    jobs = vc.plan_jobs(["capacity"], "0.6.14")
+    _fill(jobs, **{
+        "nvfp4-eager-fi0.6.14-plugin": _engine_result(start={"ok": True, "kv_cache_tokens": nvfp4}),
+        "auto-eager-fi0.6.14-plugin": _engine_result(start={"ok": True, "kv_cache_tokens": bf16}),
+    })
+    r = vc.evaluate(["capacity"], jobs)["capacity"]
+    assert r["passed"] is passed and r["bf16_tokens"] == bf16
+    if nvfp4:
+        assert r["ratio"] == pytest.approx(nvfp4 / bf16)
+
+
+def test_fidelity_compares_target_logprobs_and_top1():
+    jobs = vc.plan_jobs(["fidelity"], "0.6.14")
+
+    def lp(target, top1):
+        return {"ok": True, "prompts": [{"target_logprob": target, "top1": top1}]}
+
+    by = {
+        "auto-eager-fi0.6.14-plugin": lp([-1.0, -2.0, -3.0, -4.0], [1, 2, 3, 4]),
+        "nvfp4-eager-fi0.6.14-plugin": lp([-1.1, -2.0, -3.3, -4.0], [1, 2, 9, 4]),
+        "fp8-eager-fi0.6.14-plugin": lp([-1.0, -2.0, -3.0, -4.05], [1, 2, 3, 4]),
+    }
+    for j in jobs:
+        j.result = _preflight() if j.kind == "preflight" else {"tasks": {"start": {"ok": True}, "logprobs": by[j.name]}}
+    r = vc.evaluate(["fidelity"], jobs)["fidelity"]
+    assert r["passed"]
+    assert r["nvfp4_vs_bf16"]["mean_abs_diff"] == pytest.approx(0.1) and r["nvfp4_vs_bf16"]["max_abs_diff"] == pytest.approx(0.3)
+    assert r["nvfp4_vs_bf16"]["top1_agreement"] == 0.75 and r["fp8_vs_bf16"]["top1_agreement"] == 1.0
+    by["fp8-eager-fi0.6.14-plugin"] = {"ok": False, "error": "RuntimeError: boom"}
+    for j in jobs:
+        if j.name in by:
+            j.result = {"tasks": {"start": {"ok": True}, "logprobs": by[j.name]}}
+    r = vc.evaluate(["fidelity"], jobs)["fidelity"]
+    assert not r["passed"] and "boom" in r["fp8_vs_bf16"]["reason"]
+
+
+def test_plugin_check_judges_graph_modes_against_the_bf16_control():
+    jobs = vc.plan_jobs(["plugin"], "0.6.14")
+    names = {j.name for j in jobs}
+    assert {"nvfp4-full-decode-optin-fi0.6.14-plugin", "auto-piecewise-fi0.6.14-plugin"} <= names
+    eager = _gen([[1, 2]], [[[(1, -1.0), (2, -1.01)], [(2, -1.0), (3, -3.0)]]])
+    near_tie = _gen([[2, 2]], [[[(2, -1.0), (1, -1.01)], [(2, -1.0), (3, -3.0)]]])
+    # parts from eager where eager's margin is 2.0 nats: not rounding noise
+    real = _gen([[1, 3]], [[[(1, -1.0), (2, -1.01)], [(3, -1.0), (2, -3.0)]]])
+    for j in jobs:
+        if j.kind != "engine":
+            j.result = _preflight()
+        elif j.mode == "piecewise" and j.kv == "nvfp4":
+            j.result = _engine_result(near_tie)
+        elif j.mode == "full-decode-optin":
+            j.result = _engine_result(real)
+        elif j.mode == "full":
+            j.result = {
+                "tasks": {"start": {"ok": False, "error": "FULL not supported"}},
+                "log_lines": {},
+            }
+        else:
+            j.result = _engine_result(eager)
+    r = vc.evaluate(["plugin"], jobs)["plugin"]
+    assert r["passed"] and r["write_binding"] == "triton" == r["expected_write_binding"]
+    assert r["modes"]["piecewise"]["consistent_with_eager"] is True
+    assert r["modes"]["full-decode-optin"]["consistent_with_eager"] is False
+    assert not r["modes"]["full"]["started"]
+    # the plan of this environment binds FlashInfer's writer: a Triton line is no pass
+    next(j for j in jobs if j.kind == "preflight").result = _preflight(write="flashinfer")
+    r = vc.evaluate(["plugin"], jobs)["plugin"]
+    assert not r["passed"] and r["expected_write_binding"] == "flashinfer"
+
+
+def test_recall_check_needs_every_nvfp4_binding_within_one_point():
+    jobs = vc.plan_jobs(["recall"], "0.6.14")
+    engines = [j for j in jobs if j.kind == "engine"]
+    # bf16 and fp8 references, the plan's NVFP4 bindings in eager and with FULL decode graphs
+    assert sorted((j.kv, j.mode) for j in engines) == [
+        ("auto", "eager"), ("fp8", "eager"), ("nvfp4", "eager"), ("nvfp4", "full-decode-optin"),
+    ]
+    assert all(not j.impl and j.model == "recall" for j in engines)
+
+    def verdict(graphs_8k):
+        for j in jobs:
+            rec = {"2048": 1.0, "4096": 0.99, "8192": 0.98}
+            if j.kv == "auto":
+                rec = {"2048": 1.0, "4096": 1.0, "8192": 0.99}
+            elif j.mode == "full-decode-optin":
+                rec["8192"] = graphs_8k
+            j.result = _engine_result(recall=rec)
+        return vc.evaluate(["recall"], jobs)["recall"]
+
+    ok = verdict(0.98)  # one miss in 100 below bf16 at 4K and 8K: exactly the 1-point target
+    assert ok["passed"] and ok["worst_points_below_bf16"] == pytest.approx(1.0)
+    bad = verdict(0.97)
+    assert not bad["passed"] and bad["worst_points_below_bf16"] == pytest.approx(2.0)
+
+    # lengths past the trained range are reported but stay out of the verdict
+    for j in jobs:
+        rec = {"2048": 1.0, "8192": 1.0, "16384": 0.9 if j.kv == "auto" else 0.7}
+        j.result = _engine_result(recall=rec)
+    past = vc.evaluate(["recall"], jobs, recall_beyond=(16384,))["recall"]
+    assert past["passed"] and past["worst_points_below_bf16"] == 0.0
+    entry = past["table"]["nvfp4-eager-fi0.6.14-plugin-recall"]
+    assert entry["points_below_bf16"] == {"2048": 0.0, "8192": 0.0}
+    assert entry["points_below_bf16_beyond_training"] == {"16384": 20.0}
+    counted = vc.evaluate(["recall"], jobs)["recall"]
+    assert not counted["passed"] and counted["worst_points_below_bf16"] == pytest.approx(20.0)
+
+    # a failed reference job (fp8) leaves the table incomplete: no pass, and the check names it
+    for j in jobs:
+        j.result = _engine_result(recall={"2048": 1.0, "4096": 1.0, "8192": 1.0})
+        if j.kv == "fp8":
+            j.result["tasks"]["recall"] = {"ok": False, "error": "FileNotFoundError: tokenizer.json"}
+    failed = vc.evaluate(["recall"], jobs)["recall"]
+    assert failed["worst_points_below_bf16"] == 0.0 and not failed["passed"]
+    assert failed["jobs_failed"] == ["fp8-eager-fi0.6.14-plugin-recall"]
+    assert "tokenizer.json" in failed["table"]["fp8-eager-fi0.6.14-plugin-recall"]["error"]
+
+
+def test_kv_reservation_only_where_no_check_measures_memory_or_speed():
+    spec = {"kv_cache_gib": 4}
+    jobs = {j.name: j for j in vc.plan_jobs(["plugin", "capacity", "recall", "throughput", "tp"], "0.6.14")}
+    # the (nvfp4, eager) job serves check 2 and check 3: check 3 measures capacity, so vLLM profiles
+    assert vc.kv_reservation(jobs["nvfp4-eager-fi0.6.14-plugin"], spec) is None
+    assert vc.kv_reservation(jobs["nvfp4-default-fi0.6.14-plugin"], spec) is None
+    assert vc.kv_reservation(jobs["nvfp4-eager-fi0.6.14-plugin-tp2"], spec) is None
+    assert vc.kv_reservation(jobs["nvfp4-piecewise-fi0.6.14-plugin"], spec) == 4 << 30
+    assert vc.kv_reservation(jobs["fp8-eager-fi0.6.14-plugin-recall"], spec) == 4 << 30
+    assert vc.kv_reservation(jobs["preflight-fi0.6.14-plugin"], spec) is None
+    assert vc.kv_reservation(jobs["nvfp4-piecewise-fi0.6.14-plugin"], {"kv_cache_gib": None}) is None
+
+
+def test_job_environment_turns_the_plugin_off_and_on():
+    jobs = {j.name: j for j in vc.plan_jobs(["negative", "plugin"], "0.6.14")}
+    off = base_job_env(jobs["nvfp4-eager-fi0.6.14-noplugin"], {"VLLM_PLUGINS": "nvfp4compat,other", "A": "1"}, {})
+    assert off["VLLM_PLUGINS"] == "" and off["A"] == "1"
+    on = jobs["nvfp4-eager-fi0.6.14-plugin"]
+    assert "VLLM_PLUGINS" not in base_job_env(on, {}, {})  # unset: vLLM loads every plugin
+    assert base_job_env(on, {"VLLM_PLUGINS": "other"}, {})["VLLM_PLUGINS"] == "other,nvfp4compat"
+    optin = base_job_env(jobs["nvfp4-full-decode-optin-fi0.6.14-plugin"], {}, {"NVFP4COMPAT_IMPL": "write=triton"})
+    assert optin["NVFP4COMPAT_CUDAGRAPH_DECODE"] == "1" and optin["NVFP4COMPAT_IMPL"] == "write=triton"
+
+
+def test_worker_processes_are_told_apart_by_the_plan_lines_pid():
+    log = "\n".join(
+        [
+            "INFO 11-29 23:11:39 [__init__.py:250] nvfp4compat: vLLM 0.26.0 on sm_90 ...; decode=triton [pid 10]",
+            "(EngineCore pid=997) INFO 11-29 [__init__.py:250] nvfp4compat: vLLM 0.26.0 on sm_90 ... [pid 997]",
+            "INFO 11-29 23:12:19 [__init__.py:250] nvfp4compat: vLLM 0.26.0 on sm_90 ... [pid 1109]",
+            "INFO 11-29 23:12:21 [__init__.py:250] nvfp4compat: vLLM 0.26.0 on sm_90 ... [pid 1112]",
+            "(Worker pid=1112) INFO 11-29 [parallel_state.py:1615] world_size=2 rank=1",
+            "(Worker_TP0 pid=1109) INFO 11-29 [model_runner.py:284] Loading model from scratch...",
+        ]
+    )
+    logs = vc.scan_log(log)
+    assert logs["plugin_pids"] == [10, 997, 1109, 1112]
+    assert logs["worker_pids"] == [1109, 1112]
+
+
+def test_engine_kwargs_keep_tp_graphs_off_flashinfer_multicast_allreduce():
+    from nvfp4compat.validation import job as ej
+
+    base = {"model": "/m", "kv_cache_dtype": "nvfp4", "gpu_memory_utilization": 0.3, "max_model_len": 4096}
+    for mode in ("piecewise", "full", "full-decode-optin", "default"):
+        kw = ej.engine_kwargs({**base, "mode": mode, "tensor_parallel_size": 2})
+        assert kw["compilation_config"]["pass_config"] == {"fuse_allreduce_rms": False}, mode
+        kw1 = ej.engine_kwargs({**base, "mode": mode, "tensor_parallel_size": 1})
+        assert "pass_config" not in kw1["compilation_config"], mode
+    kw = ej.engine_kwargs({**base, "mode": "eager", "tensor_parallel_size": 2, "kv_cache_memory_bytes": 1 << 30})
+    assert kw["enforce_eager"] and kw["kv_cache_memory_bytes"] == 1 << 30

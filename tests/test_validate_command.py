@@ -1,0 +1,197 @@
+"""``nvfp4compat validate`` on the CPU: help, the refusals, bad input, the argument plumbing, and the
+runner end to end over a stand-in job script. The engines themselves run in the ``gpu`` test below.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from nvfp4compat.cli import main as cli_main
+from nvfp4compat.validation import command, runner
+from nvfp4compat.validation.checks import DEFAULT_CHECKS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in text, text
+    return lines[0]
+
+
+def test_validate_help_works_without_vllm_or_a_gpu(capsys):
+    assert cli_main(["validate", "--help"]) == 0
+    out = capsys.readouterr().out
+    for opt in ("--model", "--recall", "--checks", "--out", "--dry-run"):
+        assert opt in out
+    with pytest.raises(SystemExit) as exc:  # the top-level parser's own --help
+        cli_main(["--help"])
+    assert exc.value.code == 0 and "validate   run the end-to-end checks" in capsys.readouterr().out
+
+
+def test_validate_without_vllm_says_so_in_one_line(capsys, monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(command.importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n, *a))
+    assert cli_main(["validate", "--model", str(REPO / "tests" / "data" / "recall-model"), "--out", str(tmp_path)]) == 1
+    err = _one_line(capsys.readouterr().err)
+    assert "vLLM is not installed" in err and "pip install vllm==" in err
+
+
+def test_validate_without_cuda_says_so_in_one_line(capsys, monkeypatch, tmp_path):
+    torch = pytest.importorskip("torch")
+    real = importlib.util.find_spec
+    fake = importlib.machinery.ModuleSpec("vllm", None)
+    monkeypatch.setattr(command.importlib.util, "find_spec", lambda n, *a: fake if n == "vllm" else real(n, *a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli_main(["validate", "--model", "Qwen/Qwen3-0.6B", "--out", str(tmp_path)]) == 1
+    err = _one_line(capsys.readouterr().err)
+    assert "no CUDA GPU is visible" in err and "CUDA_VISIBLE_DEVICES" in err
+    assert not any(tmp_path.iterdir())  # nothing was started or written
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        ([], "the following arguments are required: --model"),
+        (["--model", "m/x", "--checks", "3,5"], "unknown check '5'"),
+        (["--model", "m/x", "--gpu-mem", "1.5"], "--gpu-mem 1.5 is a fraction"),
+        (["--model", "m/x", "--gpu-mem", "-1"], "must be greater than 0"),
+        (["--model", "m/x", "--max-model-len", "4096"], "throughput check needs --max-model-len >= 8448"),
+        (["--model", "m/x", "--checks", "tp", "--tp", "1"], "tp check needs --tp 2 or more"),
+        (["--model", "m/x", "--env", "NOVALUE"], "expected KEY=VALUE"),
+        (["--model", "./no-such-model"], "no model folder there"),
+        (["--model", "tests"], "the folder has no config.json"),
+        (["--model", "m/x", "--recall", "tests"], "tests lacks config.json, model.safetensors, tokenizer.json"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert cli_main(["validate", *argv]) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert needle in err and err.startswith("nvfp4compat validate: ")
+
+
+def test_arguments_reach_the_settings(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    argv = ["--model", "tests/data/recall-model", "--out", str(tmp_path / "r"), "--checks", "plan,3",
+            "--recall", "--gpu-mem", "0.5", "--max-model-len", "16384", "--env", "NVFP4COMPAT_IMPL=write=triton",
+            "--recall-lengths", "1024,2048", "--budget-s", "900"]
+    s = command.build_settings(command.parser().parse_args(argv), argv)
+    assert s.checks == ["plan", "capacity", "recall"]
+    assert s.model == str((REPO / "tests" / "data" / "recall-model").resolve())  # absolute: jobs run elsewhere
+    assert s.recall_model == str(command.SHIPPED_RECALL_MODEL.resolve())
+    assert s.work == tmp_path / "r" / "jobs" and s.budget_s == 900
+    assert s.extra_env == {"NVFP4COMPAT_IMPL": "write=triton"}
+    spec = s.spec()
+    assert spec["gpu_memory_utilization"] == 0.5 and spec["recall_lengths"] == [1024, 2048]
+    assert spec["recall_max_model_len"] == 16384 and spec["max_model_len"] == 16384
+    assert s.argv[:2] == ["nvfp4compat", "validate"]
+    hub = command.build_settings(command.parser().parse_args(["--model", "Qwen/Qwen3-0.6B"]), [])
+    assert hub.model == "Qwen/Qwen3-0.6B" and hub.checks == list(DEFAULT_CHECKS) and hub.recall_model is None
+
+
+def test_dry_run_lists_the_jobs_and_starts_nothing(capsys, tmp_path):
+    rc = cli_main(["validate", "--model", "Qwen/Qwen3-0.6B", "--out", str(tmp_path / "o"), "--dry-run"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "checks plan, negative, capacity, fidelity, throughput: 8 jobs" in out
+    assert "-noplugin: start (for negative)" in out and not (tmp_path / "o").exists()
+
+
+FAKE_JOB = textwrap.dedent(
+    '''
+    import json, os, sys
+    spec = json.load(open(sys.argv[1]))
+    res = {"kind": spec["kind"], "tasks": {}, "error": None, "env_plugins": os.environ.get("VLLM_PLUGINS")}
+    if spec["kind"] == "preflight":
+        b = {op: {"impl": "triton"} for op in ("write", "decode", "prefill")}
+        plan = {"supported": True, "text": "plan: write=triton", "json": {"supported": True, "bindings": b}}
+        res["tasks"]["preflight"] = {"ok": True, "gpu": "Stand-in GPU", "vllm": "0.26.0", "plan": plan}
+    elif os.environ.get("VLLM_PLUGINS") == "":
+        err = "ValueError: Selected backend ... Reason: ['kv_cache_dtype not supported']"
+        print(err)
+        res["tasks"]["start"] = {"ok": False, "error": err}
+    else:
+        print("INFO nvfp4compat: vLLM 0.26.0 on sm_90: backport; write=triton, decode=triton, prefill=triton [pid 1]")
+        kv = spec["kv_cache_dtype"]
+        res["tasks"]["start"] = {"ok": True, "kv_cache_tokens": {"nvfp4": 35600, "auto": 10000, "fp8": 20000}[kv]}
+        res["spec_model"] = spec["model"]
+        if "logprobs" in spec["tasks"]:
+            d = {"nvfp4": 0.05, "auto": 0.0, "fp8": 0.01}[kv]
+            res["tasks"]["logprobs"] = {"ok": True, "prompts": [{"target_logprob": [-1.0 - d, -2.0], "top1": [3, 4]}]}
+        if "throughput" in spec["tasks"]:
+            rate = {"nvfp4": 900.0, "auto": 1000.0}[kv]
+            res["tasks"]["throughput"] = {"ok": True, "requests": 32, "context": 8192, "decode_tok_s": rate,
+                                          "prefill_only_s": 1.0, "prefill_plus_decode_s": 9.0}
+    json.dump(res, open(spec["result"], "w"))
+    '''
+)
+
+
+def test_runner_runs_each_job_in_its_process_and_writes_the_report(tmp_path, monkeypatch):
+    script = tmp_path / "fake_job.py"
+    script.write_text(FAKE_JOB)
+    monkeypatch.setattr(runner, "JOB_SCRIPT", script)
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    lines: list[str] = []
+    s = runner.Settings(model=str(tmp_path / "model"), checks=list(DEFAULT_CHECKS), out=tmp_path / "out",
+                        work=tmp_path / "work", flashinfer="0.6.14", argv=["nvfp4compat", "validate"])
+    results = runner.run_checks(s, lines.append)
+    assert all(r["passed"] for r in results.values()), json.dumps(results, indent=1, default=str)
+    assert results["capacity"]["ratio"] == pytest.approx(3.56)
+    assert results["throughput"]["ratio_nvfp4_over_bf16"] == pytest.approx(0.9)
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert doc["complete"] and doc["passed"] and doc["environment"]["gpu"] == "Stand-in GPU"
+    assert doc["jobs"]["nvfp4-eager-fi0.6.14-noplugin"]["env_plugins"] == ""
+    assert doc["jobs"]["nvfp4-eager-fi0.6.14-plugin"]["env_plugins"] is None
+    assert doc["jobs"]["nvfp4-eager-fi0.6.14-plugin"]["spec_model"] == str(tmp_path / "model")
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "**5 of 5 checks pass**" in md and "PARTIAL" not in md
+    assert "| 3. capacity | PASS | 35,600 NVFP4 tokens / 10,000 bf16 = 3.56x" in md
+    assert "kv_cache_dtype not supported" in (tmp_path / "out" / "jobs.log").read_text()
+    assert any(ln.startswith("[1/8] preflight-fi0.6.14-plugin") for ln in lines)
+    assert any("noplugin: " in ln and "did not start without the plugin: ValueError" in ln for ln in lines), lines
+
+
+def test_runner_reports_a_job_that_never_wrote_its_result(tmp_path, monkeypatch):
+    script = tmp_path / "crash.py"
+    script.write_text("import sys\nprint('boom: no GPU memory')\nsys.exit(3)\n")
+    monkeypatch.setattr(runner, "JOB_SCRIPT", script)
+    s = runner.Settings(model="m/x", checks=["capacity"], out=tmp_path / "out", work=tmp_path / "w")
+    results = runner.run_checks(s, lambda _: None)
+    assert not results["capacity"]["passed"]
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    err = doc["jobs"]["auto-eager-finone-plugin"]["error"]
+    assert "no result file (rc 3)" in err and "boom: no GPU memory" in err
+
+
+def test_an_unwritable_report_folder_is_one_line(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(command, "refusal", lambda: None)  # as on a GPU machine with vLLM
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert cli_main(["validate", "--model", "m/x", "--out", str(blocker / "report")]) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert "cannot create the report folders" in err and "pass --out" in err
+
+
+@pytest.mark.gpu
+def test_validate_on_the_gpu_reproduces_the_negative_control_and_capacity(tmp_path):
+    """On a CUDA machine with vLLM: the plan, the negative control and capacity on the tiny model."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("needs vLLM installed (pip install vllm==<release>)")
+    model = tmp_path / "tiny"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), "--out", str(model)], check=True)
+    out = tmp_path / "report"
+    rc = cli_main(["validate", "--model", str(model), "--out", str(out), "--checks", "plan,negative,capacity"])
+    doc = json.loads((out / "results.json").read_text())
+    assert rc == 0, (out / "summary.md").read_text()
+    assert doc["checks"]["capacity"]["ratio"] >= 3.3 and not doc["checks"]["negative"]["engine_started"]
+    shutil.rmtree(out / "jobs", ignore_errors=True)

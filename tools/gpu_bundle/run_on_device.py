@@ -1,0 +1,542 @@
+#!/usr/bin/env python3
+"""Unpack an offline bundle (``build.py``) on a GPU host without internet access, and run
+``nvfp4compat validate``'s checks from it.
+
+Standard library only until the checks start. Three subcommands:
+
+``unpack``
+    For every part folder present so far (``.bundle/pNN/``), verify the part's sha256 against the
+    newest ``manifest.json`` found there and extract it into ``--site``. Parts already extracted
+    with the same sha256 are skipped, so parts can arrive over several transfers. When every part
+    is in, join chunked files and check each component's tree sha256. Exit 0 when complete, 3
+    while parts are missing (the message names them).
+``status``
+    What is unpacked, what is missing.
+``run --checks plan,negative,...``
+    ``unpack``, the tiny model (``scripts/make_tiny_model.py``, made once) unless ``--model`` names
+    another, then the checks, run by ``nvfp4compat.validation`` from the unpacked plugin wheel.
+    The only bundle knowledge here is where the components are: each job's ``PYTHONPATH`` is the
+    plugin (unless the job runs without it), the ``--flashinfer`` release's folder and the
+    shared dependencies. The checks, their verdicts and the report (``summary.md``,
+    ``results.json``, ``jobs.log``) are the package's; ``docs/validation.md`` has the checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+STATE_FILE = ".bundle-state.json"
+
+class RunnerError(RuntimeError):
+    """What was found, what is needed and the way out."""
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# unpacking
+
+
+SITE_MANIFEST = ".bundle-manifest.json"
+
+
+def find_manifest(
+    bundle_dir: Path, explicit: Path | None, site: Path | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """The manifest to follow: ``explicit``, else the newest ``manifest.json`` among the carried
+    folders, else the copy kept in ``site`` when a bundle was completed there."""
+    if explicit:
+        return explicit, json.loads(explicit.read_text())
+    found = []
+    if site is not None and (site / SITE_MANIFEST).is_file():
+        data = json.loads((site / SITE_MANIFEST).read_text())
+        found.append((str(data.get("built_at", "")), str(site / SITE_MANIFEST), data))
+    for path in list(bundle_dir.glob("p*/manifest.json")) + [bundle_dir / "manifest.json"]:
+        if path.is_file():
+            data = json.loads(path.read_text())
+            found.append((str(data.get("built_at", "")), str(path), data))
+    if not found:
+        raise RunnerError(
+            f"no manifest.json under {bundle_dir}/p*/: bring the part folders (e.g. .bundle/p01/) "
+            "built by `python tools/gpu_bundle/build.py build`"
+        )
+    found.sort(key=lambda t: (t[0], t[1]))
+    built_at, where, data = found[-1]
+    ids = sorted({d.get("build_id") for _, _, d in found})
+    if len(ids) > 1:
+        say(
+            f"note: part folders of {len(ids)} builds are present ({ids}); following the newest, {data['build_id']} ({built_at})"
+        )
+    return Path(where), data
+
+
+def load_state(site: Path) -> dict[str, Any]:
+    path = site / STATE_FILE
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"parts": {}, "files": {}, "complete": None}
+
+
+def save_state(site: Path, state: dict[str, Any]) -> None:
+    site.mkdir(parents=True, exist_ok=True)
+    tmp = site / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    tmp.replace(site / STATE_FILE)
+
+
+def tree_sha256(root: Path) -> tuple[str, int]:
+    """sha256 over sorted ``relpath\\0sha256\\n`` lines of every file, skipping __pycache__ (as build.py)."""
+    lines = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        for fn in filenames:
+            if fn.endswith(".pyc"):
+                continue
+            p = os.path.join(dirpath, fn)
+            lines.append((os.path.relpath(p, root).replace(os.sep, "/"), sha256_file(Path(p))))
+    lines.sort()
+    h = hashlib.sha256()
+    for rel, digest in lines:
+        h.update(f"{rel}\0{digest}\n".encode())
+    return h.hexdigest(), len(lines)
+
+
+def _extract(part_path: Path, site: Path) -> list[str]:
+    names = []
+    with tarfile.open(part_path, "r:xz") as tf:
+        members = tf.getmembers()
+        for m in members:
+            if not m.isfile() or m.name.startswith("/") or ".." in m.name.split("/"):
+                raise RunnerError(
+                    f"{part_path}: unexpected member {m.name!r} (only plain relative files are bundled)"
+                )
+            names.append(m.name)
+        kwargs: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tf.extractall(site, members=members, **kwargs)
+    return names
+
+
+def unpack(
+    bundle_dir: Path, site: Path, manifest_path: Path | None = None, clean: bool = False
+) -> tuple[bool, dict[str, Any]]:
+    """Extract the parts present under ``bundle_dir``; finish the bundle once all are in.
+
+    Returns
+    -------
+    (complete, manifest)
+    """
+    if clean and site.exists():
+        say(f"removing {site}")
+        shutil.rmtree(site)
+    mpath, manifest = find_manifest(bundle_dir, manifest_path, site)
+    state = load_state(site)
+    restore_caches(bundle_dir, state)
+    save_state(site, state)
+    if state.get("complete") and state["complete"] != manifest["build_id"]:
+        state["complete"] = None
+    wanted = {p["name"]: p for p in manifest["parts"]}
+    current = {n for n, sha in state["parts"].items() if n in wanted and wanted[n]["sha256"] == sha}
+    say(
+        f"bundle {manifest['build_id']} ({manifest['built_at']}), manifest {mpath}: {len(wanted)} parts"
+    )
+    for name, part in wanted.items():
+        path = bundle_dir / part["folder"] / part["file"]
+        if name in current:
+            say(f"  {name}: already unpacked (sha256 {part['sha256'][:16]})")
+            continue
+        if not path.exists():
+            say(f"  {name}: missing (carry .bundle/{part['folder']})")
+            continue
+        t0 = time.time()
+        size = path.stat().st_size
+        digest = sha256_file(path)
+        if size != part["bytes"] or digest != part["sha256"]:
+            raise RunnerError(
+                f"{path}: {size} bytes, sha256 {digest[:16]}; the manifest says {part['bytes']} bytes, "
+                f"sha256 {part['sha256'][:16]}: a truncated or stale copy; rebuild or re-carry .bundle/{part['folder']}"
+            )
+        # A part name reused by a newer build: remove the files the old one put there first
+        # (unless a part of this build that is already unpacked owns them).
+        owned = {f for n in current for f in state["files"].get(n, [])}
+        for rel in state["files"].get(name, []):
+            if rel not in owned:
+                (site / rel).unlink(missing_ok=True)
+        site.mkdir(parents=True, exist_ok=True)
+        names = _extract(path, site)
+        state["parts"][name] = digest
+        state["files"][name] = names
+        state["complete"] = None
+        current.add(name)
+        save_state(site, state)
+        say(
+            f"  {name}: unpacked {len(names)} files, {size / (1 << 20):.1f} MiB in {time.time() - t0:.1f} s"
+        )
+    missing = [n for n in wanted if n not in current]
+    if missing:
+        folders = [f".bundle/{wanted[n]['folder']}" for n in missing]
+        say(f"missing parts: {missing}; carry {folders} in the next call (then run unpack again)")
+        return False, manifest
+    if state.get("complete") == manifest["build_id"]:
+        say(f"bundle {manifest['build_id']} complete in {site} (verified earlier)")
+        return True, manifest
+    t0 = time.time()
+    for entry in manifest["chunked"]:
+        target = site / entry["path"]
+        with target.open("wb") as out:
+            for chunk in entry["chunks"]:
+                cpath = site / chunk["arcname"]
+                if not cpath.exists():
+                    raise RunnerError(
+                        f"chunk {cpath} is missing although its part is recorded as unpacked; run unpack --clean and carry every part again"
+                    )
+                with cpath.open("rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 20)
+        if sha256_file(target) != entry["sha256"]:
+            raise RunnerError(
+                f"{target}: joined chunks do not match sha256 {entry['sha256'][:16]}; run unpack --clean"
+            )
+        target.chmod(0o755)
+        for chunk in entry["chunks"]:
+            (site / chunk["arcname"]).unlink()
+        say(f"  joined {entry['path']} from {len(entry['chunks'])} chunks")
+    for comp, info in manifest["components"].items():
+        digest, count = tree_sha256(site / comp)
+        if digest != info["tree_sha256"]:
+            raise RunnerError(
+                f"{site / comp}: tree sha256 {digest[:16]} over {count} files, the manifest says "
+                f"{info['tree_sha256'][:16]} over {info['files']}: stale or extra files; run unpack --clean and carry every part"
+            )
+    state["complete"] = manifest["build_id"]
+    save_state(site, state)
+    (site / SITE_MANIFEST).write_text(json.dumps(manifest))
+    say(
+        f"bundle {manifest['build_id']} complete in {site}: components {sorted(manifest['components'])} verified in {time.time() - t0:.1f} s"
+    )
+    return True, manifest
+
+
+# --------------------------------------------------------------------------------------------
+# compile caches (optional): FlashInfer's JIT modules, vLLM's torch.compile cache, Triton's cache
+
+CACHE_DIRS = (
+    ".cache/flashinfer",
+    ".cache/vllm",
+    ".triton/cache",
+)  # under $HOME, most valuable first
+CACHE_FILE = "caches.tar.xz"
+# defaults of --cache-chunk-mib / --cache-max-chunks: size them to what the transport brings back
+CACHE_CHUNK = 15 << 20
+CACHE_MAX_CHUNKS = 3
+CACHE_LIMIT = CACHE_CHUNK * CACHE_MAX_CHUNKS
+
+
+def save_caches(out: Path) -> str:
+    """Pack the compile caches into ``out/caches.tar.xz.NN`` chunks of at most ``CACHE_CHUNK`` bytes.
+
+    FlashInfer's JIT modules (minutes of nvcc per release the first time a bf16/fp8 engine starts)
+    come first; caches are dropped from the end of ``CACHE_DIRS`` until the archive fits
+    ``CACHE_MAX_CHUNKS`` chunks. Bring the chunks back as ``.bundle/caches/`` to a later host:
+    ``unpack`` joins and restores them.
+    """
+    home = Path.home()
+    present = [d for d in CACHE_DIRS if (home / d).is_dir()]
+    packed = out / CACHE_FILE
+    for n in range(len(present), 0, -1):
+        with tarfile.open(packed, "w:xz", preset=6) as tf:
+            for d in present[:n]:
+                tf.add(home / d, arcname=d)
+        size = packed.stat().st_size
+        if size <= CACHE_LIMIT:
+            data = packed.read_bytes()
+            packed.unlink()
+            names = []
+            for i in range(0, len(data), CACHE_CHUNK):
+                chunk = out / f"{CACHE_FILE}.{i // CACHE_CHUNK:02d}"
+                chunk.write_bytes(data[i : i + CACHE_CHUNK])
+                names.append(chunk.name)
+            return f"{size / (1 << 20):.1f} MiB of compile caches {present[:n]} in {names}"
+    packed.unlink(missing_ok=True)
+    return f"compile caches {present} do not fit in {CACHE_LIMIT >> 20} MiB even alone; not saved"
+
+
+def restore_caches(bundle_dir: Path, state: dict[str, Any]) -> None:
+    """Extract carried ``.bundle/caches/caches.tar.xz[.NN]`` into $HOME once per content."""
+    folder = bundle_dir / "caches"
+    whole = folder / CACHE_FILE
+    chunks = sorted(folder.glob(f"{CACHE_FILE}.[0-9][0-9]")) if folder.is_dir() else []
+    if not whole.exists() and not chunks:
+        return
+    data = whole.read_bytes() if whole.exists() else b"".join(c.read_bytes() for c in chunks)
+    digest = hashlib.sha256(data).hexdigest()
+    if state.get("caches") == digest:
+        say(f"compile caches {digest[:16]} already restored")
+        return
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tf:
+        members = [
+            m
+            for m in tf.getmembers()
+            if m.name.split("/")[0] in (".cache", ".triton") and ".." not in m.name.split("/")
+        ]
+        kwargs: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tf.extractall(Path.home(), members=members, **kwargs)
+    state["caches"] = digest
+    src = whole if whole.exists() else [c.name for c in chunks]
+    say(f"restored compile caches from {src} ({len(members)} entries) into {Path.home()}")
+
+
+# --------------------------------------------------------------------------------------------
+# running the checks from the unpacked bundle
+
+# NVLink multicast stays off in every job (hosts that share GPUs between tenants may forbid it;
+# vLLM's compiled TP graphs otherwise auto-select FlashInfer's multicast all-reduce)
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm",
+}
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
+def component_paths(site: Path, flashinfer: str, plugin: bool) -> list[Path]:
+    """The unpacked components one job imports from, in ``PYTHONPATH`` order."""
+    paths = ([site / "plugin"] if plugin else []) + [site / f"fi-{flashinfer}", site / "common"]
+    for p in paths:
+        if not p.is_dir():
+            have = sorted(d.name for d in site.iterdir()) if site.is_dir() else []
+            raise RunnerError(
+                f"{p} is missing: the bundle has components {have}; build one with "
+                f"`build.py build --flashinfer {flashinfer}` or pick a release it has (--flashinfer)"
+            )
+    return paths
+
+
+def bundle_env(site: Path, flashinfer: str, plugin: bool, base: dict[str, str]) -> dict[str, str]:
+    """``base`` with the bundle's components on ``PYTHONPATH``, the host's CUDA on ``PATH``."""
+    env = dict(base)
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in component_paths(site, flashinfer, plugin))
+    for k, v in {**MULTICAST_OFF, **OFFLINE}.items():
+        env.setdefault(k, v)
+    bindir = str(Path(sys.executable).parent)
+    # FlashInfer's JIT needs nvcc: CUDA_HOME, else CUDA's standard install location
+    std = Path("/usr/local/cuda")
+    cuda_home = env.get("CUDA_HOME") or (str(std) if (std / "bin" / "nvcc").exists() else "")
+    if cuda_home:
+        env["CUDA_HOME"] = cuda_home
+    path = [bindir] + ([f"{cuda_home}/bin"] if cuda_home else []) + env.get("PATH", "").split(os.pathsep)
+    env["PATH"] = os.pathsep.join(dict.fromkeys(p for p in path if p))
+    return env
+
+
+def make_tiny_model(model: Path, site: Path, flashinfer: str) -> None:
+    t0 = time.time()
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), "--out", str(model)],
+        env=bundle_env(site, flashinfer, False, dict(os.environ)),
+        capture_output=True,
+        text=True,
+    )
+    say(proc.stdout[-1500:] + proc.stderr[-1500:])
+    if proc.returncode != 0:
+        raise RunnerError(f"make_tiny_model.py failed (rc {proc.returncode}); see above")
+    say(f"tiny model made in {model} in {time.time() - t0:.1f} s")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        manifest = find_manifest(args.bundle_dir, args.manifest, args.site)[1]
+    else:
+        complete, manifest = unpack(args.bundle_dir, args.site, args.manifest)
+        if not complete:
+            return 3
+    fi = args.flashinfer or manifest.get("flashinfer_default")
+    if not fi:
+        raise RunnerError("the manifest names no default FlashInfer release: pass --flashinfer")
+    # the package's runner, from the plugin wheel the bundle carries (or the checkout for --dry-run)
+    plugin_dir = args.site / "plugin"
+    sys.path.insert(0, str(plugin_dir if plugin_dir.is_dir() else REPO))
+    from nvfp4compat.validation.checks import parse_checks, plan_jobs
+    from nvfp4compat.validation.report import headline, verdict
+    from nvfp4compat.validation.runner import Settings, base_job_env, run_checks
+
+    try:
+        checks = parse_checks(args.checks)
+    except ValueError as exc:
+        print(f"run_on_device.py: {exc}", file=sys.stderr)
+        return 2
+    model: Path = args.model.resolve()
+    work: Path = (args.work or args.site.parent / "nvfp4-jobs").resolve()
+    out: Path = args.out.resolve()
+    recall_model = None
+    if "recall" in checks:
+        if not args.dry_run and not (args.recall_model / "model.safetensors").exists():
+            raise RunnerError(
+                f"--recall-model {args.recall_model} has no model.safetensors: train it first "
+                "(scripts/train_recall_model.py, docs/recall.md) or point --recall-model at one"
+            )
+        # jobs may outlive the call that started them while the checkout is re-copied under them:
+        # serve a private copy from the work folder
+        recall_model = work / "recall-model"
+    extra = dict(kv.split("=", 1) for kv in args.env)
+    settings = Settings(
+        model=str(model),
+        checks=checks,
+        out=out,
+        work=work,
+        flashinfer=fi,
+        gpu_memory_utilization=args.gpu_mem,
+        max_model_len=args.max_model_len,
+        logprob_prompts=args.logprob_prompts,
+        logprob_prompt_len=args.logprob_prompt_len,
+        throughput_context=args.throughput_context,
+        throughput_new_tokens=args.throughput_new_tokens,
+        recall_model=str(recall_model) if recall_model else None,
+        recall_lengths=[int(x) for x in args.recall_lengths.split(",") if x.strip()],
+        recall_beyond=[int(x) for x in args.recall_beyond.split(",") if x.strip()],
+        recall_per_depth=args.recall_per_depth,
+        tp=args.tp,
+        kv_cache_gib=args.kv_cache_gib,
+        job_timeout_s=args.job_timeout,
+        budget_s=args.budget_s,
+        extra_env=extra,
+        argv=sys.argv,
+    )
+    jobs = plan_jobs(checks, fi, args.tp)
+    say(f"checks {checks}: {len(jobs)} jobs (FlashInfer {fi})")
+    for j in jobs:
+        say(f"  job {j.name}: tasks {j.tasks} (checks {j.checks})")
+    if args.dry_run:
+        return 0
+    if not (model / "config.json").exists():
+        make_tiny_model(model, args.site, fi)
+    if recall_model is not None:
+        shutil.copytree(args.recall_model.resolve(), recall_model, dirs_exist_ok=True)
+        say(f"recall model {args.recall_model} served from {recall_model}")
+    results = run_checks(
+        settings,
+        say,
+        job_env=lambda j: bundle_env(args.site, fi, j.plugin, base_job_env(j, os.environ, extra)),
+    )
+    if args.save_caches:
+        say(save_caches(out))
+    for name, r in results.items():
+        say(f"{verdict(r)}  {name}: {headline(name, r)}")
+    return 0 if all(r.get("passed") for r in results.values()) else 1
+
+
+def cmd_unpack(args: argparse.Namespace) -> int:
+    complete, _ = unpack(args.bundle_dir, args.site, args.manifest, args.clean)
+    return 0 if complete or args.partial_ok else 3
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    _, manifest = find_manifest(args.bundle_dir, args.manifest, args.site)
+    state = load_state(args.site)
+    for p in manifest["parts"]:
+        have = state["parts"].get(p["name"]) == p["sha256"]
+        say(
+            f"{p['name']}: {'unpacked' if have else 'missing'} ({p['bytes'] / (1 << 20):.1f} MiB, .bundle/{p['folder']})"
+        )
+    say(f"complete: {state.get('complete') == manifest['build_id']}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    global CACHE_CHUNK, CACHE_MAX_CHUNKS, CACHE_LIMIT
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--bundle-dir",
+        type=Path,
+        default=REPO / ".bundle",
+        help="where the part folders pNN/ are (default: <repo>/.bundle)",
+    )
+    common.add_argument(
+        "--site",
+        type=Path,
+        default=REPO / ".bundle" / "site",
+        help="where the bundle is unpacked (default: <repo>/.bundle/site)",
+    )
+    common.add_argument(
+        "--manifest", type=Path, default=None, help="follow this manifest instead of the newest one"
+    )
+    ap = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    u = sub.add_parser("unpack", parents=[common], help="verify and extract the parts present")
+    u.add_argument("--clean", action="store_true", help="remove --site first")
+    u.add_argument("--partial-ok", action="store_true", help="exit 0 although parts are still missing")
+    sub.add_parser("status", parents=[common], help="what is unpacked, what is missing")
+    r = sub.add_parser("run", parents=[common], help="unpack, then run the selected checks")
+    r.add_argument("--checks", required=True, help="comma list of check names or docs/validation.md numbers")
+    r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "nvfp4-out")),
+                   help="report folder (default: $OUT, else ./nvfp4-out)")
+    r.add_argument("--model", type=Path, default=REPO / ".bundle" / "tiny-qwen3",
+                   help="model folder; made with scripts/make_tiny_model.py when it has no config.json "
+                        "(default: <repo>/.bundle/tiny-qwen3)")
+    r.add_argument("--recall-model", type=Path, default=REPO / "tests" / "data" / "recall-model",
+                   help="the trained recall model the recall check serves (default: tests/data/recall-model)")
+    r.add_argument("--recall-lengths", default="2048,4096,8192", help="recall context lengths (default 2048,4096,8192)")
+    r.add_argument("--recall-beyond", default="16384",
+                   help="recall lengths past the model's trained 8192, reported outside the verdict ('' for none)")
+    r.add_argument("--recall-per-depth", type=int, default=10, help="needles per depth and length (default 10)")
+    r.add_argument("--flashinfer", default=None,
+                   help="the bundled FlashInfer release every job imports (default: the manifest's)")
+    r.add_argument("--gpu-mem", type=float, default=0.30, help="gpu_memory_utilization of every engine")
+    r.add_argument("--max-model-len", type=int, default=8192 + 512)
+    r.add_argument("--logprob-prompts", type=int, default=8)
+    r.add_argument("--logprob-prompt-len", type=int, default=2048)
+    r.add_argument("--throughput-context", type=int, default=8192)
+    r.add_argument("--throughput-new-tokens", type=int, default=256)
+    r.add_argument("--job-timeout", type=float, default=1200.0, help="seconds one job may take")
+    r.add_argument("--budget-s", type=float, default=None,
+                   help="start no job after this many seconds of the run; skipped jobs are reported")
+    r.add_argument("--tp", type=int, default=2, help="tensor_parallel_size of the tp check")
+    r.add_argument("--env", action="append", default=[], help="KEY=VALUE for every job")
+    r.add_argument("--kv-cache-gib", type=float, default=None,
+                   help="fixed KV reservation for engines whose checks measure neither memory nor speed")
+    r.add_argument("--work", type=Path, default=None,
+                   help="folder for the jobs' specs, logs and results (default: <site>/../nvfp4-jobs)")
+    r.add_argument("--dry-run", action="store_true", help="plan the jobs, run nothing")
+    r.add_argument("--save-caches", action="store_true",
+                   help=f"pack FlashInfer's JIT, vLLM's and Triton's compile caches into OUT/{CACHE_FILE}.NN")
+    r.add_argument("--cache-chunk-mib", type=int, default=CACHE_CHUNK >> 20, help="size of one cache chunk")
+    r.add_argument("--cache-max-chunks", type=int, default=CACHE_MAX_CHUNKS,
+                   help="caches are dropped, least valuable first, until they fit this many chunks")
+    args = ap.parse_args(argv)
+    if args.cmd == "run":
+        CACHE_CHUNK, CACHE_MAX_CHUNKS = args.cache_chunk_mib << 20, args.cache_max_chunks
+        CACHE_LIMIT = CACHE_CHUNK * CACHE_MAX_CHUNKS
+    try:
+        return {"unpack": cmd_unpack, "status": cmd_status, "run": cmd_run}[args.cmd](args)
+    except RunnerError as exc:
+        print(f"run_on_device.py: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
