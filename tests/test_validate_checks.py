@@ -347,3 +347,29 @@ def test_engine_kwargs_keep_tp_graphs_off_flashinfer_multicast_allreduce():
         assert "pass_config" not in kw1["compilation_config"], mode
     kw = ej.engine_kwargs({**base, "mode": "eager", "tensor_parallel_size": 2, "kv_cache_memory_bytes": 1 << 30})
     assert kw["enforce_eager"] and kw["kv_cache_memory_bytes"] == 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("arch", "vllm", "flashinfer"),
+    [("sm_90", "0.26.0", "0.6.15"), ("sm_90", "0.33.0", "0.7.2.post1"), ("sm_86", "0.34.0", "0.7.4"),
+     ("sm_120", "0.31.0", "0.7.0.post1")],
+)
+def test_plan_check_passes_on_the_line_the_plugin_writes_for_its_plan(arch, vllm, flashinfer):
+    """The plan check against the plugin's own summary line for the same plan (an ``extend`` route
+    logs ``write=vllm``: vLLM's own code calls the planned FlashInfer writer)."""
+    import nvfp4compat
+    from nvfp4compat.vllm_plugin import summary_line
+
+    plan = nvfp4compat.query(arch=arch, flashinfer=flashinfer, vllm=vllm)
+    line = f"(EngineCore pid=7) INFO {summary_line(plan)} [pid 7]"
+    jobs = vc.plan_jobs(["plan"], flashinfer)
+    _fill(jobs, preflight=_real_preflight(arch, vllm, flashinfer),
+          **{f"nvfp4-eager-fi{flashinfer}-plugin": _engine_result(plugin_line=line)})
+    r = vc.evaluate(["plan"], jobs)["plan"]
+    assert r["passed"], (line, r["planned"], r["plugin_bound"])
+    # the same line with another reader is caught
+    bad = line.replace("decode=triton", "decode=flashinfer")
+    if bad != line:
+        _fill(jobs, preflight=_real_preflight(arch, vllm, flashinfer),
+              **{f"nvfp4-eager-fi{flashinfer}-plugin": _engine_result(plugin_line=bad)})
+        assert not vc.evaluate(["plan"], jobs)["plan"]["passed"]

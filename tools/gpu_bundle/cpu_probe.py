@@ -14,7 +14,7 @@ and which failed. Options:
     Make these top-level modules unimportable (leave-one-out proof that a dependency is needed).
 ``--engine-config MODEL``
     After the imports, build vLLM's engine config (``EngineArgs.create_engine_config``) for MODEL
-    with the settings ``engine_job.py`` uses, for bf16/fp8/nvfp4 KV and each cudagraph mode, and
+    with the settings ``nvfp4compat/validation/job.py`` uses, for bf16/fp8/nvfp4 KV and each cudagraph mode, and
     load its tokenizer through vLLM (needs ``--cuda``).
 
 Diagnostic only: nothing here is shipped to or run on the device.
