@@ -69,7 +69,7 @@ def _full_shapes() -> list[Shape]:
         Shape("decode 4 x 32K 40/8 heads page 32", "decode", (32768,) * 4, (1,) * 4, num_qo_heads=40,
               page_size=32, target=dec),
         Shape("decode 32 x 8K 64/8 heads", "decode", (8192,) * 32, (1,) * 32, num_qo_heads=64, target=dec),
-        # batches whose length-proportional shares round badly onto one wave (see _split_size)
+        # batches whose length-proportional shares round onto one wave with idle programs
         Shape("decode 64 x 8K", "decode", (8192,) * 64, (1,) * 64, target=dec),
         Shape("decode 48 x 4K 64/8 heads", "decode", (4096,) * 48, (1,) * 48, num_qo_heads=64, target=dec),
         Shape("decode ragged 40 x 0.5K-16K", "decode", ragged40, (1,) * 40, target=dec),
@@ -298,8 +298,7 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
             sms = att._sm_count(case.q.device)
             programs0, min_tiles0 = att.decode_programs(att.decode_config(s.head_dim), s.num_kv_heads, sms)
             max_tiles = -(-case.block_table.shape[1] * s.page_size // att.decode_config(s.head_dim).block_n)
-            waves = att.decode_waves() if hasattr(att, "decode_waves") else 1
-            chunks0, _ = att.decode_grid(len(s.seq_lens), programs0, min_tiles0, max_tiles, *([waves] if waves > 1 else []))
+            chunks0, _ = att.decode_grid(len(s.seq_lens), programs0, min_tiles0, max_tiles)
             # the config decode() launches (BLOCK_M 16 for GQA <= 16 and one query token)
             base = att.decode_config(s.head_dim, 16, chunks0 * s.num_kv_heads, sms)
             default_label = f"default {base} programs/head={programs0}"
@@ -307,9 +306,6 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
             base, default_label, sweep = None, "default", False
         variants: list[tuple[str, dict[str, Any]]] = [(default_label, {})]
         if sweep:
-            # the work split's wave limit (decode_waves): 1 = one wave of length-proportional shares
-            for w in (1, 2):
-                variants.append((f"default tiles, max {w} wave(s)", {"max_waves": w}))
             for w in (2, 4):
                 variants.append((f"default tiles, {w} programs/SM", {"decode": dataclasses.replace(base, programs_per_sm=w)}))
     else:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the four Triton kernels with valid and hostile metadata, for compute-sanitizer (issue 16).
 
-Writer, dequant, decode (single pass, split-KV by shares and by waves) and prefill (prefill tiles, decode rows of a mixed
+Writer, dequant, decode (single pass and split-KV) and prefill (prefill tiles, decode rows of a mixed
 batch, the query_start_loc guard) on small shapes, each with valid metadata and with the hostile
 values of issue 16: page ids -1 / num_pages / num_pages + 100000 / 2**31 - 1, seq_lens past the
 block-table row and negative, query_start_loc past num_tokens or decreasing, out-of-range slots,
@@ -173,9 +173,7 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
         # -- decode
         for q_len in (1, 4):
             q = torch.randn(3 * q_len, hq, d, generator=gen).to(dtype).to(device)
-            # one pass, a split into shares, and a split into equal chunks over several waves
-            # (16-key tiles: 3, 2 and 5 tiles over 2 programs -> chunks of 2 tiles in 3 waves)
-            for splits, waves in ((1, 1), (3, 1), (2, 4)):
+            for splits in (1, 3):
                 for sname, t, s, kw, exc in (
                     ("valid", bt, sl, {}, None),
                     ("bad pages", table(b0_1=-1, b1_0=n, b2_2=n + 100000, b2_3=2**31 - 1), sl, {}, None),
@@ -187,13 +185,12 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
                     a = dict(k_scale=ks, v_scale=vs, sm_scale=sm)
                     a.update(kw)
 
-                    def dec(out, t=t, s=s, a=a, q=q, q_len=q_len, splits=splits, waves=waves):
-                        cfg = att.DecodeConfig(16, 4, 1) if waves > 1 else None
-                        with att.override_configs(num_splits=splits, max_waves=waves, decode=cfg):
+                    def dec(out, t=t, s=s, a=a, q=q, q_len=q_len, splits=splits):
+                        with att.override_configs(num_splits=splits):
                             return att.decode(q, cache, sf, t, s, a["k_scale"], a["v_scale"], sm_scale=a["sm_scale"],
                                               q_len_per_req=q_len, out=out, return_lse=True)
 
-                    cases.append(Case("decode", f"{dname} q{q_len} splits{splits} waves{waves} {sname}",
+                    cases.append(Case("decode", f"{dname} q{q_len} splits{splits} {sname}",
                                       checked(dec, q) if exc is None else (lambda f=dec: f(None)), exc))
 
         # -- prefill (a mixed batch: request 1 has 2 rows, the decode kernel serves it)

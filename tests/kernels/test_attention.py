@@ -393,45 +393,30 @@ def test_decode_work_split_sizes():
     assert att.decode_grid(1, 66, 2, 128) == (64, 64)
     assert att.decode_grid(128, 66, 2, 32) == (194, 66)
     assert att.decode_grid(3, 1, 1, 0) == (3, 1)
-    # up to w waves: chunks and slots <= w * programs
-    assert att.decode_grid(16, 50, 4, 128, 4) == (200, 200)
-    assert att.decode_grid(300, 50, 4, 128, 4) == (350, 200)
-    assert att.decode_grid(1, 50, 4, 64, 4) == (16, 16)
-    assert att.decode_waves() == att.SPLIT_MAX_WAVES
-    with att.override_configs(num_splits=5):
-        assert att.decode_waves() == 1  # exactly the shares
-    with att.override_configs(num_splits=5, max_waves=3):
-        assert att.decode_waves() == 3
 
 
-def _wave_plan_time(tiles: list[int], chunks: list[int], programs: int) -> int:
-    """Tile-times of a split: rounds of ``programs`` chunks times the longest chunk."""
-    longest = max(-(-t // n) for t, n in zip(tiles, chunks, strict=True) if n)
-    return -(-sum(chunks) // programs) * longest
+def _chunk_plan(tiles: list[int], programs: int, min_tiles: int) -> list[tuple[int, int]]:
+    """The kernel's chunking (_request_chunks), in Python: (request, chunk index) per chunk, in order."""
+    total = max(1, sum(tiles))
+    plan = []
+    for b, t in enumerate(tiles):
+        n = 0 if t == 0 else min(max(t * programs // total, 1), max(t // min_tiles, 1))
+        plan += [(b, j) for j in range(n)]
+    return plan
 
 
-def test_decode_split_fills_the_waves():
-    """Uniform batches whose shares round down to one chunk per request (32 x 8K over 50 programs per
-    KV head: 32 busy) are cut into equal chunks over two waves; batches whose shares fill one wave
-    keep them; a batch larger than a wave gets more chunks where that shortens the last wave."""
-    from nvfp4compat.kernels.triton import attention as att
-
-    assert att.decode_split([64] * 32, 50, 4, 1) == [1] * 32  # one wave: 64 tile-times
-    assert att.decode_split([64] * 32, 50, 4, 4) == [3] * 32  # two waves of 22: 44
-    assert att.decode_split([128] * 16, 50, 4, 4) == [3] * 16  # one wave of 43 already
-    assert att.decode_split([16] * 128, 50, 4, 4) == [1] * 128  # min chunk: no gain from cutting
-    assert att.decode_split([64] * 64, 50, 4, 4) == [3] * 64  # 128 -> 88 tile-times
-    assert att.decode_split([64], 50, 4, 4) == [16]  # min_tiles caps a lone request
-    assert att.decode_split([0, 0], 50, 4, 4) == [0, 0]
-    for tiles in ([64] * 32, [64] * 64, [8, 42, 75, 108, 141, 174, 207, 240]):
-        one = att.decode_split(tiles, 50, 4, 1)
-        assert _wave_plan_time(tiles, att.decode_split(tiles, 50, 4, 4), 50) * 17 < _wave_plan_time(tiles, one, 50) * 16
+def test_decode_chunking_balances_uniform_batches():
+    """A uniform batch gets equal chunks that fill one wave: no tail of remainder chunks."""
+    for batch, tiles, programs in ((16, 128, 50), (128, 16, 50), (1, 64, 50), (4, 256, 50)):
+        plan = _chunk_plan([tiles] * batch, programs, 2)
+        per = {b: sum(1 for x, _ in plan if x == b) for b in range(batch)}
+        assert len(set(per.values())) == 1
+        assert len(plan) <= max(programs, batch)
 
 
 @pytest.mark.parametrize("programs", [1, 2, 5, 64])
 def test_decode_chunking_never_exceeds_its_grid(programs):
-    """Random length mixes: the host model of the kernel's chunking stays inside decode_grid's bounds,
-    for every wave limit."""
+    """Random length mixes: the Python model of the kernel's chunking stays inside decode_grid's bounds."""
     from nvfp4compat.kernels.triton import attention as att
 
     rng = np.random.default_rng(programs)
@@ -440,34 +425,11 @@ def test_decode_chunking_never_exceeds_its_grid(programs):
         max_tiles = int(rng.integers(1, 300))
         tiles = [int(x) for x in rng.integers(0, max_tiles + 1, size=batch)]
         for min_tiles in (1, 2, 3):
-            for waves in (1, 2, 4):
-                chunks, slots = att.decode_grid(batch, programs, min_tiles, max_tiles, waves)
-                plan = att.decode_split(tiles, programs, min_tiles, waves)
-                assert sum(plan) <= chunks
-                assert sum(n for n in plan if n > 1) <= slots
-                assert all(n <= max(1, t // min_tiles) for t, n in zip(tiles, plan, strict=True) if t)
-
-
-@pytest.mark.parametrize("waves", [1, 4])
-def test_decode_wave_split_matches_reference(waves):
-    """A batch larger than one wave of programs: with up to 4 waves every request is cut in two
-    (6 requests of 6 tiles over 4 programs: 12 chunks in 3 rounds of 3 tiles, not 2 rounds of 6),
-    merged like any split; a ragged batch with a window too."""
-    from nvfp4compat.kernels.triton import attention as att
-
-    assert att.decode_split([6] * 6, 4, 1, waves) == ([2] * 6 if waves == 4 else [1] * 6)
-    with att.override_configs(decode=att.DecodeConfig(16, 4, 1), num_splits=4, max_waves=waves):
-        r = run_case(
-            "triton", "decode", seq_lens=[90, 96, 81, 96, 95, 88], q_len_per_req=1, num_qo_heads=4,
-            num_kv_heads=2, head_dim=64, dtype=fp16, return_lse=True, use_sinks=True, seed=waves,
-        )
-        r.check()
-        r = run_case(
-            "triton", "decode", seq_lens=[200, 3, 0, 40, 120, 77], q_len_per_req=2, num_qo_heads=4,
-            num_kv_heads=1, head_dim=64, dtype=fp16, return_lse=True, use_sinks=True, sliding_window=50,
-            seed=waves + 1,
-        )
-        r.check()
+            chunks, slots = att.decode_grid(batch, programs, min_tiles, max_tiles)
+            plan = _chunk_plan(tiles, programs, min_tiles)
+            assert len(plan) <= chunks
+            multi = [b for b in set(b for b, _ in plan) if sum(1 for x, _ in plan if x == b) > 1]
+            assert sum(1 for b, _ in plan if b in multi) <= slots
 
 
 @pytest.mark.parametrize("splits", [1, 3, 9])

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -380,93 +380,25 @@ def _request_tiles(
 
 
 @triton.jit
-def _batch_tiles(
+def _total_tiles(
     batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
     BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BATCH_BLOCK: tl.constexpr,
 ):
-    """``(total, live)``: KV tiles of the whole batch (int64; at least 1 so that it can divide) and
-    the number of requests with at least one tile."""
+    """KV tiles of the whole batch (int64; at least 1 so that it can divide)."""
     total = tl.zeros((), tl.int64)
-    live = tl.zeros((), tl.int64)
     for b0 in range(0, batch, BATCH_BLOCK):
         bs = b0 + tl.arange(0, BATCH_BLOCK)
-        tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                               BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
-        total += tl.sum(tiles.to(tl.int64), 0)
-        live += tl.sum((tiles > 0).to(tl.int64), 0)
-    return tl.maximum(total, 1), live
-
-
-@triton.jit
-def _wave_size(waves, programs, live, total, min_tiles):
-    """Chunk size (tiles) of the ``waves``-wave rule, 0 where it does not apply: the smallest size
-    that keeps ``sum(ceil(t_b / size)) <= waves * programs`` for any lengths,
-    ``ceil(total / (waves * programs - live))`` (``sum(ceil(t_b / C)) < total / C + live``)."""
-    room = waves * programs - live
-    size = tl.minimum(tl.maximum((total + room - 1) // tl.maximum(room, 1), min_tiles), 1 << 30)
-    return tl.where(room > 0, size, 0).to(tl.int32)
-
-
-@triton.jit
-def _rule_cost(
-    batch, total, programs, min_tiles, size, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-    BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    BATCH_BLOCK: tl.constexpr,
-):
-    """``(time, chunks)`` of one chunk rule over the batch: ``ceil(chunks / programs)`` rounds of the
-    longest chunk (tiles)."""
-    n = tl.zeros((), tl.int64)
-    longest = tl.zeros((), tl.int32)
-    for b0 in range(0, batch, BATCH_BLOCK):
-        bs = b0 + tl.arange(0, BATCH_BLOCK)
-        tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                               BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
-        k = _request_chunks(tiles, total, programs, min_tiles, size)
-        n += tl.sum(k.to(tl.int64), 0)
-        longest = tl.maximum(longest, tl.max((tiles + k - 1) // tl.maximum(k, 1), 0))
-    return (n + programs - 1) // programs * longest, n
-
-
-@triton.jit
-def _split_size(
-    batch, total, live, programs, min_tiles, max_waves, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-    BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    BATCH_BLOCK: tl.constexpr,
-):
-    """``(size, chunks)``: the batch's chunk rule (:func:`_request_chunks`), 0 for one wave of shares
-    or a chunk size, and its chunk count (where not counted: ``programs + batch``, the bound).
-
-    One wave of ``programs`` chunks (per KV head) fits the GPU's resident programs, but a request's
-    share rounds down to whole chunks: 32 requests of 64 tiles over 50 programs get one chunk each,
-    32 programs busy for 64 tiles. Cutting every request into equal chunks of ``C`` tiles that fill
-    ``w`` waves (``w`` = 2..``max_waves``, :func:`_wave_size`) can finish sooner (there: three chunks
-    of 22 tiles, two waves, 44 tile-times). Each rule's time is modelled as
-    ``ceil(chunks / programs) * longest chunk``; a wave rule replaces the one before only when it is
-    more than 1/16 faster (more chunks cost merges). Every program and the merge kernel work this
-    out from the same values, so they agree chunk for chunk. The rules are costed one after the
-    other (one pass over the batch each), which keeps the kernel's registers at the main loop's.
-    """
-    best = tl.zeros((), tl.int32)
-    n_best = total * 0 + (programs + batch)  # the grid's bound until counted
-    if (max_waves > 1) & (live < max_waves * programs):
-        cost, n_best = _rule_cost(batch, total, programs, min_tiles, best, seq_lens_ptr, qsl_ptr, window,
-                                  max_kv, num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
-        for waves in range(2, max_waves + 1):
-            size = _wave_size(waves, programs, live, total, min_tiles)
-            if size > 0:
-                cost_w, n_w = _rule_cost(batch, total, programs, min_tiles, size, seq_lens_ptr, qsl_ptr, window,
-                                         max_kv, num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
-                if cost_w * 17 < cost * 16:
-                    best = size
-                    cost = cost_w
-                    n_best = n_w
-    return best, n_best
+        total += tl.sum(
+            _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                           BLOCK_N, QMAX, VARLEN, HAS_WINDOW).to(tl.int64), 0
+        )
+    return tl.maximum(total, 1)
 
 
 @triton.jit
 def _block_chunks(
-    b0, batch, total, programs, min_tiles, size, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+    b0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
     BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BATCH_BLOCK: tl.constexpr,
 ):
@@ -475,22 +407,19 @@ def _block_chunks(
     bs = b0 + tl.arange(0, BATCH_BLOCK)
     tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                            BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
-    return bs, _request_chunks(tiles, total, programs, min_tiles, size)
+    return bs, _request_chunks(tiles, total, programs, min_tiles)
 
 
 @triton.jit
-def _request_chunks(tiles, total, programs, min_tiles, size):
-    """Chunks of requests with ``tiles`` KV tiles, at least 1 (0 for no tiles) and at most
-    ``tiles // min_tiles``. ``size`` 0 (one wave): their share of ``programs`` rounded down,
-    ``floor(tiles * programs / total)`` (never more chunks than one wave, but for requests whose
-    share is below one: rounding up left a second, mostly idle wave); else ``ceil(tiles / size)``
-    (:func:`_split_size`). A request's chunks split its tiles evenly."""
-    if size > 0:  # int32: tiles < 2^27, size <= 2^30 (:func:`_wave_size`)
-        n = (tiles + size - 1) // size
-    else:
-        n = ((tiles.to(tl.int64) * programs) // total).to(tl.int32)
-    n = tl.minimum(tl.maximum(n, 1), tl.maximum(tiles // min_tiles, 1))
-    return tl.where(tiles > 0, n, 0)
+def _request_chunks(tiles, total, programs, min_tiles):
+    """Chunks of requests with ``tiles`` KV tiles: their share of ``programs`` rounded down,
+    ``floor(tiles * programs / total)`` (never more chunks than one wave of programs: rounding up
+    left a second, mostly idle wave), at least 1 (0 for no tiles) and at most
+    ``tiles // min_tiles``. A request's chunks split its tiles evenly."""
+    t64 = tiles.to(tl.int64)
+    share = (t64 * programs) // total
+    n = tl.minimum(tl.maximum(share, 1), tl.maximum(t64 // min_tiles, 1))
+    return tl.where(tiles > 0, n, 0).to(tl.int32)
 
 
 @triton.jit
@@ -498,7 +427,7 @@ def _decode_kernel(
     q_ptr, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
     k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,
     k_scale, v_scale, sm_scale_log2, softcap, window,
-    batch, programs, min_tiles, max_waves, group, num_qo_heads, page_size, page_shift, max_pages, num_tokens,
+    batch, programs, min_tiles, group, num_qo_heads, page_size, page_shift, max_pages, num_tokens,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_lt,
     stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
@@ -532,8 +461,10 @@ def _decode_kernel(
     (:func:`_attend_tile`), and with ``VARLEN`` the ``qsl`` entries are clamped to ``[0, num_tokens]``
     and every program returns when :func:`_qsl_guard_kernel` found them decreasing (``status_ptr``).
     """
-    # KV heads vary fastest: the chunks of every head are scheduled before the programs past the last
-    # chunk, which only find out that they have nothing to do.
+    # One flat grid, KV heads fastest: neighbouring programs read the same pages (every KV head of a
+    # token is in one page row), and every head's chunks are scheduled before the programs past the
+    # last chunk. Measured on an H200 at 32 x 8K, GQA 8: 0.295 ms against 0.392 ms with the chunk
+    # index fastest (same split, docs/validation-runs/2026-12-03-h200-b).
     num_kv_heads = num_qo_heads // group
     c = tl.program_id(0) // num_kv_heads
     kvh = tl.program_id(0) % num_kv_heads
@@ -541,12 +472,8 @@ def _decode_kernel(
         if tl.load(status_ptr) != 0:  # decreasing qsl: the guard kernel zeroed every row
             return
     max_kv = max_pages.to(tl.int64) * page_size
-    total, live = _batch_tiles(batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                               BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
-    size, n_all = _split_size(batch, total, live, programs, min_tiles, max_waves, seq_lens_ptr, qsl_ptr,
-                              window, max_kv, num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
-    if c >= n_all:  # past the last chunk
-        return
+    total = _total_tiles(batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                         BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
     # Find this chunk's request b, its index j within b, b's chunk count and b's first partial slot.
     base = tl.zeros((), tl.int32)
     base_m = tl.zeros((), tl.int32)
@@ -555,7 +482,7 @@ def _decode_kernel(
     n_chunks = tl.zeros((), tl.int32)
     slot0 = tl.zeros((), tl.int32)
     for b0 in range(0, batch, BATCH_BLOCK):
-        bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, size, seq_lens_ptr, qsl_ptr, window, max_kv,
+        bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv,
                                num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
         lo = base + tl.cumsum(ch, 0) - ch
         multi = tl.where(ch > 1, ch, 0)
@@ -651,7 +578,7 @@ def _decode_kernel(
 @triton.jit
 def _decode_reduce_kernel(
     part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,
-    batch, programs, min_tiles, max_waves, window, max_pages, page_size, num_tokens,
+    batch, programs, min_tiles, window, max_pages, page_size, num_tokens,
     num_qo_heads, stride_ot, stride_oh, stride_lt,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
@@ -680,14 +607,12 @@ def _decode_reduce_kernel(
     if (q_len > QMAX) | (t >= q_len):
         return
     max_kv = max_pages.to(tl.int64) * page_size
-    total, live = _batch_tiles(batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                               BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
-    size, _ = _split_size(batch, total, live, programs, min_tiles, max_waves, seq_lens_ptr, qsl_ptr,
-                          window, max_kv, num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
+    total = _total_tiles(batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                         BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
     slot0 = tl.zeros((), tl.int32)
     n_chunks = tl.zeros((), tl.int32)
     for b0 in range(0, batch, BATCH_BLOCK):
-        bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, size, seq_lens_ptr, qsl_ptr, window, max_kv,
+        bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv,
                                num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
         slot0 += tl.sum(tl.where((bs < b) & (ch > 1), ch, 0), 0)
         n_chunks += tl.sum(tl.where(bs == b, ch, 0), 0)
@@ -942,8 +867,6 @@ _PREFILL_CONFIGS: dict[int, PrefillConfig] = {
 # does not say), in chunks of at least SPLIT_MIN_CHUNK_TOKENS keys.
 SPLIT_TARGET_PROGRAMS_PER_SM = 4
 SPLIT_MIN_CHUNK_TOKENS = 512
-# Up to this many waves of chunks when a batch splits better that way (see _split_size; 1-4).
-SPLIT_MAX_WAVES = 4
 # Requests scanned per step of the kernels' on-device prefix over the batch: 128 for batches up to
 # 128, else 1024 (two compiled variants for every batch size; one step up to 1024 requests).
 BATCH_BLOCK_SMALL = 128
@@ -963,10 +886,8 @@ def override_configs(
     prefill: PrefillConfig | None = None,
     num_splits: int | None = None,
     decoder: str | None = None,
-    max_waves: int | None = None,
 ) -> Iterator[None]:
-    """Force tile configs, the split count, the decoder choice or the decode split's wave limit
-    (``max_waves``, see :func:`decode_waves`) inside the block (benchmark sweeps, tests).
+    """Force tile configs, the split count or the decoder choice inside the block (benchmark sweeps).
 
     ``decoder`` is one of :data:`DECODERS`: ``"portable"`` (plain-Triton integer decode, the
     interpreter's default), ``"table"`` (FlashInfer's ``prmt`` table in inline PTX) or ``"bitwise"``
@@ -976,10 +897,7 @@ def override_configs(
     if decoder is not None and decoder not in DECODERS:
         raise ValueError(f"override_configs: decoder must be one of {sorted(DECODERS)}, got {decoder!r}")
     saved = dict(_overrides)
-    for key, val in (
-        ("decode", decode), ("prefill", prefill), ("num_splits", num_splits), ("decoder", decoder),
-        ("max_waves", max_waves),
-    ):
+    for key, val in (("decode", decode), ("prefill", prefill), ("num_splits", num_splits), ("decoder", decoder)):
         if val is not None:
             _overrides[key] = val
     try:
@@ -1034,62 +952,17 @@ def decode_programs(cfg: DecodeConfig, num_kv_heads: int, num_sms: int) -> tuple
     return max(1, -(-wave // max(1, num_kv_heads))), max(1, SPLIT_MIN_CHUNK_TOKENS // cfg.block_n)
 
 
-def decode_waves() -> int:
-    """How many waves of ``programs`` chunks the decode split may fill (:func:`_split_size`):
-    ``override_configs(max_waves=...)``, else 1 under ``override_configs(num_splits=...)`` (exactly
-    the shares), else :data:`SPLIT_MAX_WAVES`."""
-    if "max_waves" in _overrides:
-        return min(max(1, int(_overrides["max_waves"])), 4)
-    return 1 if "num_splits" in _overrides else SPLIT_MAX_WAVES
+def decode_grid(batch: int, programs: int, min_tiles: int, max_tiles: int) -> tuple[int, int]:
+    """``(chunks, partial slots)``: the decode grid's chunk count and the merge buffer's slot count.
 
-
-def decode_split(tiles: Sequence[int], programs: int, min_tiles: int, max_waves: int) -> list[int]:
-    """Chunks per request of a batch whose requests have ``tiles`` KV tiles: the host model of the
-    kernels' integer rule (:func:`_split_size`, :func:`_request_chunks`), for tests and benchmarks."""
-
-    def chunks(size: int) -> list[int]:
-        out = []
-        for t in tiles:
-            n = -(-t // size) if size > 0 else t * programs // total
-            out.append(min(max(n, 1), max(t // min_tiles, 1)) if t > 0 else 0)
-        return out
-
-    def cost(ns: list[int]) -> int:
-        longest = max((-(-t // n) for t, n in zip(tiles, ns, strict=True) if n), default=0)
-        return -(-sum(ns) // programs) * longest
-
-    total = max(1, sum(tiles))
-    live = sum(1 for t in tiles if t > 0)
-    best = chunks(0)
-    best_cost = cost(best)
-    if max_waves < 2 or live >= max_waves * programs:
-        return best
-    for waves in range(2, max_waves + 1):
-        room = waves * programs - live
-        if room <= 0:
-            continue
-        ns = chunks(max(-(-total // room), min_tiles))
-        if cost(ns) * 17 < best_cost * 16:
-            best, best_cost = ns, cost(ns)
-    return best
-
-
-def decode_grid(
-    batch: int, programs: int, min_tiles: int, max_tiles: int, max_waves: int = 1
-) -> tuple[int, int]:
-    """``(chunks, partial slots)``: the decode grid's chunk count (per KV head) and the merge
-    buffer's slot count.
-
-    One wave of shares gives request ``b`` ``max(1, floor(x_b))`` chunks with
-    ``sum(x_b) = programs``: at most ``programs + batch`` chunks, of which requests of two or more
-    (the only ones that write partials) hold at most ``programs``. A ``w``-wave rule gives at most
-    ``w * programs`` chunks (:func:`_wave_size`). No request has more than
-    ``cdiv(max_tiles, min_tiles)``.
+    Request ``b`` gets ``max(1, floor(x_b))`` chunks with ``sum(x_b) = programs``, so chunks never
+    exceed ``programs + batch``, nor ``batch * cdiv(max_tiles, min_tiles)``. Only requests of two
+    or more chunks write partials; they have ``floor(x_b) <= x_b``, so their chunks number at most
+    ``programs``.
     """
     per_request = -(-max(1, max_tiles) // min_tiles)
-    waves = max(1, max_waves)
-    chunks = max(1, min(max(programs + batch, waves * programs), batch * per_request))
-    return chunks, max(1, min(chunks, waves * programs))
+    chunks = max(1, min(programs + batch, batch * per_request))
+    return chunks, max(1, min(chunks, programs))
 
 
 def _fast(device: torch.device) -> int:
@@ -1315,7 +1188,6 @@ class _DecodeLaunch:
     block_m: int
     programs: int
     min_tiles: int
-    max_waves: int
     chunks: int
     slots: int
     batch_block: int
@@ -1347,12 +1219,11 @@ def _decode_launch(
     cfg0 = decode_config(views.head_dim)
     programs, min_tiles = decode_programs(cfg0, views.num_kv_heads, num_sms)
     max_tiles = -(-block_table.shape[1] * views.page_size // cfg0.block_n)
-    max_waves = decode_waves()
-    chunks, slots = decode_grid(batch, programs, min_tiles, max_tiles, max_waves)
+    chunks, slots = decode_grid(batch, programs, min_tiles, max_tiles)
     return _DecodeLaunch(
         num_kv_heads=views.num_kv_heads, head_dim=views.head_dim, page_size=views.page_size,
         num_qo_heads=a.num_qo_heads, group=a.group, qmax=qmax, block_m=block_m, programs=programs,
-        min_tiles=min_tiles, max_waves=max_waves, chunks=chunks, slots=slots,
+        min_tiles=min_tiles, chunks=chunks, slots=slots,
         batch_block=BATCH_BLOCK_SMALL if batch <= BATCH_BLOCK_SMALL else BATCH_BLOCK_MAX,
         max_pages=block_table.shape[1],
         cfg=decode_config(views.head_dim, block_m, chunks * views.num_kv_heads, num_sms),
@@ -1436,7 +1307,7 @@ def _run_decode(
         query, out, lse_arg, part_o, part_lse,
         *cache, block_table, seq_lens, qsl_arg, sinks_arg,
         k_scale, v_scale, d.sm_scale_log2, softcap, d.window,
-        batch, d.programs, d.min_tiles, d.max_waves, d.group, d.num_qo_heads, d.page_size, page_shift, d.max_pages,
+        batch, d.programs, d.min_tiles, d.group, d.num_qo_heads, d.page_size, page_shift, d.max_pages,
         num_tokens,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), d.num_qo_heads,
         *d.strides, block_table.stride(0),
@@ -1451,7 +1322,7 @@ def _run_decode(
     block_h = min(triton.next_power_of_2(d.num_qo_heads), max(1, 4096 // d.head_dim))
     _decode_reduce_kernel[(batch * qmax, triton.cdiv(d.num_qo_heads, block_h))](
         part_o, part_lse, out, lse_arg, seq_lens, qsl_arg, sinks_arg,
-        batch, d.programs, d.min_tiles, d.max_waves, d.window, d.max_pages, d.page_size, query.shape[0],
+        batch, d.programs, d.min_tiles, d.window, d.max_pages, d.page_size, query.shape[0],
         d.num_qo_heads, out.stride(0), out.stride(1), d.num_qo_heads,
         HEAD_DIM=d.head_dim, BLOCK_N=d.cfg.block_n, QMAX=qmax, VARLEN=qsl is not None,
         HAS_WINDOW=d.window > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse, BLOCK_H=block_h,
@@ -1491,8 +1362,7 @@ def _opt_meta(t) -> object:
 def _knobs() -> tuple:
     """Everything besides the arguments that a launch depends on (tuning constants, overrides)."""
     return (
-        SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, SPLIT_MAX_WAVES, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX,
-        DECODE_WIDE_WARPS,
+        SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
         tuple(_DECODE_CONFIGS.items()), tuple(sorted(_overrides.items())), interpreting(),
     )  # fmt: skip
 
@@ -1718,7 +1588,7 @@ def _decode_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
     sig.update(_cache_sig())
     sig.update({"k_scale": "*fp32" if k_ptr else "fp32", "v_scale": "*fp32" if v_ptr else "fp32",
                 "sm_scale_log2": "fp32", "softcap": "fp32", "window": "i32",
-                "batch": "i32", "programs": "i32", "min_tiles": "i32", "max_waves": "i32", "group": "i32",
+                "batch": "i32", "programs": "i32", "min_tiles": "i32", "group": "i32",
                 "num_qo_heads": "i32", "page_size": "i32", "page_shift": "i32", "max_pages": "i32",
                 "num_tokens": "i32"})
     for name in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_lt",
@@ -1837,8 +1707,7 @@ def aot_variants() -> dict[str, list[Any]]:
 
     red_sig_base = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "o_ptr": "*bf16", "lse_ptr": "*fp32",
                     "seq_lens_ptr": "*i32", "qsl_ptr": "*i32", "sinks_ptr": "*fp32", "batch": "i32",
-                    "programs": "i32", "min_tiles": "i32", "max_waves": "i32", "window": "i32",
-                    "max_pages": "i32",
+                    "programs": "i32", "min_tiles": "i32", "window": "i32", "max_pages": "i32",
                     "page_size": "i32", "num_tokens": "i32", "num_qo_heads": "i32", "stride_ot": "i32",
                     "stride_oh": "i32", "stride_lt": "i32"}
     for name in ("HEAD_DIM", "BLOCK_N", "QMAX", "VARLEN", "HAS_WINDOW", "HAS_SINKS", "RETURN_LSE", "BLOCK_H",
