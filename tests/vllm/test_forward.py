@@ -186,40 +186,43 @@ def test_cudagraph_support_never_unless_opted_in(cpu_vllm, plugin_for_read, monk
     )
 
 
-@pytest.fixture
-def plugin_dequant_fa3(cpu_vllm, clean_plugin, monkeypatch):
-    """Prefill bound to the dequantize-then-attend composite (SM90 pretended)."""
-    cpu_vllm.set_arch("sm_90")
-    monkeypatch.setenv("NVFP4COMPAT_IMPL", "write=triton,decode=triton,prefill=dequant_fa3")
+@pytest.fixture(params=[("dequant_fa3", "sm_90"), ("dequant_fa2", "sm_89")], ids=["dequant_fa3", "dequant_fa2"])
+def plugin_dequant(request, cpu_vllm, clean_plugin, monkeypatch):
+    """Prefill bound to a dequantize-then-attend composite (SM90 pretended for dequant_fa3, SM89 for
+    dequant_fa2); the fixture's value is the impl."""
+    impl, arch = request.param
+    cpu_vllm.set_arch(arch)
+    monkeypatch.setenv("NVFP4COMPAT_IMPL", f"write=triton,decode=triton,prefill={impl}")
     try:
         load_plugin_through_entry_point()
-    except Exception as exc:  # noqa: BLE001 - e.g. no FlashInfer with FA3 in this venv
-        pytest.skip(f"prefill=dequant_fa3 cannot be planned here: {exc}")
+    except Exception as exc:  # noqa: BLE001 - e.g. no FlashInfer with the ragged wrapper in this venv
+        pytest.skip(f"prefill={impl} cannot be planned here: {exc}")
     route = vllm_plugin.active_route()
-    if route is None or route.read.get("prefill") != "dequant_fa3":
-        pytest.skip(f"the plan for vLLM {cpu_vllm.version} does not route prefill to dequant_fa3: {route}")
-    return route
+    if route is None or route.read.get("prefill") != impl:
+        pytest.skip(f"the plan for vLLM {cpu_vllm.version} does not route prefill to {impl}: {route}")
+    return impl
 
 
-def _spy_composite(monkeypatch):
-    from nvfp4compat.kernels.composite import prefill_dequant_fa3 as comp
+def _spy_composite(monkeypatch, impl):
+    from nvfp4compat.kernels.composite import prefill_dequant as comp
 
+    name = {"dequant_fa3": "prefill_fa3", "dequant_fa2": "prefill_fa2"}[impl]
     calls = []
-    real = comp.prefill
+    real = getattr(comp, name)
 
     def spy(*args, **kwargs):
         calls.append(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(comp, "prefill", spy)
+    monkeypatch.setattr(comp, name, spy)
     return comp, calls
 
 
-def test_forward_dequant_fa3_gets_host_lengths(cpu_vllm, plugin_dequant_fa3, monkeypatch):
-    """The plugin hands the prefill rows' host lengths to dequant_fa3 (the reference stands in for FA3
-    through the composite's test hook; the device check is told FA3 can run)."""
-    comp, calls = _spy_composite(monkeypatch)
-    monkeypatch.setattr(comp, "_fa3_problem", lambda device: None)
+def test_forward_dequant_gets_host_lengths(cpu_vllm, plugin_dequant, monkeypatch):
+    """The plugin hands the prefill rows' host lengths to dequant_fa3/fa2 (the reference stands in for
+    FlashInfer through the composite's test hook; the device check is told the backend can run)."""
+    comp, calls = _spy_composite(monkeypatch, plugin_dequant)
+    monkeypatch.setattr(comp, "backend_problem", lambda device, backend: None)
     with comp.attend_backend(comp.reference_attend):
         _run_case(
             cpu_vllm, layout="NHD", head_size=128, num_heads=4, num_kv_heads=2,
@@ -233,10 +236,11 @@ def test_forward_dequant_fa3_gets_host_lengths(cpu_vllm, plugin_dequant_fa3, mon
         assert calls[0]["query_start_loc_cpu"].tolist() == [0, 6, 11]
 
 
-def test_forward_dequant_fa3_off_sm90_keeps_the_fused_prefill(cpu_vllm, plugin_dequant_fa3, monkeypatch):
-    """A pretended SM90 on a CPU: the first prefill finds FA3 cannot run on the tensors' device and the
-    layer keeps the fused Triton prefill (warned once); the output still matches the reference."""
-    comp, calls = _spy_composite(monkeypatch)
+def test_forward_dequant_off_gpu_keeps_the_fused_prefill(cpu_vllm, plugin_dequant, monkeypatch):
+    """A pretended GPU arch on a CPU: the first prefill finds FlashInfer's backend cannot run on the
+    tensors' device and the layer keeps the fused Triton prefill (warned once); the output still
+    matches the reference."""
+    comp, calls = _spy_composite(monkeypatch, plugin_dequant)
     _run_case(
         cpu_vllm, layout="HND", head_size=128, num_heads=4, num_kv_heads=2,
         seq_lens=[37, 21], query_lens=[1, 6],
