@@ -440,8 +440,8 @@ def prefill_fa2(
     query_start_loc_cpu: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillOp`) as ``dequant_fa2``: each
-    prefill request's KV dequantized once into a bf16/fp16 scratch, then FlashInfer's FA2 (SM80 and newer)
-    over it (the same composite as :func:`prefill_fa3`, for the archs without FA3) (module docstring).
+    prefill request's KV dequantized once into a bf16/fp16 scratch, then FlashInfer's FA2 (SM80 and
+    newer) over it: :func:`prefill_fa3`'s composite for the archs without FA3 (module docstring).
 
     Not CUDA-graph safe (vLLM never captures prefill): the host plan needs the lengths, and a call
     under stream capture raises :class:`RuntimeError`. A device-tensor ``k_scale`` is read to the host
