@@ -186,9 +186,9 @@ def test_cudagraph_support_never_unless_opted_in(cpu_vllm, plugin_for_read, monk
     )
 
 
-@pytest.fixture(params=[("dequant_fa3", "sm_90"), ("dequant_fa2", "sm_89")], ids=["dequant_fa3", "dequant_fa2"])
+@pytest.fixture(params=[("dequant_fa3", "sm_90"), ("dequant_fa2", "sm_86")], ids=["dequant_fa3", "dequant_fa2"])
 def plugin_dequant(request, cpu_vllm, clean_plugin, monkeypatch):
-    """Prefill bound to a dequantize-then-attend composite (SM90 pretended for dequant_fa3, SM89 for
+    """Prefill bound to a dequantize-then-attend composite (SM90 pretended for dequant_fa3, SM86 for
     dequant_fa2); the fixture's value is the impl."""
     impl, arch = request.param
     cpu_vllm.set_arch(arch)
