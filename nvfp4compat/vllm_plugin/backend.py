@@ -342,9 +342,16 @@ class Nvfp4CompatMetadataBuilder(_fi.FlashInferMetadataBuilder):
         if self._nvfp4_route is None:
             metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
             if self._nvfp4_attach:
-                metadata.block_table = common_attn_metadata.block_table_tensor
-                metadata.seq_lens = common_attn_metadata.seq_lens
-                metadata.query_start_loc = common_attn_metadata.query_start_loc
+                cm = common_attn_metadata
+                metadata.block_table = cm.block_table_tensor
+                metadata.seq_lens = cm.seq_lens
+                metadata.query_start_loc = cm.query_start_loc
+                # host copies for a prefill reader that plans on the host (dequant_fa2 on SM12x
+                # beside vLLM's own decode): without them it would read the device tensors per layer
+                metadata.seq_lens_cpu = _host_seq_lens(cm)
+                metadata.query_start_loc_cpu = _host_tensor(
+                    vars(cm).get("query_start_loc_cpu"), cm.num_reqs + 1
+                )
             return metadata
         cm = common_attn_metadata
         causal = _batch_causal(cm)
@@ -677,8 +684,8 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
 
     def _nvfp4_lens_kwargs(self, md: Any, nd: int, npf: int, ndt: int) -> dict[str, torch.Tensor]:
         """``seq_lens_cpu`` / ``query_start_loc_cpu`` of the prefill rows for a reader that plans on
-        the host (dequant_fa3, dequant_fa2); empty otherwise or when vLLM's metadata lacks them (it then reads the
-        device tensors once)."""
+        the host (dequant_fa3, dequant_fa2); empty otherwise or when vLLM's metadata lacks them (it
+        then reads the device tensors once)."""
         if not getattr(self, "_nvfp4_host_lens", False):
             return {}
         out: dict[str, torch.Tensor] = {}

@@ -246,3 +246,36 @@ def test_forward_dequant_off_gpu_keeps_the_fused_prefill(cpu_vllm, plugin_dequan
         seq_lens=[37, 21], query_lens=[1, 6],
     )  # fmt: skip
     assert calls == []
+
+
+def test_attached_metadata_carries_host_lengths(cpu_vllm, monkeypatch):
+    """A route that leaves the builder to vLLM (SM12x on vLLM >= 0.32: vLLM's FA2 decode, dequant_fa2
+    prefill) attaches vLLM's host lengths to its metadata, so the host-planned prefill reads no device
+    tensor per layer. vLLM's own build is replaced by a stub (it plans FlashInfer wrappers: GPU only)."""
+    import dataclasses
+
+    import torch
+
+    from nvfp4compat.vllm_plugin import backend as be
+
+    @dataclasses.dataclass
+    class Md:
+        num_actual_tokens: int
+
+    monkeypatch.setattr(be._fi.FlashInferMetadataBuilder, "build", lambda self, *a, **k: Md(12))
+    builder = be.Nvfp4CompatMetadataBuilder.__new__(be.Nvfp4CompatMetadataBuilder)
+    builder._nvfp4_route, builder._nvfp4_attach = None, True
+    seq_lens = torch.tensor([37, 21, 5], dtype=torch.int32)
+    qsl = torch.tensor([0, 1, 7, 12], dtype=torch.int32)
+    cm = type("Cm", (), {})()
+    cm.__dict__.update(
+        num_reqs=3, block_table_tensor=torch.zeros(3, 4, dtype=torch.int32), seq_lens=seq_lens,
+        query_start_loc=qsl, seq_lens_cpu=seq_lens.clone(), query_start_loc_cpu=qsl.clone(),
+    )  # fmt: skip
+    md = builder.build(0, cm)
+    assert md.seq_lens is seq_lens and md.query_start_loc is qsl
+    assert md.seq_lens_cpu.tolist() == [37, 21, 5] and md.query_start_loc_cpu.tolist() == [0, 1, 7, 12]
+    impl = be.Nvfp4CompatFlashInferImpl.__new__(be.Nvfp4CompatFlashInferImpl)
+    impl._nvfp4_host_lens = True
+    lens = impl._nvfp4_lens_kwargs(md, 1, 2, 1)  # one decode row, two prefill rows
+    assert lens["seq_lens_cpu"].tolist() == [21, 5] and lens["query_start_loc_cpu"].tolist() == [0, 6, 11]
