@@ -8,8 +8,9 @@ by the Triton writer), with CUDA-graph-free ``triton.testing.do_bench`` medians:
   (``kv_cache_sf``), through ``bench_attention``'s wrappers;
 * the fused Triton NVFP4 prefill (``prefill``, impl ``triton``);
 * the composite ``dequant_fa3`` (host lengths given, as vLLM's metadata has them), its dequantizer
-  launches alone, and the same composite over FlashInfer's ragged FA2 (``dequant+FA2``: what the
-  archs without FA3 could run instead of the fused prefill; issue 15 asks for both measured).
+  launches alone, and the binding ``dequant_fa2`` (the same composite over FlashInfer's ragged FA2:
+  what the matrix binds on the archs without FA3 and on SM90 without FlashInfer's FA3; issue 15 asks
+  for it at most 1.2x FlashInfer's bf16 FA2, the "dequant_fa2 / FA2" column).
 
 Shapes (issue 15): 2 x 8K prompts, causal; 6 chunks of 1K appended to 16K contexts; 2 chunks of 2K + 100
 decodes at 4K (decodes first, as vLLM orders a batch). Every output is checked against a float32 reference
@@ -17,7 +18,7 @@ decodes at 4K (decodes first, as vLLM orders a batch). Every output is checked a
 1 when any check fails. A FlashInfer without FA3 (or no FlashInfer) leaves those columns "n/a".
 
 ``--quick`` is a CPU smoke run (tiny shapes, Triton interpreter, the float32 reference in FA3's place
-through the composite's test hook, no FlashInfer): it exercises every code path; its times mean nothing.
+through the composite's test hook for both backends, no FlashInfer): it exercises every code path; its times mean nothing.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import bench_attention as ba  # noqa: E402  (the cache set-up and FlashInfer bas
 
 TOL = 1e-2
 COLUMNS = ("FI bf16 FA3", "FI bf16 FA2", "FI NVFP4 FA2", "Triton NVFP4", "dequant_fa3", "dequant alone",
-           "dequant+FA2")
+           "dequant_fa2")
 _FI_COLUMNS = {"bf16 FA3 prefill": "FI bf16 FA3", "bf16 FA2 prefill": "FI bf16 FA2", "NVFP4 FA2 prefill": "FI NVFP4 FA2"}
 
 
@@ -48,9 +49,10 @@ def _shapes(quick: bool) -> list[ba.Shape]:
             ba.Shape("quick 2 chunks + 3 decodes", "prefill", (70, 70, 70, 90, 33), (1, 1, 1, 20, 12),
                      num_qo_heads=8, num_kv_heads=2),
         ]  # fmt: skip
+    goal = "<= 0.90x FA3; dequant_fa2 <= 1.2x FA2"
     return [
-        ba.Shape("2 x 8K prompt, causal", "prefill", (8192,) * 2, (8192,) * 2, target="<= 0.90x FA3"),
-        ba.Shape("6 chunks of 1K appended to 16K contexts", "prefill", (17408,) * 6, (1024,) * 6, target="<= 0.90x FA3"),
+        ba.Shape("2 x 8K prompt, causal", "prefill", (8192,) * 2, (8192,) * 2, target=goal),
+        ba.Shape("6 chunks of 1K appended to 16K contexts", "prefill", (17408,) * 6, (1024,) * 6, target=goal),
         ba.Shape("2 chunks of 2K + 100 decodes at 4K", "prefill", (4096,) * 102, (1,) * 100 + (2048,) * 2,
                  target="no regression"),
     ]  # fmt: skip
@@ -125,7 +127,7 @@ def _run_shape(shape: ba.Shape, device, quick: bool, use_fi: bool, seed: int) ->
     import torch
 
     from nvfp4compat.kernels import get_kernel
-    from nvfp4compat.kernels.composite import prefill_dequant_fa3 as comp
+    from nvfp4compat.kernels.composite import prefill_dequant as comp
     from nvfp4compat.kernels.triton.dequant import dequantize_paged
 
     case = Case(shape, device, seed, fp8=False)
@@ -149,21 +151,16 @@ def _run_shape(shape: ba.Shape, device, quick: bool, use_fi: bool, seed: int) ->
     triton_prefill = get_kernel("prefill", "triton")
     _measure("Triton NVFP4", lambda: triton_prefill(*args, sm_scale=case.sm_scale), ref_nv, quick, results)
 
-    composite = get_kernel("prefill", "dequant_fa3")
     seq_cpu = case.seq_lens.cpu()
     qsl_cpu = case.qsl.cpu()
+    for impl in ("dequant_fa3", "dequant_fa2"):
+        composite = get_kernel("prefill", impl)
 
-    def run_composite():
-        return composite(*args, sm_scale=case.sm_scale, seq_lens_cpu=seq_cpu, query_start_loc_cpu=qsl_cpu)
+        def run_composite(composite=composite):  # noqa: ANN001, ANN202
+            return composite(*args, sm_scale=case.sm_scale, seq_lens_cpu=seq_cpu, query_start_loc_cpu=qsl_cpu)
 
-    hook = comp.attend_backend(comp.reference_attend) if quick else _null()
-    with hook:
-        _measure("dequant_fa3", run_composite, ref_nv, quick, results)
-    if quick:
-        results["dequant+FA2"] = {"ms": None, "rel_l2": None, "note": "n/a: FlashInfer not run"}
-    else:
-        with comp.attend_backend(comp.flashinfer_attend("fa2")):
-            _measure("dequant+FA2", run_composite, ref_nv, quick, results)
+        with comp.attend_backend(comp.reference_attend) if quick else _null():
+            _measure(impl, run_composite, ref_nv, quick, results)
 
     # the dequantizer launches of the composite alone (same plan, same scratch)
     s = shape
@@ -204,16 +201,19 @@ def _fmt(x: float | None, spec: str) -> str:
 
 
 def _table(all_results: dict[str, dict[str, dict[str, Any]]]) -> str:
-    head = "| batch | " + " | ".join(COLUMNS) + " | Triton / FA3 | dequant_fa3 / FA3 | goal |"
-    lines = [head, "|" + "---|" * (len(COLUMNS) + 4)]
+    head = "| batch | " + " | ".join(COLUMNS) + " | Triton / FA3 | dequant_fa3 / FA3 | dequant_fa2 / FA2 | goal |"
+    lines = [head, "|" + "---|" * (len(COLUMNS) + 5)]
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return _fmt(a / b if a and b else None, ".2f") + ("x" if a and b else "")
+
     for name, res in all_results.items():
-        fa3 = res["FI bf16 FA3"]["ms"]
+        fa3, fa2 = res["FI bf16 FA3"]["ms"], res["FI bf16 FA2"]["ms"]
         cells = [_fmt(res[c]["ms"], ".3f") for c in COLUMNS]
-        tri = res["Triton NVFP4"]["ms"]
-        comp = res["dequant_fa3"]["ms"]
-        r1 = _fmt(tri / fa3 if tri and fa3 else None, ".2f") + ("x" if tri and fa3 else "")
-        r2 = _fmt(comp / fa3 if comp and fa3 else None, ".2f") + ("x" if comp and fa3 else "")
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {r1} | {r2} | {res['_meta']['target'] or '-'} |")
+        r1 = ratio(res["Triton NVFP4"]["ms"], fa3)
+        r2 = ratio(res["dequant_fa3"]["ms"], fa3)
+        r3 = ratio(res["dequant_fa2"]["ms"], fa2)
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {r1} | {r2} | {r3} | {res['_meta']['target'] or '-'} |")
     lines.append("")
     lines.append("| batch | column | rel L2 vs fp32 | check | note |")
     lines.append("|---|---|---|---|---|")

@@ -28,7 +28,12 @@ from typing import Any
 
 import yaml
 
-from nvfp4compat.flashinfer_probe import home_module, import_guarded, probe_fa3_ragged
+from nvfp4compat.flashinfer_probe import (
+    home_module,
+    import_guarded,
+    probe_fa2_ragged,
+    probe_fa3_ragged,
+)
 from nvfp4compat.loader import VERSION_PLACEHOLDER, _fill_version
 from nvfp4compat.spec import EXPORT_MODULES, HELPERS, FlashInferRelease, Matrix
 from nvfp4compat.verify import ARCH_UNIVERSE, _def_line, _fmt_params, _without_env
@@ -38,7 +43,8 @@ __all__ = ["EmitError", "emit_flashinfer", "emit_vllm", "flashinfer_delta", "ren
 
 V = VERSION_PLACEHOLDER
 _CHECKED = "probed by `nvfp4compat verify --emit` (import, hasattr per module, inspect.signature)"
-_FACT_KEYS = ("helpers", "nvfp4_4over6", "consumers", "scale_check", "version_check", "cpu_import", "fa3_ragged")
+_FACT_KEYS = ("helpers", "nvfp4_4over6", "consumers", "scale_check", "version_check", "cpu_import", "fa3_ragged",
+              "fa2_ragged")  # fmt: skip
 
 
 class EmitError(RuntimeError):
@@ -202,6 +208,9 @@ def emit_flashinfer(m: Matrix) -> dict[str, Any]:
     fa3 = _fa3_ragged(Path(fi.__file__).parent, prev, previous)
     if fa3 is not None:
         entry["fa3_ragged"] = fa3
+    if probe_fa2_ragged(Path(fi.__file__).parent) and "fa2_ragged" in prev:
+        # present per verify's probe; SMs, head dims and sinks as the release before
+        entry["fa2_ragged"] = _carried(prev["fa2_ragged"], previous)
     return entry
 
 

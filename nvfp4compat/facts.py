@@ -77,6 +77,10 @@ class SystemFacts(BaseModel):
         The installed FlashInfer exports ``BatchPrefillWithRaggedKVCacheWrapper`` and its
         ``prefill.py`` dispatches ``backend="fa3"`` (read from the installed sources); None when not
         probed (hand facts: flashinfer.yaml's ``fa3_ragged`` of that release is used).
+    flashinfer_fa2_ragged : bool or None
+        The installed FlashInfer exports ``BatchPrefillWithRaggedKVCacheWrapper`` and its
+        ``prefill.py`` dispatches ``backend == "fa2"``; None when not probed (hand facts:
+        flashinfer.yaml's ``fa2_ragged`` of that release is used).
     trtllm_gen_usable : bool or None
         Whether FlashInfer's trtllm-gen kernels can run here; None when unknown.
     triton_disabled : bool
@@ -106,6 +110,7 @@ class SystemFacts(BaseModel):
     flashinfer_probe: str | None = None
     flashinfer_import_error: str | None = None
     flashinfer_fa3_ragged: bool | None = None
+    flashinfer_fa2_ragged: bool | None = None
     flashinfer_cubin: str | None = None
     flashinfer_jit_cache: str | None = None
     vllm: str | None = None
@@ -285,6 +290,7 @@ def detect(*, import_modules: bool = False, environ: dict[str, str] | None = Non
         flashinfer_probe=fi.get("flashinfer_probe"),  # type: ignore[arg-type]
         flashinfer_import_error=fi.get("flashinfer_import_error"),  # type: ignore[arg-type]
         flashinfer_fa3_ragged=fi.get("flashinfer_fa3_ragged"),  # type: ignore[arg-type]
+        flashinfer_fa2_ragged=fi.get("flashinfer_fa2_ragged"),  # type: ignore[arg-type]
         flashinfer_cubin=_v(cubin),
         flashinfer_jit_cache=_v(jit),
         vllm=_v(vllm),

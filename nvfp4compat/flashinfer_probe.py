@@ -35,6 +35,7 @@ __all__ = [
     "import_flashinfer",
     "import_guarded",
     "probe_fa3_ragged",
+    "probe_fa2_ragged",
     "probe_installed",
     "require_helper",
 ]
@@ -118,13 +119,23 @@ def _probe_flashinfer_static(pkg_dir: Path) -> tuple[dict[str, bool], dict[str, 
 def probe_fa3_ragged(pkg_dir: Path) -> bool:
     """FlashInfer's FA3 ragged prefill, from the installed sources: the wrapper is exported and
     ``prefill.py`` dispatches ``backend == "fa3"`` (true of every release 0.6.10..0.7.4)."""
+    return _probe_ragged(pkg_dir, "fa3")
+
+
+def probe_fa2_ragged(pkg_dir: Path) -> bool:
+    """FlashInfer's FA2 ragged prefill, from the installed sources: the wrapper is exported and
+    ``prefill.py`` dispatches ``backend == "fa2"`` (true of every release 0.6.10..0.7.4)."""
+    return _probe_ragged(pkg_dir, "fa2")
+
+
+def _probe_ragged(pkg_dir: Path, backend: str) -> bool:
     if "BatchPrefillWithRaggedKVCacheWrapper" not in _bound_names(pkg_dir / "__init__.py"):
         return False
     try:
         text = (pkg_dir / "prefill.py").read_text(encoding="utf-8")
     except (OSError, ValueError):
         return False
-    return 'backend == "fa3"' in text
+    return f'backend == "{backend}"' in text
 
 
 def _probe_flashinfer_module(mod: object) -> tuple[dict[str, bool], dict[str, list[str]]]:
@@ -144,7 +155,7 @@ def _probe_flashinfer_module(mod: object) -> tuple[dict[str, bool], dict[str, li
 def probe_installed(*, import_modules: bool = False) -> dict[str, object]:
     """The installed FlashInfer as :class:`~nvfp4compat.facts.SystemFacts` fields (``flashinfer``,
     ``flashinfer_helpers``, ``flashinfer_helper_params``, ``flashinfer_probe``,
-    ``flashinfer_import_error``, ``flashinfer_fa3_ragged``); empty when it is absent. Never raises."""
+    ``flashinfer_import_error``, ``flashinfer_fa3_ragged``, ``flashinfer_fa2_ragged``); empty when it is absent. Never raises."""
     out: dict[str, object] = {}
     try:
         spec = importlib.util.find_spec("flashinfer")
@@ -182,6 +193,7 @@ def probe_installed(*, import_modules: bool = False) -> dict[str, object]:
     locs = list(spec.submodule_search_locations or [])
     if locs:
         out["flashinfer_fa3_ragged"] = probe_fa3_ragged(Path(locs[0]))
+        out["flashinfer_fa2_ragged"] = probe_fa2_ragged(Path(locs[0]))
     return out
 
 

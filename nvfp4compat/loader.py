@@ -114,7 +114,7 @@ def _read_yaml(path: Path) -> Any:
 # helper and consumer inside ``helpers``/``consumers``, may be left out to mean "as the previous
 # release", with ``{version}`` in its text read as this release's version.
 _FI_WHOLE_SECTIONS = ("nvfp4_4over6", "scale_check", "version_check", "cpu_import")
-_FI_OPTIONAL_SECTIONS = ("fa3_ragged",)  # inherited when the previous release has it
+_FI_OPTIONAL_SECTIONS = ("fa3_ragged", "fa2_ragged")  # inherited when the previous release has it
 _FI_KEYED_SECTIONS = ("helpers", "consumers")
 VERSION_PLACEHOLDER = "{version}"
 

@@ -391,7 +391,9 @@ def _check(k: Known, req: Requirement) -> tuple[bool, str]:
             return True, f"vLLM {f.vllm} lists {req.dtype}"
         return False, f"vLLM {f.vllm} does not list {req.dtype} (its nvfp4 dtypes: {k.vllm.nvfp4_dtypes})"
     if req.kind == "flashinfer_fa3_ragged":
-        return _check_fa3_ragged(k)
+        return _check_ragged(k, "fa3")
+    if req.kind == "flashinfer_fa2_ragged":
+        return _check_ragged(k, "fa2")
     if req.kind == "not_in_vllm":
         if f.vllm is None:
             return True, "no vLLM in the facts"
@@ -399,45 +401,52 @@ def _check(k: Known, req: Requirement) -> tuple[bool, str]:
     raise AssertionError(f"unhandled requirement kind {req.kind}")  # pragma: no cover - the spec restricts kinds
 
 
-def _check_fa3_ragged(k: Known) -> tuple[bool, str]:
-    """FlashInfer's FA3 ragged prefill wrapper on this arch: the probe decides presence where it ran
-    (a disagreement with flashinfer.yaml is a warning); the release's ``fa3_ragged`` record gives the
-    SMs (those of the newest release with a record where this release has none)."""
+def _check_ragged(k: Known, backend: str) -> tuple[bool, str]:
+    """FlashInfer's ragged prefill wrapper with ``backend`` ("fa3" or "fa2") on this arch: the probe
+    decides presence where it ran (a disagreement with flashinfer.yaml is a warning); the release's
+    ``{backend}_ragged`` record gives the SMs (those of the newest release with a record where this
+    release has none)."""
     f = k.facts
+    name, section = backend.upper(), f"{backend}_ragged"
     fi_label = f"FlashInfer {f.flashinfer}" if f.flashinfer else "FlashInfer"
     if f.flashinfer is None:
-        return False, "FlashInfer is not installed (needs BatchPrefillWithRaggedKVCacheWrapper(backend='fa3'))"
-    rec = k.fi.fa3_ragged if k.fi is not None and k.fi_exact else None
-    if f.flashinfer_fa3_ragged is not None:
-        present, src = f.flashinfer_fa3_ragged, "probe of the installed sources"
+        return False, (
+            f"FlashInfer is not installed (needs BatchPrefillWithRaggedKVCacheWrapper(backend='{backend}'))"
+        )
+    rec = getattr(k.fi, section) if k.fi is not None and k.fi_exact else None
+    probed: bool | None = getattr(f, f"flashinfer_{section}")
+    if probed is not None:
+        present, src = probed, "probe of the installed sources"
         if rec is not None and not present:
             k.log.warnings.append(
-                f"matrix and probe disagree on FlashInfer {f.flashinfer}: flashinfer.yaml records the FA3 ragged "
+                f"matrix and probe disagree on FlashInfer {f.flashinfer}: flashinfer.yaml records the {name} ragged "
                 f"prefill ({rec.evidence.split(';')[0]}), the installed package lacks it; the probe wins"
             )
     elif rec is not None:
-        present, src = True, f"flashinfer.yaml fa3_ragged [{k.fi.version if k.fi else ''}]"
+        present, src = True, f"flashinfer.yaml {section} [{k.fi.version if k.fi else ''}]"
     else:
         return False, (
-            f"{fi_label}: FA3 ragged prefill not recorded in flashinfer.yaml for this release and not probed "
+            f"{fi_label}: {name} ragged prefill not recorded in flashinfer.yaml for this release and not probed "
             "(releases recorded: "
-            + (release_span(k.matrix, [r.version for r in k.matrix.flashinfer if r.fa3_ragged]) or "none")
+            + (release_span(k.matrix, [r.version for r in k.matrix.flashinfer if getattr(r, section)]) or "none")
             + ")"
         )
     if not present:
-        return False, f"{fi_label} has no FA3 ragged prefill ({src})"
-    sms = rec.sms if rec is not None else _fa3_sms(k.matrix)
+        return False, f"{fi_label} has no {name} ragged prefill ({src})"
+    sms = rec.sms if rec is not None else _ragged_sms(k.matrix, backend)
     cc = f.arch_cc
     if cc is None:
-        return False, f"arch unknown: FA3 needs SM {sms}"
+        return False, f"arch unknown: {name} needs SM {sms}"
     if cc not in sms:
-        return False, f"{fi_label}'s FA3 kernels build only for SMs {sms}, found {f.arch} ({src})"
-    return True, f"{fi_label} has BatchPrefillWithRaggedKVCacheWrapper(backend='fa3') for SM{cc} ({src})"
+        return False, f"{fi_label}'s {name} ragged prefill builds only for SMs {sms}, found {f.arch} ({src})"
+    return True, f"{fi_label} has BatchPrefillWithRaggedKVCacheWrapper(backend='{backend}') for SM{cc} ({src})"
 
 
-def _fa3_sms(m: Matrix) -> list[int]:
-    """The FA3 ragged prefill's SMs as the newest flashinfer.yaml release that records it says."""
-    recorded = [r.fa3_ragged for r in m.flashinfer if r.fa3_ragged is not None]
+def _ragged_sms(m: Matrix, backend: str) -> list[int]:
+    """The ragged prefill's SMs (``backend`` "fa3"/"fa2") as the newest flashinfer.yaml release that
+    records it says."""
+    recorded = [getattr(r, f"{backend}_ragged") for r in m.flashinfer]
+    recorded = [r for r in recorded if r is not None]
     return list(recorded[-1].sms) if recorded else []
 
 
@@ -663,12 +672,12 @@ def _way_out(k: Known, op: str, impl: str) -> str:
         return f"use a GPU whose FlashInfer FA2 path reads NVFP4, or request {op}=triton"
     if impl == "triton":
         return f"pip install triton and unset {ENV_DISABLE_TRITON}, or request {op}=flashinfer"
-    if impl == "dequant_fa3":
-        m = k.matrix
-        fa3 = release_span(m, [r.version for r in m.flashinfer if r.fa3_ragged is not None])
+    if impl in ("dequant_fa3", "dequant_fa2"):
+        m, backend = k.matrix, impl.removeprefix("dequant_")
+        span = release_span(m, [r.version for r in m.flashinfer if getattr(r, f"{backend}_ragged") is not None])
         return (
-            f"run on a GPU of SM {_fa3_sms(m)} with a FlashInfer whose BatchPrefillWithRaggedKVCacheWrapper has "
-            f"backend='fa3' ({fa3}) and Triton, or request {op}=triton"
+            f"run on a GPU of SM {_ragged_sms(m, backend)} with a FlashInfer whose BatchPrefillWithRaggedKVCacheWrapper "
+            f"has backend='{backend}' ({span}) and Triton, or request {op}=triton"
         )
     return f"request {op}=flashinfer or {op}=triton"
 
@@ -754,8 +763,8 @@ def _vllm_plan(k: Known, bindings: Mapping[str, Binding], required_ok: bool) -> 
         return VllmPlan(version=f.vllm, strategy="native", patches=[], kv_cache_dtypes=dtypes, reason=reason)
     strategy = declared if declared != "native" else rel.strategy.native_fallback
     w, d, p = bindings["write"].impl, bindings["decode"].impl, bindings["prefill"].impl
-    # dequant_fa3 hands layers it cannot serve (sinks, head_size outside 64/128/256) to the Triton prefill
-    triton_readers = d == "triton" and p in ("triton", "dequant_fa3")
+    # dequant_fa3/fa2 hand layers they cannot serve (sinks, head_size outside 64/128/256) to the Triton prefill
+    triton_readers = d == "triton" and p in ("triton", "dequant_fa3", "dequant_fa2")
     can_4over6 = w == "triton" and "nvfp4_4over6" in rel.nvfp4_dtypes
     patches: set[str] = set()
     if strategy == "extend" and stock is not None and stock.path == "fa2":
@@ -874,7 +883,7 @@ def _version_env(k: Known, bindings: Mapping[str, Binding], vplan: VllmPlan | No
         and vplan.strategy in ("extend",)
     )
     cubin_kernels = uses_native or uses_xqa
-    uses_fi_modules = any(b.impl in ("flashinfer", "dequant_fa3") for b in bindings.values())
+    uses_fi_modules = any(b.impl in ("flashinfer", "dequant_fa3", "dequant_fa2") for b in bindings.values())
     what = []
     if cubin_bad:
         what.append(f"flashinfer-cubin {f.flashinfer_cubin}")

@@ -58,7 +58,7 @@ Status = Literal["verified", "read", "expected"]
 # The vocabularies of operations, implementations and vLLM strategies, defined here only (the plan,
 # the kernels and the plugin import them).
 Op = Literal["write", "dequant", "decode", "prefill"]
-Impl = Literal["native", "flashinfer", "triton", "dequant_fa3"]
+Impl = Literal["native", "flashinfer", "triton", "dequant_fa3", "dequant_fa2"]
 Strategy = Literal["none", "native", "backport", "extend"]
 OPS: tuple[str, ...] = get_args(Op)
 IMPLS: tuple[str, ...] = get_args(Impl)
@@ -218,10 +218,10 @@ class ConsumerSpec(_Model):
     status: Status
 
 
-class Fa3RaggedSpec(_Model):
-    """FlashInfer's ``BatchPrefillWithRaggedKVCacheWrapper(backend="fa3")`` over a bf16/fp16 ragged KV
-    (what the ``dequant_fa3`` prefill attends with): the SMs it builds for, the head dims it
-    instantiates, and whether its run takes attention sinks."""
+class RaggedPrefillSpec(_Model):
+    """FlashInfer's ``BatchPrefillWithRaggedKVCacheWrapper(backend="fa3"/"fa2")`` over a bf16/fp16
+    ragged KV (what the ``dequant_fa3`` / ``dequant_fa2`` prefill attends with): the SMs it builds
+    for, the head dims claimed for it, and whether its run takes attention sinks."""
 
     sms: list[int]
     head_dims: list[int]
@@ -286,7 +286,8 @@ class FlashInferRelease(_Model):
     nvfp4_4over6: FourOverSixSpec
     consumers: dict[str, ConsumerSpec]
     # None: not recorded for this release (the probe of the installed package decides)
-    fa3_ragged: Fa3RaggedSpec | None = None
+    fa3_ragged: RaggedPrefillSpec | None = None
+    fa2_ragged: RaggedPrefillSpec | None = None
     scale_check: ScaleCheckSpec
     version_check: VersionCheckSpec
     cpu_import: CpuImportSpec
@@ -339,7 +340,8 @@ class Requirement(_Model):
     - ``vllm_dtype``: the vLLM release lists ``dtype`` as a KV-cache dtype (no vLLM: satisfied);
     - ``not_in_vllm``: satisfied only when no vLLM is in the facts; ``reason`` says why;
     - ``flashinfer_fa3_ragged``: the FlashInfer release has the FA3 ragged prefill wrapper for this arch
-      (``fa3_ragged`` in flashinfer.yaml, else the probe of the installed package).
+      (``fa3_ragged`` in flashinfer.yaml, else the probe of the installed package);
+    - ``flashinfer_fa2_ragged``: the same for the FA2 ragged prefill wrapper (``fa2_ragged``).
     """
 
     kind: Literal[
@@ -353,6 +355,7 @@ class Requirement(_Model):
         "vllm_dtype",
         "not_in_vllm",
         "flashinfer_fa3_ragged",
+        "flashinfer_fa2_ragged",
     ]
     helper: str | None = None
     param: str | None = None

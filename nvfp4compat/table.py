@@ -28,7 +28,8 @@ def vllm_cell(m: Matrix, vllm: str, arch: str) -> str:
     if plan.vllm.strategy == "native":
         return "native"
     w, d, p = (plan.bindings[o].impl or "-" for o in ("write", "decode", "prefill"))
-    abbrev = {"flashinfer": "FI", "triton": "Triton", "native": "native", "dequant_fa3": "deq+FA3", "-": "-"}
+    abbrev = {"flashinfer": "FI", "triton": "Triton", "native": "native", "dequant_fa3": "deq+FA3",
+              "dequant_fa2": "deq+FA2", "-": "-"}  # fmt: skip
     reader = abbrev[d] if d == p else f"{abbrev[d]}/{abbrev[p]}"
     return f"{plan.vllm.strategy}: W {abbrev[w]}, R {reader}"
 

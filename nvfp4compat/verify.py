@@ -28,7 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nvfp4compat.flashinfer_probe import home_module, import_guarded, probe_fa3_ragged
+from nvfp4compat.flashinfer_probe import (
+    home_module,
+    import_guarded,
+    probe_fa2_ragged,
+    probe_fa3_ragged,
+)
 from nvfp4compat.spec import EXPORT_MODULES, HELPERS, FlashInferRelease, Matrix, VllmRelease
 from nvfp4compat.versions import parse_version
 
@@ -191,6 +196,9 @@ def verify_flashinfer(m: Matrix, version: str, rel: FlashInferRelease) -> list[C
     # the FA3 ragged prefill the dequant_fa3 prefill attends with (the same probe detect() runs)
     add("BatchPrefillWithRaggedKVCacheWrapper backend fa3 (fa3_ragged)", rel.fa3_ragged is not None,
         probe_fa3_ragged(Path(fi.__file__).parent))  # fmt: skip
+    # the FA2 ragged prefill the dequant_fa2 prefill attends with
+    add("BatchPrefillWithRaggedKVCacheWrapper backend fa2 (fa2_ragged)", rel.fa2_ragged is not None,
+        probe_fa2_ragged(Path(fi.__file__).parent))  # fmt: skip
     return checks
 
 

@@ -55,7 +55,8 @@ def test_sm86_vllm0310_needs_the_backport_patch_set() -> None:
     assert p.supported and p.vllm is not None and p.vllm.strategy == "backport"
     for pid in ("gate_nvfp4", "metadata_builder", "kv_cache_update", "forward_reader"):
         assert pid in p.vllm.patches
-    assert p.impl("decode") == p.impl("prefill") == "triton"
+    # vLLM 0.31.0 pins a FlashInfer with the FA2 ragged run: prefill is the dequantize-then-attend composite
+    assert p.impl("decode") == "triton" and p.impl("prefill") == "dequant_fa2"
     assert "gate_combination" in p.vllm.patches
 
 
@@ -419,11 +420,62 @@ def test_sm90_with_flashinfer_binds_dequant_fa3_prefill_with_a_trace_line() -> N
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_120"])
-def test_no_fa3_arch_keeps_the_fused_prefill_and_refuses_forcing(arch: str) -> None:
+def test_no_fa3_arch_binds_dequant_fa2_and_refuses_forcing_fa3(arch: str) -> None:
     p = q(arch, "0.7.4", None)
-    assert p.impl("prefill") in ("triton", "flashinfer") and p.impl("prefill") != "dequant_fa3"
+    assert p.impl("prefill") == "dequant_fa2" and p.bindings["prefill"].source == "matrix"
+    line = [t for t in p.trace if t.op == "prefill" and t.impl == "dequant_fa2"]
+    cc = arch.removeprefix("sm_")
+    assert line and line[0].accepted and "backend='fa2'" in line[0].reason and f"SM{cc}" in line[0].reason
+    fa3 = [t for t in p.trace if t.op == "prefill" and t.impl == "dequant_fa3"]
+    assert not fa3 or not fa3[0].accepted  # listed for SM90 only; never accepted off SM90
     with pytest.raises(ResolutionError, match=r"dequant_fa3 prefill.*SMs \[90\].*request prefill=triton"):
         q(arch, "0.7.4", None, impl_env="prefill=dequant_fa3")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_90", "sm_120"])
+def test_dequant_fa2_without_flashinfer_keeps_the_fused_prefill(arch: str) -> None:
+    p = q(arch, None, None)
+    assert p.impl("prefill") == "triton"
+    assert any(t.impl == "dequant_fa2" and not t.accepted and "not installed" in t.reason for t in p.trace)
+    with pytest.raises(ResolutionError, match="dequant_fa2 prefill.*FlashInfer is not installed"):
+        q(arch, None, None, impl_env="prefill=dequant_fa2")
+
+
+def test_sm90_prefers_fa3_then_fa2_and_env_forces_or_refuses_dequant_fa2() -> None:
+    assert q("sm_90", "0.7.4", None).impl("prefill") == "dequant_fa3"
+    # the installed FlashInfer lacks the FA3 ragged run (probe): the FA2 composite comes next on SM90
+    no_fa3 = resolve(M, SystemFacts(arch="sm_90", flashinfer="0.7.4", triton="any", flashinfer_fa3_ragged=False))
+    assert no_fa3.impl("prefill") == "dequant_fa2"
+    forced = q("sm_90", "0.7.4", None, impl_env="prefill=dequant_fa2")
+    assert forced.impl("prefill") == "dequant_fa2" and forced.bindings["prefill"].source == "environment"
+    refused = q("sm_89", "0.7.4", None, impl_env="prefill=triton")
+    assert refused.impl("prefill") == "triton" and refused.bindings["prefill"].source == "environment"
+    with pytest.raises(ResolutionError, match="no dequant_fa2 implementation"):
+        q("sm_89", "0.7.4", None, impl_env="decode=dequant_fa2")
+
+
+def test_dequant_fa2_rejected_for_sinks_and_probe_decides_presence() -> None:
+    assert q("sm_89", "0.7.4", None, features=["sinks"]).impl("prefill") == "triton"
+    p = resolve(M, SystemFacts(arch="sm_89", flashinfer="0.7.4", triton="any", flashinfer_fa2_ragged=False))
+    assert p.impl("prefill") != "dequant_fa2"
+    assert any("disagree" in w and "FA2 ragged" in w and "the probe wins" in w for w in p.warnings)
+    unknown = resolve(M, SystemFacts(arch="sm_89", flashinfer="0.7.5.dev1", triton="any", flashinfer_fa2_ragged=True))
+    assert unknown.impl("prefill") == "dequant_fa2"
+    # an unknown release without a probe: not recorded, not assumed
+    guessed = resolve(M, SystemFacts(arch="sm_89", flashinfer="0.7.5.dev1", triton="any"))
+    assert guessed.impl("prefill") != "dequant_fa2"
+
+
+def test_dequant_fa2_below_the_floor_and_on_sm110_is_not_planned() -> None:
+    for arch in ("sm_75", "sm_110"):
+        p = q(arch, "0.7.4", None)
+        assert p.bindings["prefill"].impl != "dequant_fa2"
+
+
+def test_dequant_fa2_inside_vllm_routes_the_prefill() -> None:
+    p = q("sm_89", "0.6.14", "0.26.0")
+    assert p.impl("prefill") == "dequant_fa2" and p.vllm is not None and p.vllm.strategy == "backport"
+    assert "gate_combination" in p.vllm.patches and "forward_reader" in p.vllm.patches
 
 
 def test_dequant_fa3_needs_flashinfer_and_env_can_force_or_refuse_it() -> None:
@@ -445,7 +497,7 @@ def test_dequant_fa3_rejected_for_sinks_and_probe_decides_presence() -> None:
     assert sinks.impl("prefill") == "triton"
     facts = SystemFacts(arch="sm_90", flashinfer="0.7.4", triton="any", flashinfer_fa3_ragged=False)
     p = resolve(M, facts)
-    assert p.impl("prefill") == "triton"
+    assert p.impl("prefill") == "dequant_fa2"  # no FA3 ragged run: the same composite over FA2
     assert any("disagree" in w and "FA3 ragged" in w and "the probe wins" in w for w in p.warnings)
     unknown = resolve(M, SystemFacts(arch="sm_90", flashinfer="0.7.5.dev1", triton="any", flashinfer_fa3_ragged=True))
     assert unknown.impl("prefill") == "dequant_fa3"
@@ -470,3 +522,17 @@ def test_fa3_ragged_probe_reads_the_installed_sources(tmp_path: Path) -> None:
     (tmp_path / "__init__.py").write_text("")
     assert not probe_fa3_ragged(tmp_path)
     assert not probe_fa3_ragged(tmp_path / "missing")
+
+
+def test_fa2_ragged_probe_reads_the_installed_sources(tmp_path: Path) -> None:
+    from nvfp4compat.flashinfer_probe import probe_fa2_ragged
+
+    (tmp_path / "__init__.py").write_text(
+        "from .prefill import BatchPrefillWithRaggedKVCacheWrapper as BatchPrefillWithRaggedKVCacheWrapper\n"
+    )
+    (tmp_path / "prefill.py").write_text('def f(backend):\n    if backend == "fa2":\n        return 1\n')
+    assert probe_fa2_ragged(tmp_path)
+    (tmp_path / "prefill.py").write_text('def f(backend):\n    if backend == "fa3":\n        return 1\n')
+    assert not probe_fa2_ragged(tmp_path)
+    (tmp_path / "__init__.py").write_text("")
+    assert not probe_fa2_ragged(tmp_path)

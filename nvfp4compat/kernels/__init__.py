@@ -2,8 +2,8 @@
 
 ``get_kernel(op, impl)`` returns the callable for an operation (``write``, ``dequant``, ``decode``,
 ``prefill``) implemented by ``triton`` (bundled kernels), ``flashinfer`` (FlashInfer's helpers and
-FA2 wrappers) or, for ``prefill`` only, ``dequant_fa3`` (the Triton dequantizer into a bf16/fp16
-scratch, then FlashInfer's FA3 on SM90; ``kernels/composite/prefill_dequant_fa3.py``). ``native`` (vLLM's own SM100-family TRT-LLM path) binds nothing here: the vLLM plugin
+FA2 wrappers) or, for ``prefill`` only, ``dequant_fa3`` / ``dequant_fa2`` (the Triton dequantizer into a
+bf16/fp16 scratch, then FlashInfer's ragged FA3 on SM90 / FA2 on SM80+; ``kernels/composite/prefill_dequant.py``). ``native`` (vLLM's own SM100-family TRT-LLM path) binds nothing here: the vLLM plugin
 leaves vLLM's code in place. Each op's contract (signature and semantics) is a Protocol in
 ``nvfp4compat.kernels.contract``.
 """
@@ -28,7 +28,8 @@ KERNELS: dict[tuple[str, str], str] = {
     ("dequant", "flashinfer"): "nvfp4compat.kernels.flashinfer.dequant:dequantize_paged",
     ("decode", "flashinfer"): "nvfp4compat.kernels.flashinfer.attention:decode",
     ("prefill", "flashinfer"): "nvfp4compat.kernels.flashinfer.attention:prefill",
-    ("prefill", "dequant_fa3"): "nvfp4compat.kernels.composite.prefill_dequant_fa3:prefill",
+    ("prefill", "dequant_fa3"): "nvfp4compat.kernels.composite.prefill_dequant:prefill_fa3",
+    ("prefill", "dequant_fa2"): "nvfp4compat.kernels.composite.prefill_dequant:prefill_fa2",
 }
 
 

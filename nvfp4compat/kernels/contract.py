@@ -1,6 +1,6 @@
 """The contract of each NVFP4 KV op: one :class:`typing.Protocol` per op, written once.
 
-Every implementation of an op (``triton``, ``flashinfer``, ``dequant_fa3`` and the float32 torch
+Every implementation of an op (``triton``, ``flashinfer``, ``dequant_fa3``, ``dequant_fa2`` and the float32 torch
 reference) has the signature of its op's protocol and the semantics of its docstring; an
 implementation's own docstring says only how it runs and where it departs (an option it refuses, a
 host sync). mypy checks every implementation's types against its protocol (the ``TYPE_CHECKING``
@@ -240,7 +240,7 @@ PROTOCOLS: dict[str, type] = {
 # mypy checks every implementation's types against its contract (no import at run time)
 if TYPE_CHECKING:
     from nvfp4compat.kernels import reference
-    from nvfp4compat.kernels.composite import prefill_dequant_fa3
+    from nvfp4compat.kernels.composite import prefill_dequant
     from nvfp4compat.kernels.flashinfer import attention as fi_attention
     from nvfp4compat.kernels.flashinfer import dequant as fi_dequant
     from nvfp4compat.kernels.flashinfer import write as fi_write
@@ -262,5 +262,6 @@ if TYPE_CHECKING:
     _prefills: list[PrefillOp] = [
         tr_attention.prefill,
         fi_attention.prefill,
-        prefill_dequant_fa3.prefill,
+        prefill_dequant.prefill_fa3,
+        prefill_dequant.prefill_fa2,
     ]

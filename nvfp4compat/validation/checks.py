@@ -443,7 +443,7 @@ def evaluate(
             # ``op=vllm``: vLLM's own code runs the op (an ``extend`` route leaves vLLM 0.32+'s
             # FlashInfer writer in place): it matches a plan binding that is not a bundled kernel
             same = all(
-                seen[op] == want[op] or (seen[op] == "vllm" and want[op] not in (None, "triton", "dequant_fa3"))
+                seen[op] == want[op] or (seen[op] == "vllm" and want[op] not in (None, "triton", "dequant_fa3", "dequant_fa2"))
                 for op in OPS
             )
             r["passed"] = bool(plan.get("supported") and _started(j) and lines and (same or untouched))

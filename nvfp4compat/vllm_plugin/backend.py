@@ -194,7 +194,7 @@ class Nvfp4KVMetadata:
         False only for non-causal (DFlash drafting) batches, which run entirely as prefill.
     seq_lens_cpu, query_start_loc_cpu : torch.Tensor or None
         Host copies of ``seq_lens`` / ``query_start_loc`` from vLLM's metadata (exact for prefill
-        rows), passed to a prefill reader that plans on the host (``dequant_fa3``); None if absent.
+        rows), passed to a prefill reader that plans on the host (``dequant_fa3``/``dequant_fa2``); None if absent.
     """
 
     num_actual_tokens: int
@@ -342,9 +342,16 @@ class Nvfp4CompatMetadataBuilder(_fi.FlashInferMetadataBuilder):
         if self._nvfp4_route is None:
             metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
             if self._nvfp4_attach:
-                metadata.block_table = common_attn_metadata.block_table_tensor
-                metadata.seq_lens = common_attn_metadata.seq_lens
-                metadata.query_start_loc = common_attn_metadata.query_start_loc
+                cm = common_attn_metadata
+                metadata.block_table = cm.block_table_tensor
+                metadata.seq_lens = cm.seq_lens
+                metadata.query_start_loc = cm.query_start_loc
+                # host copies for a prefill reader that plans on the host (dequant_fa2 on SM12x
+                # beside vLLM's own decode): without them it would read the device tensors per layer
+                metadata.seq_lens_cpu = _host_seq_lens(cm)
+                metadata.query_start_loc_cpu = _host_tensor(
+                    vars(cm).get("query_start_loc_cpu"), cm.num_reqs + 1
+                )
             return metadata
         cm = common_attn_metadata
         causal = _batch_causal(cm)
@@ -391,7 +398,8 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
     _nvfp4_write: Callable[..., None] | None
     _nvfp4_read: dict[str, Callable[..., Any]]
     _nvfp4_host_lens: bool = False
-    _nvfp4_fa3_checked: bool = False
+    _nvfp4_dequant_checked: bool = False
+    _nvfp4_dequant_impl: str = "dequant_fa3"  # the bound dequantize-then-attend prefill
 
     def __init__(
         self,
@@ -449,9 +457,10 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
         self._nvfp4_host_lens = False
         for op, bound in route.read.items():
             impl: str = bound
-            if op == "prefill" and impl == "dequant_fa3":
-                impl = self._nvfp4_dequant_fa3_or_triton(head_size)
-                self._nvfp4_host_lens = impl == "dequant_fa3"
+            if op == "prefill" and impl in _DEQUANT_PREFILLS:
+                impl = self._nvfp4_dequant_or_triton(impl, head_size)
+                self._nvfp4_host_lens = impl in _DEQUANT_PREFILLS
+                self._nvfp4_dequant_impl = impl
             self._nvfp4_read[op] = get_kernel(op, impl)
         if route.kv_rotation is not None:  # VllmRoute's validator checked that all three are routed
             from nvfp4compat.kernels.rotation import rotated
@@ -465,18 +474,21 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
             for op in self._nvfp4_read:
                 self._nvfp4_read[op] = rotated(op, self._nvfp4_read[op], route.kv_rotation)
 
-    def _nvfp4_dequant_fa3_or_triton(self, head_size: int) -> str:
-        """The plan binds dequant_fa3 for prefill; a layer it cannot serve (sinks, or a head size
-        FA3 does not instantiate) keeps the fused Triton prefill, logged once per layer kind."""
-        from nvfp4compat.kernels.composite.prefill_dequant_fa3 import FA3_HEAD_DIMS
+    def _nvfp4_dequant_or_triton(self, impl: str, head_size: int) -> str:
+        """The plan binds ``impl`` (dequant_fa3 or dequant_fa2) for prefill; a layer it cannot serve
+        (sinks, or a head size its FlashInfer backend does not serve) keeps the fused Triton prefill,
+        logged once per layer kind."""
+        from nvfp4compat.kernels.composite.prefill_dequant import BACKEND_HEAD_DIMS
 
+        backend = _DEQUANT_PREFILLS[impl]
+        dims, name = BACKEND_HEAD_DIMS[backend], backend.upper()
         why = None
         if getattr(self, "sinks", None) is not None:
-            why = "the layer has attention sinks, which FlashInfer's FA3 ragged prefill does not take"
-        elif head_size not in FA3_HEAD_DIMS:
-            why = f"head_size {head_size} is not one FA3 instantiates ({list(FA3_HEAD_DIMS)})"
+            why = f"the layer has attention sinks, which FlashInfer's {name} ragged prefill does not take"
+        elif head_size not in dims:
+            why = f"head_size {head_size} is not one {impl} serves ({list(dims)})"
         if why is None:
-            return "dequant_fa3"
+            return impl
         logger.info("nvfp4compat: prefill stays on the fused Triton reader for this layer: %s", why)
         return "triton"
 
@@ -629,8 +641,8 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
                 **common,
             )
         if "prefill" in phases and npt:
-            if self._nvfp4_host_lens and not self._nvfp4_fa3_checked:
-                self._nvfp4_check_fa3_device(query.device)
+            if self._nvfp4_host_lens and not self._nvfp4_dequant_checked:
+                self._nvfp4_check_dequant_device(query.device)
             qsl = prefill_qsl if prefill_qsl is not None else md.prefill_query_start_loc
             self._nvfp4_read["prefill"](
                 query[ndt : ndt + npt],
@@ -647,31 +659,33 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
                 **self._nvfp4_lens_kwargs(md, nd, npf, ndt),
             )
 
-    def _nvfp4_check_fa3_device(self, device: torch.device) -> None:
-        """First prefill of a layer bound to dequant_fa3: the plan may come from a pretended arch
-        (``NVFP4COMPAT_ARCH``) while the tensors live elsewhere; if FA3 cannot run on ``device``
-        the layer keeps the fused Triton prefill (warned once), as the plugin never raises for
-        "unsupported here"."""
-        from nvfp4compat.kernels.composite.prefill_dequant_fa3 import _fa3_problem
+    def _nvfp4_check_dequant_device(self, device: torch.device) -> None:
+        """First prefill of a layer bound to dequant_fa3/dequant_fa2: the plan may come from a
+        pretended arch (``NVFP4COMPAT_ARCH``) while the tensors live elsewhere; if the FlashInfer
+        backend cannot run on ``device`` the layer keeps the fused Triton prefill (warned once), as
+        the plugin never raises for "unsupported here"."""
+        from nvfp4compat.kernels.composite.prefill_dequant import backend_problem
 
-        self._nvfp4_fa3_checked = True
-        problem = _fa3_problem(device)
+        self._nvfp4_dequant_checked = True
+        impl = self._nvfp4_dequant_impl
+        backend = _DEQUANT_PREFILLS[impl]
+        problem = backend_problem(device, backend)
         if problem is None:
             return
-        if problem not in _FA3_WARNED:
-            _FA3_WARNED.add(problem)
+        if problem not in _DEQUANT_WARNED:
+            _DEQUANT_WARNED.add(problem)
             logger.warning(
-                "nvfp4compat: the plan binds prefill=dequant_fa3 but FA3 cannot run here (%s); "
-                "prefill uses the fused Triton reader (NVFP4COMPAT_IMPL=prefill=triton silences this)",
-                problem,
-            )
+                "nvfp4compat: the plan binds prefill=%s but %s cannot run here (%s); prefill uses the "
+                "fused Triton reader (NVFP4COMPAT_IMPL=prefill=triton silences this)",
+                impl, backend.upper(), problem,
+            )  # fmt: skip
         self._nvfp4_read["prefill"] = get_kernel("prefill", "triton")
         self._nvfp4_host_lens = False
 
     def _nvfp4_lens_kwargs(self, md: Any, nd: int, npf: int, ndt: int) -> dict[str, torch.Tensor]:
         """``seq_lens_cpu`` / ``query_start_loc_cpu`` of the prefill rows for a reader that plans on
-        the host (dequant_fa3); empty otherwise or when vLLM's metadata lacks them (it then reads the
-        device tensors once)."""
+        the host (dequant_fa3, dequant_fa2); empty otherwise or when vLLM's metadata lacks them (it
+        then reads the device tensors once)."""
         if not getattr(self, "_nvfp4_host_lens", False):
             return {}
         out: dict[str, torch.Tensor] = {}
@@ -683,8 +697,10 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
         return out
 
 
-# FA3 problems already warned about (one warning per process, not per layer)
-_FA3_WARNED: set[str] = set()
+# The dequantize-then-attend prefills and their FlashInfer ragged backend
+_DEQUANT_PREFILLS: dict[str, str] = {"dequant_fa3": "fa3", "dequant_fa2": "fa2"}
+# dequant_fa3/fa2 device problems already warned about (one warning per process, not per layer)
+_DEQUANT_WARNED: set[str] = set()
 
 
 def _host_tensor(t: Any, n: int) -> torch.Tensor | None:

@@ -186,40 +186,43 @@ def test_cudagraph_support_never_unless_opted_in(cpu_vllm, plugin_for_read, monk
     )
 
 
-@pytest.fixture
-def plugin_dequant_fa3(cpu_vllm, clean_plugin, monkeypatch):
-    """Prefill bound to the dequantize-then-attend composite (SM90 pretended)."""
-    cpu_vllm.set_arch("sm_90")
-    monkeypatch.setenv("NVFP4COMPAT_IMPL", "write=triton,decode=triton,prefill=dequant_fa3")
+@pytest.fixture(params=[("dequant_fa3", "sm_90"), ("dequant_fa2", "sm_86")], ids=["dequant_fa3", "dequant_fa2"])
+def plugin_dequant(request, cpu_vllm, clean_plugin, monkeypatch):
+    """Prefill bound to a dequantize-then-attend composite (SM90 pretended for dequant_fa3, SM86 for
+    dequant_fa2); the fixture's value is the impl."""
+    impl, arch = request.param
+    cpu_vllm.set_arch(arch)
+    monkeypatch.setenv("NVFP4COMPAT_IMPL", f"write=triton,decode=triton,prefill={impl}")
     try:
         load_plugin_through_entry_point()
-    except Exception as exc:  # noqa: BLE001 - e.g. no FlashInfer with FA3 in this venv
-        pytest.skip(f"prefill=dequant_fa3 cannot be planned here: {exc}")
+    except Exception as exc:  # noqa: BLE001 - e.g. no FlashInfer with the ragged wrapper in this venv
+        pytest.skip(f"prefill={impl} cannot be planned here: {exc}")
     route = vllm_plugin.active_route()
-    if route is None or route.read.get("prefill") != "dequant_fa3":
-        pytest.skip(f"the plan for vLLM {cpu_vllm.version} does not route prefill to dequant_fa3: {route}")
-    return route
+    if route is None or route.read.get("prefill") != impl:
+        pytest.skip(f"the plan for vLLM {cpu_vllm.version} does not route prefill to {impl}: {route}")
+    return impl
 
 
-def _spy_composite(monkeypatch):
-    from nvfp4compat.kernels.composite import prefill_dequant_fa3 as comp
+def _spy_composite(monkeypatch, impl):
+    from nvfp4compat.kernels.composite import prefill_dequant as comp
 
+    name = {"dequant_fa3": "prefill_fa3", "dequant_fa2": "prefill_fa2"}[impl]
     calls = []
-    real = comp.prefill
+    real = getattr(comp, name)
 
     def spy(*args, **kwargs):
         calls.append(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(comp, "prefill", spy)
+    monkeypatch.setattr(comp, name, spy)
     return comp, calls
 
 
-def test_forward_dequant_fa3_gets_host_lengths(cpu_vllm, plugin_dequant_fa3, monkeypatch):
-    """The plugin hands the prefill rows' host lengths to dequant_fa3 (the reference stands in for FA3
-    through the composite's test hook; the device check is told FA3 can run)."""
-    comp, calls = _spy_composite(monkeypatch)
-    monkeypatch.setattr(comp, "_fa3_problem", lambda device: None)
+def test_forward_dequant_gets_host_lengths(cpu_vllm, plugin_dequant, monkeypatch):
+    """The plugin hands the prefill rows' host lengths to dequant_fa3/fa2 (the reference stands in for
+    FlashInfer through the composite's test hook; the device check is told the backend can run)."""
+    comp, calls = _spy_composite(monkeypatch, plugin_dequant)
+    monkeypatch.setattr(comp, "backend_problem", lambda device, backend: None)
     with comp.attend_backend(comp.reference_attend):
         _run_case(
             cpu_vllm, layout="NHD", head_size=128, num_heads=4, num_kv_heads=2,
@@ -233,12 +236,46 @@ def test_forward_dequant_fa3_gets_host_lengths(cpu_vllm, plugin_dequant_fa3, mon
         assert calls[0]["query_start_loc_cpu"].tolist() == [0, 6, 11]
 
 
-def test_forward_dequant_fa3_off_sm90_keeps_the_fused_prefill(cpu_vllm, plugin_dequant_fa3, monkeypatch):
-    """A pretended SM90 on a CPU: the first prefill finds FA3 cannot run on the tensors' device and the
-    layer keeps the fused Triton prefill (warned once); the output still matches the reference."""
-    comp, calls = _spy_composite(monkeypatch)
+def test_forward_dequant_off_gpu_keeps_the_fused_prefill(cpu_vllm, plugin_dequant, monkeypatch):
+    """A pretended GPU arch on a CPU: the first prefill finds FlashInfer's backend cannot run on the
+    tensors' device and the layer keeps the fused Triton prefill (warned once); the output still
+    matches the reference."""
+    comp, calls = _spy_composite(monkeypatch, plugin_dequant)
     _run_case(
         cpu_vllm, layout="HND", head_size=128, num_heads=4, num_kv_heads=2,
         seq_lens=[37, 21], query_lens=[1, 6],
     )  # fmt: skip
     assert calls == []
+
+
+def test_attached_metadata_carries_host_lengths(cpu_vllm, monkeypatch):
+    """A route that leaves the builder to vLLM (SM12x on vLLM >= 0.32: vLLM's FA2 decode, dequant_fa2
+    prefill) attaches vLLM's host lengths to its metadata, so the host-planned prefill reads no device
+    tensor per layer. vLLM's own build is replaced by a stub (it plans FlashInfer wrappers: GPU only)."""
+    import dataclasses
+
+    import torch
+
+    from nvfp4compat.vllm_plugin import backend as be
+
+    @dataclasses.dataclass
+    class Md:
+        num_actual_tokens: int
+
+    monkeypatch.setattr(be._fi.FlashInferMetadataBuilder, "build", lambda self, *a, **k: Md(12))
+    builder = be.Nvfp4CompatMetadataBuilder.__new__(be.Nvfp4CompatMetadataBuilder)
+    builder._nvfp4_route, builder._nvfp4_attach = None, True
+    seq_lens = torch.tensor([37, 21, 5], dtype=torch.int32)
+    qsl = torch.tensor([0, 1, 7, 12], dtype=torch.int32)
+    cm = type("Cm", (), {})()
+    cm.__dict__.update(
+        num_reqs=3, block_table_tensor=torch.zeros(3, 4, dtype=torch.int32), seq_lens=seq_lens,
+        query_start_loc=qsl, seq_lens_cpu=seq_lens.clone(), query_start_loc_cpu=qsl.clone(),
+    )  # fmt: skip
+    md = builder.build(0, cm)
+    assert md.seq_lens is seq_lens and md.query_start_loc is qsl
+    assert md.seq_lens_cpu.tolist() == [37, 21, 5] and md.query_start_loc_cpu.tolist() == [0, 1, 7, 12]
+    impl = be.Nvfp4CompatFlashInferImpl.__new__(be.Nvfp4CompatFlashInferImpl)
+    impl._nvfp4_host_lens = True
+    lens = impl._nvfp4_lens_kwargs(md, 1, 2, 1)  # one decode row, two prefill rows
+    assert lens["seq_lens_cpu"].tolist() == [21, 5] and lens["query_start_loc_cpu"].tolist() == [0, 6, 11]

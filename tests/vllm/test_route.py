@@ -118,6 +118,25 @@ def test_extend_routes_reads_and_keeps_vllms_writer() -> None:
     assert "write=vllm, decode=triton, prefill=dequant_fa3" in route.describe()
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_120"])
+def test_no_fa3_arch_routes_prefill_to_dequant_fa2(arch: str) -> None:
+    plan = nvfp4compat.query(arch=arch, flashinfer="0.6.14", vllm="0.26.0", impl_env=None)
+    route = plan.vllm.route
+    assert route is not None and route.strategy == "backport" and route.own_builder
+    # off SM90 the prefill reader is the dequantize-then-attend composite over FlashInfer's FA2
+    assert route.read == {"decode": "triton", "prefill": "dequant_fa2"}
+    assert "prefill=dequant_fa2" in summary_line(plan)
+    forced = nvfp4compat.query(arch=arch, flashinfer="0.6.14", vllm="0.26.0", impl_env="prefill=triton")
+    assert forced.vllm.route is not None and forced.vllm.route.read == {"decode": "triton", "prefill": "triton"}
+
+
+def test_sm120_extend_routes_only_the_prefill_to_dequant_fa2() -> None:
+    """vLLM >= 0.32 serves NVFP4 on SM12x itself: its FA2 decode stays, the prefill is routed."""
+    route = nvfp4compat.query(arch="sm_120", flashinfer="0.7.2.post1", vllm="0.33.0", impl_env=None).vllm.route
+    assert route is not None and route.strategy == "extend" and route.write is None
+    assert route.read == {"prefill": "dequant_fa2"} and "forward_reader" in route.patches
+
+
 def test_a_backport_never_reads_with_vllms_flashinfer_reader() -> None:
     """SM100 with trtllm-gen unusable on vLLM >= 0.32 backports: its readers are nvfp4compat's (the
     rule is vllm.yaml's routed_readers), and an explicit FlashInfer reader is refused by the resolver."""

@@ -1,7 +1,8 @@
-"""Dequantize-then-attend prefill over an NVFP4 KV cache: the Triton dequantizer, then FlashInfer's FA3.
+"""Dequantize-then-attend prefill over an NVFP4 KV cache: the Triton dequantizer, then FlashInfer's FA3 or FA2.
 
-The ``dequant_fa3`` implementation of the ``prefill`` contract
-(:class:`nvfp4compat.kernels.contract.PrefillOp`), for SM90 (Hopper):
+Two implementations of the ``prefill`` contract (:class:`nvfp4compat.kernels.contract.PrefillOp`), one
+code path with the FlashInfer backend as its parameter: ``dequant_fa3`` (:func:`prefill_fa3`, SM90 /
+Hopper, FlashInfer's FA3) and ``dequant_fa2`` (:func:`prefill_fa2`, SM80 and newer, FlashInfer's FA2):
 
 1. Requests with at most ``16 // G`` query tokens (``G = num_qo_heads // num_kv_heads``; the decode
    rows of a mixed batch) go through the Triton split-KV decode path, in the same call.
@@ -11,9 +12,9 @@ The ``dequant_fa3`` implementation of the ``prefill`` contract
    fp16/bf16) with ``k_scale`` folded into the softmax scale, as the fused kernels do. Rounding
    ``e2m1 * sf * k_scale`` to bf16 instead moves every logit by up to 2^-9 relative and the LSE by
    up to 3e-2 on the test caches (outlier key channels), against 1e-2 for the other implementations.
-   Then FlashInfer's ``BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="fa3")``
-   attends over it (causal bottom-right, ``window_left = sliding_window - 1``, soft-cap; its base-2 LSE is returned
-   in natural-log units like every other implementation).
+   Then FlashInfer's ``BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend=...)``
+   attends over it (causal bottom-right, ``window_left = sliding_window - 1``, soft-cap; its base-2
+   LSE is returned in natural-log units like every other implementation).
 
 The scratch is bounded by ``NVFP4COMPAT_PREFILL_SCRATCH_MB`` (default 1024 MiB, K and V together;
 ``docs/attention.md``): consecutive prefill requests are processed in groups whose KV fits, and a
@@ -24,10 +25,13 @@ Host metadata: the grouping is planned on the host from ``seq_lens_cpu`` / ``que
 captures prefill in CUDA graphs; a call under graph capture is refused.
 
 Not supported (a clear error naming the feature and the way out, ``NVFP4COMPAT_IMPL=prefill=triton``):
-attention sinks (FlashInfer's FA3 ragged run takes none) and head_dim other than 64/128/256 (FA3's
-kernel instantiations, ``include/flashinfer/attention/hopper/prefill_sm90.cuh`` [0.7.2.post1]).
+attention sinks (neither ragged run takes them: FlashInfer's FA3 ragged run, and the FA2 ragged run's
+stock module, ``flashinfer/prefill.py`` BatchPrefillWithRaggedKVCacheWrapper.run [0.6.10..0.7.4]) and
+head_dim other than 64/128/256 (FA3's kernel instantiations,
+``include/flashinfer/attention/hopper/prefill_sm90.cuh`` [0.7.2.post1]; for FA2 the head dims the
+matrix records, ``fa2_ragged`` in ``matrix/flashinfer.yaml``: 512 is not claimed there).
 
-Tests replace the FA3 step with the float32 reference through :func:`attend_backend` (FlashInfer's
+Tests replace the attention step with the float32 reference through :func:`attend_backend` (FlashInfer's
 kernels do not run on the CPU); nothing else uses that hook.
 """
 
@@ -48,10 +52,12 @@ from nvfp4compat.kernels.triton import attention as tri
 from nvfp4compat.kernels.triton.dequant import dequantize_paged
 
 __all__ = [
-    "prefill",
+    "prefill_fa3",
+    "prefill_fa2",
+    "BACKEND_HEAD_DIMS",
+    "backend_problem",
     "SCRATCH_ENV",
     "DEFAULT_SCRATCH_MB",
-    "FA3_HEAD_DIMS",
     "scratch_cap_bytes",
     "plan_groups",
     "PrefillGroup",
@@ -61,12 +67,15 @@ __all__ = [
     "clear_cache",
 ]
 
-logger = logging.getLogger("nvfp4compat.kernels.prefill_dequant_fa3")
+logger = logging.getLogger("nvfp4compat.kernels.prefill_dequant")
 
 SCRATCH_ENV = "NVFP4COMPAT_PREFILL_SCRATCH_MB"
 DEFAULT_SCRATCH_MB = 1024
-# FlashInfer's SM90 prefill instantiates head_dim_vo 64, 128 and 256 (prefill_sm90.cuh static_asserts).
-FA3_HEAD_DIMS = (64, 128, 256)
+# The head dims each ragged backend serves here, as matrix/flashinfer.yaml records them (fa3_ragged,
+# fa2_ragged): FlashInfer's SM90 prefill instantiates head_dim_vo 64, 128 and 256 (prefill_sm90.cuh
+# static_asserts); its FA2 prefill is JIT-built for multiples of 64 (prefill.cuh NUM_MMA_D_QK % 4), of
+# which 64/128/256 are claimed (512 is not: the fused Triton prefill keeps it).
+BACKEND_HEAD_DIMS: dict[str, tuple[int, ...]] = {"fa3": (64, 128, 256), "fa2": (64, 128, 256)}
 _LN2 = 0.6931471805599453
 _WORKSPACE_BYTES = 128 * 1024 * 1024
 _WAY_OUT = "use the fused Triton prefill: get_kernel('prefill', 'triton'), or NVFP4COMPAT_IMPL=prefill=triton"
@@ -114,7 +123,7 @@ def scratch_cap_bytes() -> int:
 
 @dataclass(frozen=True)
 class PrefillGroup:
-    """Consecutive prefill requests ``[first, last]`` attended in one FA3 call over one scratch fill.
+    """Consecutive prefill requests ``[first, last]`` attended in one FlashInfer call over one scratch fill.
 
     ``runs``: ``(first_request, count, seq_len)`` of the dequantizer launches (consecutive requests of
     equal ``seq_len`` share one launch: its padded ``[count, seq_len, H, D]`` output is then exactly the
@@ -134,7 +143,7 @@ class PrefillGroup:
 
 @dataclass(frozen=True)
 class Plan:
-    """The host plan of one call: decode rows, FA3 groups, and requests too large for the scratch."""
+    """The host plan of one call: decode rows, attention groups, and requests too large for the scratch."""
 
     has_decode_rows: bool
     groups: tuple[PrefillGroup, ...]
@@ -231,8 +240,9 @@ def _scratch_bytes(device: torch.device, nbytes: int, cap: int) -> torch.Tensor:
 
 @contextlib.contextmanager
 def attend_backend(fn: AttendFn) -> Iterator[None]:
-    """Tests and benchmarks only: run ``fn`` instead of FlashInfer's FA3 for the attention step (the
-    dequantizer, grouping and decode routing stay real; the SM90/FA3 check is skipped). ``fn`` receives the ragged query, the scratch K/V views,
+    """Tests and benchmarks only: run ``fn`` instead of FlashInfer's FA3/FA2 for the attention step (the
+    dequantizer, grouping and decode routing stay real; the GPU/backend check is skipped). ``fn``
+    receives the ragged query, the scratch K/V views,
     host ``qo_indptr``/``kv_indptr`` and the options, and writes ``out`` and the natural-log ``lse``."""
     global _attend_override
     prev = _attend_override
@@ -246,9 +256,8 @@ def attend_backend(fn: AttendFn) -> Iterator[None]:
 def flashinfer_attend(backend: str = "fa3") -> AttendFn:
     """The attention step through FlashInfer's ``BatchPrefillWithRaggedKVCacheWrapper(backend=...)``.
 
-    ``"fa3"`` is what :func:`prefill` runs; ``benchmarks/bench_prefill.py`` also times ``"fa2"`` (the
-    same composite over FA2, for the archs without FA3) through :func:`attend_backend`. One wrapper per
-    (device, backend) serves every layer; it is re-planned only when the plan's inputs change.
+    ``"fa3"`` is what :func:`prefill_fa3` runs, ``"fa2"`` what :func:`prefill_fa2` runs. One wrapper
+    per (device, backend) serves every layer; it is re-planned only when the plan's inputs change.
     """
 
     def attend(
@@ -302,7 +311,7 @@ def flashinfer_attend(backend: str = "fa3") -> AttendFn:
     return attend
 
 
-_fa3_attend = flashinfer_attend("fa3")
+_flashinfer_attends: dict[str, AttendFn] = {b: flashinfer_attend(b) for b in BACKEND_HEAD_DIMS}
 
 
 def reference_attend(
@@ -319,7 +328,7 @@ def reference_attend(
     out: torch.Tensor,
     lse: torch.Tensor | None,
 ) -> None:
-    """The float32 reference in FA3's place (:func:`attend_backend` in tests): same arguments."""
+    """The float32 reference in FlashInfer's place (:func:`attend_backend` in tests): same arguments."""
     from nvfp4compat.kernels.reference_attention import attention_reference
 
     n = len(kv_indptr) - 1
@@ -340,8 +349,8 @@ def reference_attend(
 # ------------------------------------------------------------------------------------------------
 
 
-def _unsupported(feature: str) -> NotImplementedError:
-    return NotImplementedError(f"prefill (dequant_fa3): {feature}; {_WAY_OUT}")
+def _unsupported(backend: str, feature: str) -> NotImplementedError:
+    return NotImplementedError(f"prefill (dequant_{backend}): {feature}; {_WAY_OUT}")
 
 
 def _host_ints(t: torch.Tensor | None, device_t: torch.Tensor, name: str, n: int) -> list[int]:
@@ -350,13 +359,13 @@ def _host_ints(t: torch.Tensor | None, device_t: torch.Tensor, name: str, n: int
         return [int(x) for x in device_t.to("cpu").tolist()]
     if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.dim() != 1 or t.shape[0] != n:
         raise ValueError(
-            f"prefill (dequant_fa3): {name} must be a 1-D CPU tensor of {n} entries (vLLM's host copy), "
+            f"prefill (dequant): {name} must be a 1-D CPU tensor of {n} entries (vLLM's host copy), "
             f"got {getattr(t, 'device', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}"
         )
     return [int(x) for x in t.tolist()]
 
 
-def prefill(
+def prefill_fa3(
     query: torch.Tensor,
     paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     kv_cache_sf: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
@@ -377,8 +386,9 @@ def prefill(
     seq_lens_cpu: torch.Tensor | None = None,
     query_start_loc_cpu: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillOp`): each prefill request's
-    KV dequantized once into a bf16/fp16 scratch, then FlashInfer FA3 (SM90) over it (module docstring).
+    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillOp`) as ``dequant_fa3``: each
+    prefill request's KV dequantized once into a bf16/fp16 scratch, then FlashInfer's FA3 (SM90)
+    over it (module docstring).
 
     Not CUDA-graph safe (vLLM never captures prefill): the host plan needs the lengths, and a call
     under stream capture raises :class:`RuntimeError`. A device-tensor ``k_scale`` is read to the host
@@ -395,23 +405,113 @@ def prefill(
     Raises
     ------
     NotImplementedError
-        For sinks, a head_dim FA3 does not instantiate (only 64/128/256), or a GPU other than SM90;
+        For sinks, a head_dim outside [64, 128, 256], or a GPU FA3 does not run on here;
         the message names ``NVFP4COMPAT_IMPL=prefill=triton``.
     RuntimeError
         Under CUDA graph capture.
     """
+    return _prefill(
+        "fa3", query, paged_kv_cache, kv_cache_sf, block_table, seq_lens, query_start_loc, k_scale,
+        v_scale, sm_scale=sm_scale, kv_layout=kv_layout, causal=causal, sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap, sinks=sinks, out=out, return_lse=return_lse,
+        seq_lens_cpu=seq_lens_cpu, query_start_loc_cpu=query_start_loc_cpu,
+    )  # fmt: skip
+
+
+def prefill_fa2(
+    query: torch.Tensor,
+    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    kv_cache_sf: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    k_scale: float | torch.Tensor,
+    v_scale: float | torch.Tensor,
+    *,
+    sm_scale: float,
+    kv_layout: str = "NHD",
+    causal: bool = True,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    seq_lens_cpu: torch.Tensor | None = None,
+    query_start_loc_cpu: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillOp`) as ``dequant_fa2``: each
+    prefill request's KV dequantized once into a bf16/fp16 scratch, then FlashInfer's FA2 (SM80 and
+    newer) over it: :func:`prefill_fa3`'s composite for the archs without FA3 (module docstring).
+
+    Not CUDA-graph safe (vLLM never captures prefill): the host plan needs the lengths, and a call
+    under stream capture raises :class:`RuntimeError`. A device-tensor ``k_scale`` is read to the host
+    once per call (FA2 takes the softmax scale as a host float).
+
+    Parameters
+    ----------
+    sinks : None
+        Not supported by FA2's ragged run: anything but None raises :class:`NotImplementedError`.
+    seq_lens_cpu, query_start_loc_cpu : torch.Tensor, optional
+        Host copies of ``seq_lens`` ([batch]) and ``query_start_loc`` ([batch + 1]) with the same
+        values (vLLM's metadata has both); without them the device tensors are read once (a sync).
+
+    Raises
+    ------
+    NotImplementedError
+        For sinks, a head_dim outside [64, 128, 256], or a GPU FA2 does not run on here;
+        the message names ``NVFP4COMPAT_IMPL=prefill=triton``.
+    RuntimeError
+        Under CUDA graph capture.
+    """
+    return _prefill(
+        "fa2", query, paged_kv_cache, kv_cache_sf, block_table, seq_lens, query_start_loc, k_scale,
+        v_scale, sm_scale=sm_scale, kv_layout=kv_layout, causal=causal, sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap, sinks=sinks, out=out, return_lse=return_lse,
+        seq_lens_cpu=seq_lens_cpu, query_start_loc_cpu=query_start_loc_cpu,
+    )  # fmt: skip
+
+
+def _prefill(
+    backend: str,
+    query: torch.Tensor,
+    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    kv_cache_sf: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    k_scale: float | torch.Tensor,
+    v_scale: float | torch.Tensor,
+    *,
+    sm_scale: float,
+    kv_layout: str = "NHD",
+    causal: bool = True,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    seq_lens_cpu: torch.Tensor | None = None,
+    query_start_loc_cpu: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The shared body of :func:`prefill_fa3` and :func:`prefill_fa2` (``backend``: "fa3" or "fa2")."""
+    impl = f"dequant_{backend}"
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(
-            "prefill (dequant_fa3): called during CUDA graph capture; this implementation plans on the "
+            f"prefill ({impl}): called during CUDA graph capture; this implementation plans on the "
             f"host and cannot be captured (vLLM never captures prefill); {_WAY_OUT}"
         )
+    name = backend.upper()
     if sinks is not None:
-        raise _unsupported("attention sinks are not supported by FlashInfer's FA3 ragged prefill")
-    views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
-    if views.head_dim not in FA3_HEAD_DIMS:
         raise _unsupported(
-            f"head_dim {views.head_dim} is not instantiated by FlashInfer's FA3 prefill "
-            f"(supported: {list(FA3_HEAD_DIMS)})"
+            backend, f"attention sinks are not supported by FlashInfer's {name} ragged prefill"
+        )
+    views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
+    dims = BACKEND_HEAD_DIMS[backend]
+    if views.head_dim not in dims:
+        raise _unsupported(
+            backend,
+            f"head_dim {views.head_dim} is not served by FlashInfer's {name} ragged prefill here "
+            f"(supported: {list(dims)})",
         )
     a = tri._check_common(
         "prefill", query, views, block_table, seq_lens, k_scale, v_scale, sm_scale, sliding_window,
@@ -460,9 +560,11 @@ def prefill(
     per_token = 2 * views.num_kv_heads * views.head_dim * el
     cap_bytes = scratch_cap_bytes()
     plan = plan_groups(lens, starts, max(1, 16 // a.group), cap_bytes // per_token)
-    attend: AttendFn = _attend_override or _fa3_attend
+    attend: AttendFn = _attend_override or _flashinfer_attends[backend]
     if plan.groups and _attend_override is None:
-        _require_fa3(views.device)
+        problem = backend_problem(views.device, backend)
+        if problem is not None:
+            raise _unsupported(backend, problem)
 
     if plan.has_decode_rows:
         tri._launch_decode_path(
@@ -471,7 +573,7 @@ def prefill(
     window_left = a.window - 1 if a.window > 0 else -1
     cap = a.softcap if a.softcap > 0 else None
     if plan.groups:
-        ks = a.k_scale  # FA3 takes the softmax scale on the host: a device k_scale is read once
+        ks = a.k_scale  # FlashInfer takes the softmax scale on the host: a device k_scale is read once
         attend_scale = float(sm_scale) * (float(ks.reshape(()).item()) if isinstance(ks, torch.Tensor) else ks)
         need = max(g.kv_tokens for g in plan.groups) * per_token
         buf = _scratch_bytes(views.device, need, cap_bytes)
@@ -497,9 +599,9 @@ def prefill(
         )  # fmt: skip
     for b in plan.oversize:
         logger.debug(
-            "prefill (dequant_fa3): request %d's KV (%d tokens, %.1f MiB) exceeds %s=%d MiB; it runs "
+            "prefill (%s): request %d's KV (%d tokens, %.1f MiB) exceeds %s=%d MiB; it runs "
             "through the fused Triton prefill",
-            b, lens[b], lens[b] * per_token / 2**20, SCRATCH_ENV, cap_bytes >> 20,
+            impl, b, lens[b], lens[b] * per_token / 2**20, SCRATCH_ENV, cap_bytes >> 20,
         )  # fmt: skip
         q0, q1 = starts[b], starts[b + 1]
         res = tri.prefill(
@@ -515,13 +617,18 @@ def prefill(
     return tri._result(a)
 
 
-def _fa3_problem(device: torch.device) -> str | None:
-    """Why FlashInfer's FA3 ragged prefill cannot run on ``device`` (None: it can)."""
+def backend_problem(device: torch.device, backend: str) -> str | None:
+    """Why FlashInfer's ragged prefill with ``backend`` ("fa3": SM90 only; "fa2": SM80 and newer, the
+    project floor and bf16's) cannot run on ``device``; None when it can."""
+    name = backend.upper()
     if device.type != "cuda":
-        return f"the cache is on {device}; FA3 needs a CUDA SM90 GPU"
+        want = "SM90" if backend == "fa3" else "SM80 or newer"
+        return f"the cache is on {device}; {name} needs a CUDA {want} GPU"
     major, minor = torch.cuda.get_device_capability(device)
-    if major != 9:
+    if backend == "fa3" and major != 9:
         return f"the GPU is SM{major}{minor}; FlashInfer's FA3 kernels are built for SM90 only"
+    if backend == "fa2" and major < 8:
+        return f"the GPU is SM{major}{minor}; the FA2 ragged prefill needs SM80 or newer here"
     try:
         import flashinfer
     except ImportError as exc:
@@ -529,9 +636,3 @@ def _fa3_problem(device: torch.device) -> str | None:
     if not hasattr(flashinfer, "BatchPrefillWithRaggedKVCacheWrapper"):
         return "the installed flashinfer has no BatchPrefillWithRaggedKVCacheWrapper"
     return None
-
-
-def _require_fa3(device: torch.device) -> None:
-    problem = _fa3_problem(device)
-    if problem is not None:
-        raise _unsupported(problem)

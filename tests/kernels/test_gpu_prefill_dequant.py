@@ -1,8 +1,9 @@
-"""GPU tier of the dequantize-then-attend prefill (``dequant_fa3``): the real FlashInfer FA3 on SM90.
+"""GPU tier of the dequantize-then-attend prefills: ``dequant_fa3`` (the real FlashInfer FA3, SM90) and
+``dequant_fa2`` (the real FlashInfer FA2, SM80 and newer).
 
-Run on an H100/H200 with FlashInfer installed: ``pytest -m gpu tests/kernels/test_gpu_prefill_dequant_fa3.py``
-(each distinct (dtype, head_dim, causal, window, soft-cap) combination JIT-compiles one FlashInfer FA3
-module the first time). Every case compares against the float32 reference on the dequantized cache:
+Run on a GPU with FlashInfer installed: ``pytest -m gpu tests/kernels/test_gpu_prefill_dequant.py``
+(each distinct (backend, dtype, head_dim, causal, window, soft-cap) combination JIT-compiles one
+FlashInfer module the first time; the FA3 cases skip off SM90). Every case compares against the float32 reference on the dequantized cache:
 relative L2 of the output <= 1e-2 and LSE max abs error <= 1e-2 (natural log).
 """
 
@@ -12,21 +13,24 @@ import pytest
 import torch
 from _attention_helpers import HAS_CUDA, run_case
 
-from nvfp4compat.kernels.composite import prefill_dequant_fa3 as mod
+from nvfp4compat.kernels.composite import prefill_dequant as mod
 
 bf16, fp16 = torch.bfloat16, torch.float16
 
 
-def _fa3_skip_reason() -> str | None:
+def _skip_reason(backend: str) -> str | None:
     if not HAS_CUDA:
         return "needs a CUDA GPU"
-    major, minor = torch.cuda.get_device_capability()
-    if major != 9:
-        return f"SM{major}{minor}: FlashInfer's FA3 kernels need SM90"
-    return mod._fa3_problem(torch.device("cuda"))
+    return mod.backend_problem(torch.device("cuda"), backend)
 
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_fa3_skip_reason() is not None, reason=str(_fa3_skip_reason()))]
+pytestmark = pytest.mark.gpu
+IMPLS = [
+    pytest.param(
+        impl, marks=pytest.mark.skipif(_skip_reason(b) is not None, reason=f"{impl}: {_skip_reason(b)}"), id=impl
+    )
+    for impl, b in (("dequant_fa3", "fa3"), ("dequant_fa2", "fa2"))
+]
 
 
 # (dtype, head_dim, layout, hq, hkv, seq_lens, q_lens)
@@ -41,9 +45,10 @@ SHAPES = [
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize(("dtype", "head_dim", "layout", "hq", "hkv", "seq_lens", "q_lens"), SHAPES)
-def test_matches_reference(causal, dtype, head_dim, layout, hq, hkv, seq_lens, q_lens):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_matches_reference(impl, causal, dtype, head_dim, layout, hq, hkv, seq_lens, q_lens):
     run_case(
-        "dequant_fa3", "prefill", seq_lens=seq_lens, q_lens=q_lens, num_qo_heads=hq, num_kv_heads=hkv,
+        impl, "prefill", seq_lens=seq_lens, q_lens=q_lens, num_qo_heads=hq, num_kv_heads=hkv,
         head_dim=head_dim, page_size=16, layout=layout, dtype=dtype, causal=causal, return_lse=True,
     ).check()  # fmt: skip
 
@@ -57,30 +62,34 @@ def test_matches_reference(causal, dtype, head_dim, layout, hq, hkv, seq_lens, q
     ],
 )
 @pytest.mark.parametrize("causal", [True, False])
-def test_features_match_reference(features, causal):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_features_match_reference(impl, features, causal):
     run_case(
-        "dequant_fa3", "prefill", seq_lens=[2100, 60, 900], q_lens=[1000, 4, 900], num_qo_heads=16,
+        impl, "prefill", seq_lens=[2100, 60, 900], q_lens=[1000, 4, 900], num_qo_heads=16,
         num_kv_heads=4, head_dim=128, dtype=bf16, causal=causal, return_lse=True, **features,
     ).check()  # fmt: skip
 
 
-def test_groups_under_a_small_cap_and_oversize_requests(monkeypatch):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_groups_under_a_small_cap_and_oversize_requests(monkeypatch, impl):
     """1 MiB of scratch = 1024 tokens at 2 KV heads x 128 x bf16 x K+V: the 3000-token request takes
-    the fused Triton prefill, the others are split into several FA3 groups; all rows match."""
+    the fused Triton prefill, the others are split into several FlashInfer groups; all rows match."""
     monkeypatch.setenv(mod.SCRATCH_ENV, "1")
     res = run_case(
-        "dequant_fa3", "prefill", seq_lens=[600, 3000, 500, 400, 300, 20], q_lens=[600, 100, 250, 400, 3, 20],
+        impl, "prefill", seq_lens=[600, 3000, 500, 400, 300, 20], q_lens=[600, 100, 250, 400, 3, 20],
         num_qo_heads=8, num_kv_heads=2, head_dim=128, dtype=bf16, return_lse=True,
     )  # fmt: skip
     res.check()
 
 
-def test_refused_under_cuda_graph_capture():
-    res = run_case("dequant_fa3", "prefill", seq_lens=[64], q_lens=[64], head_dim=128, return_lse=False)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_refused_under_cuda_graph_capture(impl):
+    res = run_case(impl, "prefill", seq_lens=[64], q_lens=[64], head_dim=128, return_lse=False)
     case, query = res.case, res.query
     qsl = torch.tensor([0, 64], dtype=torch.int32, device="cuda")
+    prefill = {"dequant_fa3": mod.prefill_fa3, "dequant_fa2": mod.prefill_fa2}[impl]
     g = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="CUDA graph capture.*prefill=triton"):  # noqa: SIM117
         with torch.cuda.graph(g):
-            mod.prefill(query, case.paged_kv_cache, case.kv_cache_sf, case.block_table, case.seq_lens, qsl,
-                        case.k_scale, case.v_scale, sm_scale=0.1)  # fmt: skip
+            prefill(query, case.paged_kv_cache, case.kv_cache_sf, case.block_table, case.seq_lens, qsl,
+                    case.k_scale, case.v_scale, sm_scale=0.1)  # fmt: skip

@@ -1,11 +1,11 @@
-"""The dequantize-then-attend prefill (``dequant_fa3``) on the CPU.
+"""The dequantize-then-attend prefills (``dequant_fa3``, ``dequant_fa2``) on the CPU.
 
-FlashInfer's FA3 kernels cannot run here: the attention step is replaced by the float32 reference through
-the module's documented test hook (:func:`attend_backend`). Everything else is real: the host plan
-(decode-row routing, groups under the scratch cap, oversize requests), the Triton paged dequantizer
+FlashInfer's FA3/FA2 kernels cannot run here: the attention step is replaced by the float32 reference
+through the module's documented test hook (:func:`attend_backend`). Everything else is real: the host
+plan (decode-row routing, groups under the scratch cap, oversize requests), the Triton paged dequantizer
 (under ``TRITON_INTERPRET=1``) writing the scratch, the Triton decode kernel for decode rows and the fused
-Triton prefill for requests larger than the cap. The GPU tier (``test_gpu_prefill_dequant_fa3.py``) runs
-the real FA3.
+Triton prefill for requests larger than the cap. The GPU tier (``test_gpu_prefill_dequant.py``) runs
+the real FA3 and FA2.
 """
 
 from __future__ import annotations
@@ -16,14 +16,16 @@ from _attention_helpers import DEVICE, HAS_CUDA, run_case
 
 from nvfp4compat.kernels import get_kernel
 from nvfp4compat.kernels import reference_attention as ra
-from nvfp4compat.kernels.composite import prefill_dequant_fa3 as mod
+from nvfp4compat.kernels.composite import prefill_dequant as mod
 
 bf16, fp16 = torch.bfloat16, torch.float16
-pytestmark = pytest.mark.skipif(HAS_CUDA, reason="the CPU tier of dequant_fa3 (GPU tier: test_gpu_prefill_dequant_fa3.py)")
+pytestmark = pytest.mark.skipif(HAS_CUDA, reason="the CPU tier of dequant_fa3/fa2 (GPU tier: test_gpu_prefill_dequant.py)")
+IMPLS = ["dequant_fa3", "dequant_fa2"]
+ENTRY = {"dequant_fa3": mod.prefill_fa3, "dequant_fa2": mod.prefill_fa2}
 
 
 class Spy:
-    """The reference attention in FA3's place, recording each call's group (host indptrs)."""
+    """The reference attention in FlashInfer's place, recording each call's group (host indptrs)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[list[int], list[int], int]] = []
@@ -86,15 +88,17 @@ def test_scratch_cap_env(monkeypatch):
 # ------------------------------------------------------------------------------- the operation
 
 
-def test_registry_routes_to_the_composite_module():
-    fn = get_kernel("prefill", "dequant_fa3")
-    assert fn.__module__ == "nvfp4compat.kernels.composite.prefill_dequant_fa3" and fn.__name__ == "prefill"
-    with pytest.raises(ValueError, match="no 'dequant_fa3' implementation"):
-        get_kernel("decode", "dequant_fa3")
+@pytest.mark.parametrize("impl, name", [("dequant_fa3", "prefill_fa3"), ("dequant_fa2", "prefill_fa2")])
+def test_registry_routes_to_the_composite_module(impl, name):
+    fn = get_kernel("prefill", impl)
+    assert fn.__module__ == "nvfp4compat.kernels.composite.prefill_dequant" and fn.__name__ == name
+    with pytest.raises(ValueError, match=f"no '{impl}' implementation"):
+        get_kernel("decode", impl)
 
 
-def test_mixed_batch_groups_and_oversize_match_reference(monkeypatch):
-    """Decode rows on the decode kernel, two FA3 groups (one of two requests), one request over the cap on
+@pytest.mark.parametrize("impl", IMPLS)
+def test_mixed_batch_groups_and_oversize_match_reference(monkeypatch, impl):
+    """Decode rows on the decode kernel, two attention groups (one of two requests), one request over the cap on
     the fused Triton prefill: one call, every row written, reference accuracy."""
     per_token = 2 * 2 * 64 * 2  # K+V, 2 KV heads, head_dim 64, bf16
     monkeypatch.setattr(mod, "scratch_cap_bytes", lambda: 60 * per_token)
@@ -109,7 +113,7 @@ def test_mixed_batch_groups_and_oversize_match_reference(monkeypatch):
     spy = Spy()
     with mod.attend_backend(spy):
         res = run_case(
-            "dequant_fa3", "prefill", seq_lens=[50, 7, 30, 20, 90, 33], q_lens=[20, 2, 30, 12, 21, 3],
+            impl, "prefill", seq_lens=[50, 7, 30, 20, 90, 33], q_lens=[20, 2, 30, 12, 21, 3],
             num_qo_heads=4, num_kv_heads=2, head_dim=64, return_lse=True, seed=3,
         )  # fmt: skip
     res.check()
@@ -125,15 +129,18 @@ def test_mixed_batch_groups_and_oversize_match_reference(monkeypatch):
         pytest.param(bf16, dict(causal=True, scale_as_tensor=True), id="bf16-tensor-scales"),
     ],
 )
-def test_features_match_reference(dtype, features):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_features_match_reference(impl, dtype, features):
     with mod.attend_backend(Spy()):
         run_case(
-            "dequant_fa3", "prefill", seq_lens=[40, 6, 25], q_lens=[17, 2, 25], num_qo_heads=4,
+            impl, "prefill", seq_lens=[40, 6, 25], q_lens=[17, 2, 25], num_qo_heads=4,
             num_kv_heads=2, head_dim=64, dtype=dtype, layout="HND", return_lse=True, **features,
         ).check()  # fmt: skip
 
 
-def test_host_lengths_are_used_and_checked():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_host_lengths_are_used_and_checked(impl):
+    prefill = ENTRY[impl]
     case = ra.make_paged_cache([30, 12], 2, 64, 16, device=DEVICE, generator=torch.Generator().manual_seed(1))
     qsl = torch.tensor([0, 20, 32], dtype=torch.int32)
     query = torch.randn(32, 4, 64, generator=torch.Generator().manual_seed(2)).to(bf16)
@@ -142,13 +149,13 @@ def test_host_lengths_are_used_and_checked():
     spy = Spy()
     with mod.attend_backend(spy):
         # host lengths that differ from the device tensors decide the plan (they are trusted, not re-read)
-        mod.prefill(*args, sm_scale=0.125, seq_lens_cpu=torch.tensor([30, 12]),
+        prefill(*args, sm_scale=0.125, seq_lens_cpu=torch.tensor([30, 12]),
                     query_start_loc_cpu=torch.tensor([0, 20, 32]))  # fmt: skip
         assert [c[1] for c in spy.calls] == [[0, 30, 42]]
         with pytest.raises(ValueError, match="seq_lens_cpu must be a 1-D CPU tensor of 2"):
-            mod.prefill(*args, sm_scale=0.125, seq_lens_cpu=torch.tensor([30]))
+            prefill(*args, sm_scale=0.125, seq_lens_cpu=torch.tensor([30]))
         with pytest.raises(ValueError, match="request 1 has seq_len 10, needs q_len 12"):
-            mod.prefill(*args, sm_scale=0.125, seq_lens_cpu=torch.tensor([30, 10]))
+            prefill(*args, sm_scale=0.125, seq_lens_cpu=torch.tensor([30, 10]))
 
 
 def _small_args(head_dim: int = 64):
@@ -161,10 +168,36 @@ def _small_args(head_dim: int = 64):
 
 def test_refuses_what_fa3_cannot_do_with_the_way_out():
     args = _small_args()
-    with pytest.raises(NotImplementedError, match="sinks.*NVFP4COMPAT_IMPL=prefill=triton"):
-        mod.prefill(*args, sm_scale=0.125, sinks=torch.zeros(4))
-    with pytest.raises(NotImplementedError, match="head_dim 512.*NVFP4COMPAT_IMPL=prefill=triton"):
-        mod.prefill(*_small_args(512), sm_scale=0.125)
+    with pytest.raises(NotImplementedError, match=r"dequant_fa3\): attention sinks.*FA3.*NVFP4COMPAT_IMPL=prefill=triton"):
+        mod.prefill_fa3(*args, sm_scale=0.125, sinks=torch.zeros(4))
+    with pytest.raises(NotImplementedError, match="head_dim 512.*FA3.*NVFP4COMPAT_IMPL=prefill=triton"):
+        mod.prefill_fa3(*_small_args(512), sm_scale=0.125)
     # without the test hook the FA3 step needs a CUDA SM90 GPU
     with pytest.raises(NotImplementedError, match="cpu; FA3 needs a CUDA SM90 GPU.*prefill=triton"):
-        mod.prefill(*args, sm_scale=0.125)
+        mod.prefill_fa3(*args, sm_scale=0.125)
+
+
+def test_refuses_what_fa2_cannot_do_with_the_way_out():
+    args = _small_args()
+    with pytest.raises(NotImplementedError, match=r"dequant_fa2\): attention sinks.*FA2.*NVFP4COMPAT_IMPL=prefill=triton"):
+        mod.prefill_fa2(*args, sm_scale=0.125, sinks=torch.zeros(4))
+    with pytest.raises(NotImplementedError, match=r"head_dim 512.*FA2.*\[64, 128, 256\].*prefill=triton"):
+        mod.prefill_fa2(*_small_args(512), sm_scale=0.125)
+    # without the test hook the FA2 step needs a CUDA GPU of SM80 or newer
+    with pytest.raises(NotImplementedError, match="cpu; FA2 needs a CUDA SM80 or newer GPU.*prefill=triton"):
+        mod.prefill_fa2(*args, sm_scale=0.125)
+
+
+@pytest.mark.parametrize(
+    "backend, cc, bad",
+    [("fa3", (8, 9), "built for SM90 only"), ("fa3", (12, 0), "built for SM90 only"), ("fa2", (7, 5), "SM80 or newer")],
+)
+def test_backend_problem_names_the_gpu(monkeypatch, backend, cc, bad):
+    """The device check without a GPU: the capability decides before FlashInfer is looked for."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cc)
+    problem = mod.backend_problem(torch.device("cuda"), backend)
+    assert problem is not None and f"SM{cc[0]}{cc[1]}" in problem and bad in problem
+    # an SM the backend runs on gets past the capability check (then FlashInfer's import decides)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0) if backend == "fa3" else (8, 6))
+    ok = mod.backend_problem(torch.device("cuda"), backend)
+    assert ok is None or "flashinfer" in ok
