@@ -93,7 +93,8 @@ def _base(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """CPU test suite: unit tests, Triton kernels in the interpreter, AOT builds for SM80-SM120."""
     _base(session)
-    session.install(TRITON_SPEC, "-e", ".[test]")
+    # recall: the shipped recall model's tests read it with safetensors and tokenizers
+    session.install(TRITON_SPEC, "-e", ".[test,recall]")
     session.run(
         "pytest",
         "-m",

@@ -425,7 +425,7 @@ def run_writer(spec: dict[str, Any], result: dict[str, Any]) -> None:
                     )
                     for _ in range(2)
                 )
-                return data, sf  # type: ignore[return-value]
+                return data, sf  # type: ignore[return-value, unused-ignore]
 
             (td, tsf), (fd, fsf) = caches(), caches()
             tri_write(key, value, slots, td, tsf, ks, vs, kv_layout=layout)
