@@ -443,25 +443,9 @@ def prefill_fa2(
     prefill request's KV dequantized once into a bf16/fp16 scratch, then FlashInfer's FA2 (SM80 and
     newer) over it: :func:`prefill_fa3`'s composite for the archs without FA3 (module docstring).
 
-    Not CUDA-graph safe (vLLM never captures prefill): the host plan needs the lengths, and a call
-    under stream capture raises :class:`RuntimeError`. A device-tensor ``k_scale`` is read to the host
-    once per call (FA2 takes the softmax scale as a host float).
-
-    Parameters
-    ----------
-    sinks : None
-        Not supported by FA2's ragged run: anything but None raises :class:`NotImplementedError`.
-    seq_lens_cpu, query_start_loc_cpu : torch.Tensor, optional
-        Host copies of ``seq_lens`` ([batch]) and ``query_start_loc`` ([batch + 1]) with the same
-        values (vLLM's metadata has both); without them the device tensors are read once (a sync).
-
-    Raises
-    ------
-    NotImplementedError
-        For sinks, a head_dim outside [64, 128, 256], or a GPU FA2 does not run on here;
-        the message names ``NVFP4COMPAT_IMPL=prefill=triton``.
-    RuntimeError
-        Under CUDA graph capture.
+    Graph safety, the host copies ``seq_lens_cpu``/``query_start_loc_cpu``, the device ``k_scale``
+    read and the refusals (sinks, head_dim outside [64, 128, 256], a GPU the backend does not run on,
+    stream capture) are :func:`prefill_fa3`'s, with FA2 in place of FA3.
     """
     return _prefill(
         "fa2", query, paged_kv_cache, kv_cache_sf, block_table, seq_lens, query_start_loc, k_scale,
