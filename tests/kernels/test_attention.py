@@ -101,6 +101,21 @@ def test_decode_split_counts(splits, block_n):
     r.check()
 
 
+@pytest.mark.parametrize("chunk_block", [2, 16])
+def test_decode_merge_over_many_chunk_blocks(monkeypatch, chunk_block):
+    """A request cut into more chunks than one merge step holds (39 chunks: 20 steps of 2, 3 steps of
+    16, the last one partial) merges to the reference, beside a request of one chunk."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    monkeypatch.setattr(att, "MERGE_CHUNK_BLOCK", chunk_block)
+    with att.override_configs(decode=att.DecodeConfig(16, 4, 1), num_splits=40):
+        r = run_case(
+            "triton", "decode", seq_lens=[700, 5], q_len_per_req=1, num_qo_heads=4, num_kv_heads=2,
+            head_dim=64, dtype=fp16, return_lse=True, use_sinks=True, seed=chunk_block,
+        )
+    r.check()
+
+
 def _bf16_bits_to_f64(bits: np.ndarray) -> np.ndarray:
     """bf16 bit patterns (in uint32) -> float64 values."""
     return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32).astype(np.float64)

@@ -144,6 +144,25 @@ def test_out_of_range_block_table_entries_read_nothing(op, bad_page):
     assert close_to(out, ref) and _lse_match(lse, ref_lse)
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("op", ["decode", "prefill"])
+def test_out_of_range_entries_under_fully_visible_tiles_read_nothing(op, splits):
+    """Bad page ids far from the sequence end and the causal diagonal: the tiles that read them would
+    otherwise run the unmasked path, which trusts its page ids (the scan before it must catch them),
+    with the split-KV chunks cut so that one chunk holds a bad page and another does not."""
+    gc = guard_cache(_case([700, 520]))
+    bt = gc.case.block_table.clone()
+    bt[0, 5] = gc.case.num_pages + 7
+    bt[1, 20] = -1
+    with att.override_configs(num_splits=splits):
+        if op == "decode":
+            out, lse, ref, ref_lse = _decode(gc, _query(2), bt, gc.case.seq_lens)
+        else:
+            qsl = torch.tensor([0, 20, 41], dtype=torch.int32, device=DEVICE)
+            out, lse, ref, ref_lse = _prefill(gc, _query(41), bt, gc.case.seq_lens, qsl)
+    assert close_to(out, ref) and _lse_match(lse, ref_lse)
+
+
 # ---- host checks before launch --------------------------------------------------------------------
 
 

@@ -146,10 +146,11 @@ def _attend_tile(
 
     ``MASKED`` tiles mask keys ``>= kv_end`` and, per row, the causal diagonal (``CAUSAL_ROWS``:
     key ``<= qpos``) and the window (``WINDOW_ROWS``: key ``> qpos - window``); unmasked tiles are
-    known to be fully visible to every row. Logits are kept in the log2 domain. A key whose page id
-    is outside ``[0, num_pages)`` is masked on every tile (its logit is -inf): its page id is
+    known to be fully visible to every row. Logits are kept in the log2 domain. On a masked tile a
+    key whose page id is outside ``[0, num_pages)`` is masked too (its logit is -inf): its page id is
     replaced by 0, so its bytes are read from inside the cache and decode to finite values, which
-    weigh 0; the loads of unmasked tiles stay unpredicated.
+    weigh 0. Unmasked tiles neither check nor mask page ids: :func:`_attend_range` runs a tile
+    unmasked only when every page id it reads was checked to be in range.
     """
     DTYPE: tl.constexpr = q_lo.dtype
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -162,12 +163,12 @@ def _attend_tile(
         slot = (offs_n % page_size).to(tl.int64)
     if MASKED:
         page = tl.load(bt_row + pidx, mask=n_ok, other=-1)
+        # A page id outside the cache reads nothing: its keys are masked like keys past the end.
+        page_ok = (page >= 0) & (page < num_pages)
+        n_ok = n_ok & page_ok
+        page = tl.where(page_ok, page, 0).to(tl.int64)
     else:
-        page = tl.load(bt_row + pidx)
-    # A page id outside the cache reads nothing: its keys are masked like keys past the end.
-    page_ok = (page >= 0) & (page < num_pages)
-    n_ok = n_ok & page_ok
-    page = tl.where(page_ok, page, 0).to(tl.int64)
+        page = tl.load(bt_row + pidx).to(tl.int64)
 
     k_lo, k_hi = _load_planes(
         k_base, page * stride_kp + slot * stride_kt, ks_base, page * stride_ksp + slot * stride_kst,
@@ -184,8 +185,8 @@ def _attend_tile(
         y = s * softcap_pre
         t = 1.0 - 2.0 / (tl.exp2(y * 2.8853900817779268) + 1.0)
         s = t * softcap_post
-    s = tl.where(n_ok[None, :], s, float("-inf"))
     if MASKED:
+        s = tl.where(n_ok[None, :], s, float("-inf"))
         if CAUSAL_ROWS:
             s = tl.where(offs_n[None, :] <= qpos[:, None], s, float("-inf"))
         if WINDOW_ROWS:
@@ -221,6 +222,24 @@ def _attend_tile(
 
 
 @triton.jit
+def _bad_pages(bt_row, p_lo, p_hi, num_pages, PAGE_SCAN: tl.constexpr):
+    """1 if any block-table entry ``bt_row[p_lo:p_hi]`` is not a page id in ``[0, num_pages)``, else 0.
+
+    ``PAGE_SCAN // 32`` independent loads of 32 entries per step, reduced once at the end: a
+    vector of 32 stays within one warp, where wider vectors (or a reduction per step) raised the
+    decode kernel from 152 to 194 registers per thread on SM90 (triton 3.6.0), one resident program
+    fewer per SM.
+    """
+    bad = tl.zeros((32,), tl.int32)
+    for p0 in range(p_lo, p_hi, PAGE_SCAN):
+        for u in tl.static_range(PAGE_SCAN // 32):
+            offs = p0 + u * 32 + tl.arange(0, 32)
+            page = tl.load(bt_row + offs, mask=offs < p_hi, other=0)
+            bad |= ((page < 0) | (page >= num_pages)).to(tl.int32)
+    return tl.max(bad, 0)
+
+
+@triton.jit
 def _attend_range(
     acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos,
     kv_lo, kv_hi, t_begin, t_end, n_mask_lo, n_full_end,
@@ -232,12 +251,16 @@ def _attend_range(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL_ROWS: tl.constexpr, WINDOW_ROWS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr, PAGE_POW2: tl.constexpr,
-    SF_WORDS: tl.constexpr,
+    SF_WORDS: tl.constexpr, PAGE_SCAN: tl.constexpr = 256,
 ):
     """Attend tiles ``t_begin <= i < t_end`` (tile ``i`` = keys ``kv_lo + i * BLOCK_N + [0, BLOCK_N)``).
 
     Tiles below ``n_mask_lo`` (window edge) and from ``n_full_end`` on (causal diagonal, sequence end)
-    are masked; the tiles in between run the unmasked fast path.
+    are masked; the tiles in between run the unmasked fast path, which trusts its page ids. So the
+    block-table entries of those tiles are checked first, in one pass (:func:`_bad_pages`):
+    where any is outside ``[0, num_pages)``, every tile of the range runs masked, and the keys of
+    the bad pages are masked tile by tile. Valid metadata pays one vector load per
+    ``PAGE_SCAN`` pages, not a check per tile.
     """
     a_end = tl.minimum(t_end, n_mask_lo)
     for i in range(t_begin, a_end):
@@ -250,6 +273,17 @@ def _attend_range(
         )
     b_begin = tl.maximum(t_begin, n_mask_lo)
     b_end = tl.minimum(t_end, n_full_end)
+    if b_end > b_begin:
+        n_lo = kv_lo + b_begin * BLOCK_N
+        n_hi = kv_lo + b_end * BLOCK_N  # unmasked tiles end at or before kv_hi
+        if PAGE_POW2:
+            p_lo = n_lo >> page_shift
+            p_hi = ((n_hi - 1) >> page_shift) + 1
+        else:
+            p_lo = n_lo // page_size
+            p_hi = (n_hi - 1) // page_size + 1
+        if _bad_pages(bt_row, p_lo, p_hi, num_pages, PAGE_SCAN) > 0:
+            b_end = b_begin  # hostile page ids: the masked loop below takes every tile
     for i in range(b_begin, b_end):
         acc_lo, acc_hi, m_i, l_i = _attend_tile(
             acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos, kv_lo + i * BLOCK_N, kv_hi, window,
@@ -258,7 +292,7 @@ def _attend_range(
             stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
             HEAD_DIM, BLOCK_N, False, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_WORDS,
         )
-    c_begin = tl.maximum(b_begin, tl.maximum(t_begin, n_full_end))
+    c_begin = tl.maximum(b_begin, b_end)
     for i in range(c_begin, t_end):
         acc_lo, acc_hi, m_i, l_i = _attend_tile(
             acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos, kv_lo + i * BLOCK_N, kv_hi, window,
@@ -582,10 +616,11 @@ def _decode_reduce_kernel(
     num_qo_heads, stride_ot, stride_oh, stride_lt,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BATCH_BLOCK: tl.constexpr,
+    BLOCK_H: tl.constexpr, BATCH_BLOCK: tl.constexpr, CHUNK_BLOCK: tl.constexpr,
     status_ptr,
 ):
-    """Merge the chunks of rows ``(b * QMAX + t)`` for ``BLOCK_H`` query heads per program.
+    """Merge the chunks of rows ``(b * QMAX + t)`` for ``BLOCK_H`` query heads per program,
+    ``CHUNK_BLOCK`` chunks at a time.
 
     It recomputes the decode kernel's chunking (same arguments, same integer arithmetic) to find
     request ``b``'s chunk count and first partial slot. A request of one chunk was written by the
@@ -622,19 +657,24 @@ def _decode_reduce_kernel(
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = heads < num_qo_heads
     offs_d = tl.arange(0, HEAD_DIM)
+    offs_c = tl.arange(0, CHUNK_BLOCK)
     m = tl.full((BLOCK_H,), float("-inf"), tl.float32)
     l_sum = tl.zeros((BLOCK_H,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_H, HEAD_DIM), dtype=tl.float32)
-    for s in range(n_chunks):
-        prow = ((slot0 + s).to(tl.int64) * num_qo_heads + heads) * QMAX + t
-        lse_s = tl.load(part_lse_ptr + prow, mask=h_ok, other=float("-inf"))
-        o_s = tl.load(part_o_ptr + prow[:, None] * HEAD_DIM + offs_d[None, :], mask=h_ok[:, None], other=0.0)
-        m_new = tl.maximum(m, lse_s)
+    # CHUNK_BLOCK chunks per step, loaded at once: a request split into many chunks costs one
+    # round trip to memory per CHUNK_BLOCK of them, not one per chunk.
+    for s0 in range(0, n_chunks, CHUNK_BLOCK):
+        cs = s0 + offs_c
+        ok = (cs < n_chunks)[:, None] & h_ok[None, :]
+        prow = ((slot0 + cs).to(tl.int64)[:, None] * num_qo_heads + heads[None, :]) * QMAX + t
+        lse_s = tl.load(part_lse_ptr + prow, mask=ok, other=float("-inf"))
+        o_s = tl.load(part_o_ptr + prow[:, :, None] * HEAD_DIM + offs_d[None, None, :], mask=ok[:, :, None], other=0.0)
+        m_new = tl.maximum(m, tl.max(lse_s, 0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m - m_safe)
-        w = tl.exp2(lse_s - m_safe)
-        acc = acc * alpha[:, None] + o_s * w[:, None]
-        l_sum = l_sum * alpha + w
+        w = tl.exp2(lse_s - m_safe[None, :])
+        acc = acc * alpha[:, None] + tl.sum(o_s * w[:, :, None], 0)
+        l_sum = l_sum * alpha + tl.sum(w, 0)
         m = m_new
     if HAS_SINKS:
         sink2 = tl.load(sinks_ptr + heads, mask=h_ok, other=0.0) * 1.4426950408889634
@@ -869,6 +909,9 @@ SPLIT_TARGET_PROGRAMS_PER_SM = 4
 SPLIT_MIN_CHUNK_TOKENS = 512
 # Requests scanned per step of the kernels' on-device prefix over the batch: 128 for batches up to
 # 128, else 1024 (two compiled variants for every batch size; one step up to 1024 requests).
+# The merge kernel (merge_blocks): partial outputs per step, and chunks per step.
+MERGE_STEP_ELEMENTS = 8192
+MERGE_CHUNK_BLOCK = 16
 BATCH_BLOCK_SMALL = 128
 BATCH_BLOCK_MAX = 1024
 
@@ -963,6 +1006,21 @@ def decode_grid(batch: int, programs: int, min_tiles: int, max_tiles: int) -> tu
     per_request = -(-max(1, max_tiles) // min_tiles)
     chunks = max(1, min(programs + batch, batch * per_request))
     return chunks, max(1, min(chunks, programs))
+
+
+def merge_blocks(num_qo_heads: int, head_dim: int) -> tuple[int, int]:
+    """``(BLOCK_H, CHUNK_BLOCK)`` of the merge kernel: query heads per program and chunks per step.
+
+    One step holds ``CHUNK_BLOCK x BLOCK_H x head_dim`` partial outputs, ``MERGE_STEP_ELEMENTS`` at
+    most (64 fp32 registers per thread on 4 warps). Chunks come first (``MERGE_CHUNK_BLOCK``): a
+    lone long request is cut into tens of chunks, which one step then merges in one round trip to
+    memory; the heads get what is left, so a small batch still spreads over several programs.
+    """
+    chunk_block = MERGE_CHUNK_BLOCK
+    block_h = max(1, MERGE_STEP_ELEMENTS // (chunk_block * head_dim))
+    block_h = min(triton.next_power_of_2(num_qo_heads), block_h)
+    chunk_block = max(1, min(chunk_block, MERGE_STEP_ELEMENTS // (block_h * head_dim)))
+    return block_h, chunk_block
 
 
 def _fast(device: torch.device) -> int:
@@ -1319,14 +1377,14 @@ def _run_decode(
         num_pages=d.num_pages, status_ptr=status_arg,
         num_warps=d.cfg.num_warps, num_stages=d.cfg.num_stages, maxnreg=d.cfg.maxnreg,
     )  # fmt: skip
-    block_h = min(triton.next_power_of_2(d.num_qo_heads), max(1, 4096 // d.head_dim))
+    block_h, chunk_block = merge_blocks(d.num_qo_heads, d.head_dim)
     _decode_reduce_kernel[(batch * qmax, triton.cdiv(d.num_qo_heads, block_h))](
         part_o, part_lse, out, lse_arg, seq_lens, qsl_arg, sinks_arg,
         batch, d.programs, d.min_tiles, d.window, d.max_pages, d.page_size, query.shape[0],
         d.num_qo_heads, out.stride(0), out.stride(1), d.num_qo_heads,
         HEAD_DIM=d.head_dim, BLOCK_N=d.cfg.block_n, QMAX=qmax, VARLEN=qsl is not None,
         HAS_WINDOW=d.window > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse, BLOCK_H=block_h,
-        BATCH_BLOCK=d.batch_block, status_ptr=status_arg, num_warps=4,
+        BATCH_BLOCK=d.batch_block, CHUNK_BLOCK=chunk_block, status_ptr=status_arg, num_warps=4,
     )  # fmt: skip
 
 
@@ -1711,19 +1769,21 @@ def aot_variants() -> dict[str, list[Any]]:
                     "page_size": "i32", "num_tokens": "i32", "num_qo_heads": "i32", "stride_ot": "i32",
                     "stride_oh": "i32", "stride_lt": "i32"}
     for name in ("HEAD_DIM", "BLOCK_N", "QMAX", "VARLEN", "HAS_WINDOW", "HAS_SINKS", "RETURN_LSE", "BLOCK_H",
-                 "BATCH_BLOCK"):
+                 "BATCH_BLOCK", "CHUNK_BLOCK"):
         red_sig_base[name] = "constexpr"
     red_sig_base.update({"status_ptr": "*i32"})
     for dtype in ("bf16", "fp16"):
         for hd in (64, 128, 256, 512):
             sig = dict(red_sig_base, o_ptr=f"*{dtype}")
+            block_h, chunk_block = merge_blocks(32, hd)
             c = {"HEAD_DIM": hd, "BLOCK_N": _DECODE_CONFIGS[hd].block_n, "QMAX": 1, "VARLEN": False,
                  "HAS_WINDOW": hd == 64, "HAS_SINKS": hd == 64, "RETURN_LSE": hd == 64,
-                 "BLOCK_H": min(32, 4096 // hd), "BATCH_BLOCK": 128}
+                 "BLOCK_H": block_h, "BATCH_BLOCK": 128, "CHUNK_BLOCK": chunk_block}
             red.append(AotVariant(f"{dtype}-d{hd}", sig, c, 4, 1, _pointer_attrs(sig)))
     red.append(AotVariant("bf16-d128-varlen", red_sig_base,
                           {"HEAD_DIM": 128, "BLOCK_N": 64, "QMAX": 4, "VARLEN": True, "HAS_WINDOW": False,
-                           "HAS_SINKS": True, "RETURN_LSE": True, "BLOCK_H": 32, "BATCH_BLOCK": 1024}, 4, 1,
+                           "HAS_SINKS": True, "RETURN_LSE": True, "BLOCK_H": 1, "BATCH_BLOCK": 1024,
+                           "CHUNK_BLOCK": 64}, 4, 1,
                           _pointer_attrs(red_sig_base)))
     guard: list[AotVariant] = []
     for dtype, hd, lse in (("bf16", 64, True), ("bf16", 128, True), ("bf16", 256, False), ("bf16", 512, True),
