@@ -272,6 +272,23 @@ def check_dequant_inputs(
         raise ValueError(f"max_seq_len x heads = {max_seq_len * heads} exceeds {MAX_INDEX}")
 
 
+def check_query_start_loc(
+    op: str, query_start_loc: object, batch: int, device: torch.device | None
+) -> torch.Tensor:
+    """The attention ops' ``query_start_loc``: an int32 tensor ``[batch + 1]`` (on ``device``, the
+    cache's, unless None), returned contiguous. Its values are the kernels' to clamp (or
+    :func:`check_metadata_values`' to check, in debug mode): reading them here would sync."""
+    qsl = query_start_loc
+    if not isinstance(qsl, torch.Tensor) or qsl.dtype != torch.int32 or qsl.dim() != 1 or qsl.shape[0] != batch + 1:
+        raise ValueError(
+            f"{op}: query_start_loc must be an int32 tensor [batch + 1 = {batch + 1}], got "
+            f"{getattr(qsl, 'dtype', type(qsl).__name__)} {tuple(getattr(qsl, 'shape', ()))}"
+        )
+    if device is not None and qsl.device != device:
+        raise ValueError(f"{op}: query_start_loc is on {qsl.device}, the cache is on {device}")
+    return qsl.contiguous()
+
+
 def metadata_checks_on() -> bool:
     """Whether ``NVFP4COMPAT_CHECK_METADATA`` asks for the host-side metadata checks (debug mode:
     ``1``, ``true``, ``on`` or ``yes``). Read on every call, so a test or a session can switch it."""

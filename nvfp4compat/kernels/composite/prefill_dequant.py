@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 import torch
 
+from nvfp4compat.kernels.checks import check_query_start_loc
 from nvfp4compat.kernels.layout import normalize_cache
 from nvfp4compat.kernels.triton import attention as tri
 from nvfp4compat.kernels.triton.dequant import dequantize_paged
@@ -502,22 +503,7 @@ def _prefill(
         logits_soft_cap, None, out, return_lse,
     )  # fmt: skip
     batch = block_table.shape[0]
-    qsl = query_start_loc
-    if (
-        not isinstance(qsl, torch.Tensor)
-        or qsl.dtype != torch.int32
-        or qsl.dim() != 1
-        or qsl.shape[0] != batch + 1
-    ):
-        raise ValueError(
-            f"prefill: query_start_loc must be an int32 tensor [batch + 1 = {batch + 1}], got "
-            f"{getattr(qsl, 'dtype', type(qsl).__name__)} {tuple(getattr(qsl, 'shape', ()))}"
-        )
-    if qsl.device != views.device:
-        raise ValueError(
-            f"prefill: query_start_loc is on {qsl.device}, the cache is on {views.device}"
-        )
-    qsl = qsl.contiguous()
+    qsl = check_query_start_loc("prefill", query_start_loc, batch, views.device)
     num_tokens = query.shape[0]
     if batch == 0 or num_tokens == 0:
         return tri._result(a)

@@ -43,6 +43,7 @@ from typing import Any
 import flashinfer  # noqa: F401  (ImportError here tells get_kernel the implementation is unavailable)
 import torch
 
+from nvfp4compat.kernels.checks import check_query_start_loc
 from nvfp4compat.kernels.layout import CacheViews, check_scale, normalize_cache
 
 __all__ = ["decode", "prefill", "clear_cache"]
@@ -306,9 +307,8 @@ def prefill(
     _check("prefill", query, views, block_table, seq_lens, k_scale, v_scale, sm_scale, sliding_window,
            logits_soft_cap, sinks, out)
     batch = block_table.shape[0]
-    qsl = query_start_loc
-    if not isinstance(qsl, torch.Tensor) or qsl.dtype != torch.int32 or qsl.shape != (batch + 1,):
-        raise ValueError(f"prefill: query_start_loc must be an int32 tensor [batch + 1 = {batch + 1}]")
+    # (FlashInfer plans on the host: a host query_start_loc serves too)
+    qsl = check_query_start_loc("prefill", query_start_loc, batch, None)
     window_left = -1 if sliding_window is None else sliding_window - 1
     cap = float(logits_soft_cap) if logits_soft_cap else None
     meta_key, indptr, indices, last = _paged_metadata(block_table, seq_lens, views.page_size)

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from nvfp4compat.kernels.checks import (
     check_metadata_values,
+    check_query_start_loc,
     interpreting,
     metadata_checks_on,
     resolve_scale,
@@ -1502,15 +1503,7 @@ def prefill(
         logits_soft_cap, sinks, out, return_lse,
     )
     batch = block_table.shape[0]
-    qsl = query_start_loc
-    if not isinstance(qsl, torch.Tensor) or qsl.dtype != torch.int32 or qsl.dim() != 1 or qsl.shape[0] != batch + 1:
-        raise ValueError(
-            f"prefill: query_start_loc must be an int32 tensor [batch + 1 = {batch + 1}], got "
-            f"{getattr(qsl, 'dtype', type(qsl).__name__)} {tuple(getattr(qsl, 'shape', ()))}"
-        )
-    if qsl.device != views.device:
-        raise ValueError(f"prefill: query_start_loc is on {qsl.device}, the cache is on {views.device}")
-    qsl = qsl.contiguous()
+    qsl = check_query_start_loc("prefill", query_start_loc, batch, views.device)
     num_tokens = query.shape[0]
     if batch == 0 or num_tokens == 0:
         return _result(a)
