@@ -1,6 +1,6 @@
 """Dequantize-then-attend prefill over an NVFP4 KV cache: the Triton dequantizer, then FlashInfer's FA3 or FA2.
 
-Two implementations of the ``prefill`` contract (:class:`nvfp4compat.kernels.contract.PrefillOp`), one
+Two implementations of the ``prefill`` contract (:class:`nvfp4compat.kernels.contract.PrefillArgs`), one
 code path with the FlashInfer backend as its parameter: ``dequant_fa3`` (:func:`prefill_fa3`, SM90 /
 Hopper, FlashInfer's FA3) and ``dequant_fa2`` (:func:`prefill_fa2`, SM80 and newer, FlashInfer's FA2):
 
@@ -42,12 +42,13 @@ import logging
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
 import torch
 
 from nvfp4compat.kernels.checks import check_query_start_loc
+from nvfp4compat.kernels.contract import AttentionResult, PrefillArgs, implements
 from nvfp4compat.kernels.layout import normalize_cache
 from nvfp4compat.kernels.triton import attention as tri
 from nvfp4compat.kernels.triton.dequant import dequantize_paged
@@ -366,28 +367,19 @@ def _host_ints(t: torch.Tensor | None, device_t: torch.Tensor, name: str, n: int
     return [int(x) for x in t.tolist()]
 
 
-def prefill_fa3(
-    query: torch.Tensor,
-    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-    kv_cache_sf: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
-    *,
-    sm_scale: float,
-    kv_layout: str = "NHD",
-    causal: bool = True,
-    sliding_window: int | None = None,
-    logits_soft_cap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    return_lse: bool = False,
-    seq_lens_cpu: torch.Tensor | None = None,
-    query_start_loc_cpu: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillOp`) as ``dequant_fa3``: each
+@dataclass(slots=True)
+class DequantPrefillArgs(PrefillArgs):
+    """The ``prefill`` op's arguments (:class:`~nvfp4compat.kernels.contract.PrefillArgs`) with
+    the composite's own options, ``seq_lens_cpu`` and ``query_start_loc_cpu`` (:func:`prefill_fa3`)."""
+
+    _: KW_ONLY
+    seq_lens_cpu: torch.Tensor | None = None
+    query_start_loc_cpu: torch.Tensor | None = None
+
+
+@implements(DequantPrefillArgs)
+def prefill_fa3(a: DequantPrefillArgs) -> AttentionResult:
+    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillArgs`) as ``dequant_fa3``: each
     prefill request's KV dequantized once into a bf16/fp16 scratch, then FlashInfer's FA3 (SM90)
     over it (module docstring).
 
@@ -411,36 +403,12 @@ def prefill_fa3(
     RuntimeError
         Under CUDA graph capture.
     """
-    return _prefill(
-        "fa3", query, paged_kv_cache, kv_cache_sf, block_table, seq_lens, query_start_loc, k_scale,
-        v_scale, sm_scale=sm_scale, kv_layout=kv_layout, causal=causal, sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap, sinks=sinks, out=out, return_lse=return_lse,
-        seq_lens_cpu=seq_lens_cpu, query_start_loc_cpu=query_start_loc_cpu,
-    )  # fmt: skip
+    return _prefill("fa3", a)
 
 
-def prefill_fa2(
-    query: torch.Tensor,
-    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-    kv_cache_sf: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
-    *,
-    sm_scale: float,
-    kv_layout: str = "NHD",
-    causal: bool = True,
-    sliding_window: int | None = None,
-    logits_soft_cap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    return_lse: bool = False,
-    seq_lens_cpu: torch.Tensor | None = None,
-    query_start_loc_cpu: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillOp`) as ``dequant_fa2``: each
+@implements(DequantPrefillArgs)
+def prefill_fa2(a: DequantPrefillArgs) -> AttentionResult:
+    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillArgs`) as ``dequant_fa2``: each
     prefill request's KV dequantized once into a bf16/fp16 scratch, then FlashInfer's FA2 (SM80 and
     newer) over it: :func:`prefill_fa3`'s composite for the archs without FA3 (module docstring).
 
@@ -448,36 +416,10 @@ def prefill_fa2(
     read and the refusals (sinks, head_dim outside [64, 128, 256], a GPU the backend does not run on,
     stream capture) are :func:`prefill_fa3`'s, with FA2 in place of FA3.
     """
-    return _prefill(
-        "fa2", query, paged_kv_cache, kv_cache_sf, block_table, seq_lens, query_start_loc, k_scale,
-        v_scale, sm_scale=sm_scale, kv_layout=kv_layout, causal=causal, sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap, sinks=sinks, out=out, return_lse=return_lse,
-        seq_lens_cpu=seq_lens_cpu, query_start_loc_cpu=query_start_loc_cpu,
-    )  # fmt: skip
+    return _prefill("fa2", a)
 
 
-def _prefill(
-    backend: str,
-    query: torch.Tensor,
-    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-    kv_cache_sf: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
-    *,
-    sm_scale: float,
-    kv_layout: str = "NHD",
-    causal: bool = True,
-    sliding_window: int | None = None,
-    logits_soft_cap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    return_lse: bool = False,
-    seq_lens_cpu: torch.Tensor | None = None,
-    query_start_loc_cpu: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def _prefill(backend: str, call: DequantPrefillArgs) -> AttentionResult:
     """The shared body of :func:`prefill_fa3` and :func:`prefill_fa2` (``backend``: "fa3" or "fa2")."""
     impl = f"dequant_{backend}"
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
@@ -486,11 +428,11 @@ def _prefill(
             f"host and cannot be captured (vLLM never captures prefill); {_WAY_OUT}"
         )
     name = backend.upper()
-    if sinks is not None:
+    if call.sinks is not None:
         raise _unsupported(
             backend, f"attention sinks are not supported by FlashInfer's {name} ragged prefill"
         )
-    views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
+    views = normalize_cache(call.paged_kv_cache, call.kv_cache_sf, call.kv_layout)
     dims = BACKEND_HEAD_DIMS[backend]
     if views.head_dim not in dims:
         raise _unsupported(
@@ -498,17 +440,19 @@ def _prefill(
             f"head_dim {views.head_dim} is not served by FlashInfer's {name} ragged prefill here "
             f"(supported: {list(dims)})",
         )
+    query, block_table, seq_lens, causal = call.query, call.block_table, call.seq_lens, call.causal
+    sm_scale, sliding_window, logits_soft_cap = call.sm_scale, call.sliding_window, call.logits_soft_cap
     a = tri._check_common(
-        "prefill", query, views, block_table, seq_lens, k_scale, v_scale, sm_scale, sliding_window,
-        logits_soft_cap, None, out, return_lse,
+        "prefill", query, views, block_table, seq_lens, call.k_scale, call.v_scale, sm_scale,
+        sliding_window, logits_soft_cap, None, call.out, call.return_lse,
     )  # fmt: skip
     batch = block_table.shape[0]
-    qsl = check_query_start_loc("prefill", query_start_loc, batch, views.device)
+    qsl = check_query_start_loc("prefill", call.query_start_loc, batch, views.device)
     num_tokens = query.shape[0]
     if batch == 0 or num_tokens == 0:
         return tri._result(a)
-    lens = _host_ints(seq_lens_cpu, seq_lens, "seq_lens_cpu", batch)
-    starts = _host_ints(query_start_loc_cpu, qsl, "query_start_loc_cpu", batch + 1)
+    lens = _host_ints(call.seq_lens_cpu, seq_lens, "seq_lens_cpu", batch)
+    starts = _host_ints(call.query_start_loc_cpu, qsl, "query_start_loc_cpu", batch + 1)
     if (
         starts[0] != 0
         or starts[-1] != num_tokens

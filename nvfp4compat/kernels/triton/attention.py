@@ -1402,7 +1402,7 @@ def decode(
     out: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The ``decode`` op (:class:`~nvfp4compat.kernels.contract.DecodeOp`): split-KV flash-decoding
+    """The ``decode`` op (:class:`~nvfp4compat.kernels.contract.DecodeArgs`): split-KV flash-decoding
     with the E2M1 decode fused. Runs on any CUDA GPU Triton supports (SM80+; no FP8/FP4 hardware
     instruction is used) and under ``TRITON_INTERPRET=1`` on the CPU. ``q_len_per_req`` up to 64;
     ``seq_lens`` are clamped on the device; a device-tensor scale is read on the device.
@@ -1491,7 +1491,7 @@ def prefill(
     out: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillOp`). Requests with at most
+    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillArgs`). Requests with at most
     ``16 // (num_qo_heads // num_kv_heads)`` queries (decode rows) run through the split-KV decode
     kernel in the same call. ``query_start_loc`` is checked on the device without a sync: bad
     entries, and ``seq_lens`` past their rows, set the device error flag that
