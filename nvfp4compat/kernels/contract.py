@@ -6,10 +6,10 @@ An op's arguments class (:class:`WriteArgs`, :class:`DequantArgs`, :class:`Decod
 ``flashinfer``, ``dequant_fa3``, ``dequant_fa2`` and the float32 torch reference) has that signature
 and those semantics; an implementation's own docstring says only how it runs and where it departs
 (an option it refuses, a host sync). An implementation is either written against the arguments,
-``@implements(WriteArgs)`` over ``def append_slot_mapping(a: WriteArgs) -> None``, which gives it the
-signature (the FlashInfer, composite and reference ones), or spells the signature out (the Triton
-ones, whose host paths avoid building the arguments object). mypy checks every implementation's
-parameters against its op's (the ``TYPE_CHECKING`` block at the end), and
+``@implements(WriteArgs)`` over ``def append_slot_mapping(a: WriteArgs) -> None``, which gives it
+the signature (the FlashInfer, composite and reference ones), or spells the signature out (the
+Triton ones, whose host paths avoid building the arguments object). mypy checks every
+implementation's parameters against its op's (the ``TYPE_CHECKING`` block at the end), and
 ``tests/kernels/test_contract.py`` every registered implementation's parameter names, kinds and
 defaults.
 
@@ -301,13 +301,18 @@ if TYPE_CHECKING:
         from nvfp4compat.kernels.triton import dequant as tr_dequant
         from nvfp4compat.kernels.triton import write as tr_write
 
-        for write in (tr_write.append_slot_mapping, fi_write.append_slot_mapping, reference.append_slot_mapping):
+        for write in (
+            tr_write.append_slot_mapping, fi_write.append_slot_mapping, reference.append_slot_mapping
+        ):
             _takes(WriteArgs)(write)
-        for dequant in (tr_dequant.dequantize_paged, fi_dequant.dequantize_paged, reference.dequantize_paged):
+        for dequant in (
+            tr_dequant.dequantize_paged, fi_dequant.dequantize_paged, reference.dequantize_paged
+        ):
             _takes(DequantArgs)(dequant)
         for decode in (tr_attention.decode, fi_attention.decode):
             _takes(DecodeArgs)(decode)
         for prefill in (
-            tr_attention.prefill, fi_attention.prefill, prefill_dequant.prefill_fa3, prefill_dequant.prefill_fa2,
+            tr_attention.prefill, fi_attention.prefill, prefill_dequant.prefill_fa3,
+            prefill_dequant.prefill_fa2,
         ):  # fmt: skip
             _takes(PrefillArgs)(prefill)
