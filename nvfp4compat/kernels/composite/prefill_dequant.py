@@ -41,9 +41,9 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import KW_ONLY, dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -64,6 +64,7 @@ __all__ = [
     "plan_groups",
     "PrefillGroup",
     "attend_backend",
+    "AttendArgs",
     "reference_attend",
     "flashinfer_attend",
     "clear_cache",
@@ -83,22 +84,31 @@ _WORKSPACE_BYTES = 128 * 1024 * 1024
 _WAY_OUT = "use the fused Triton prefill: get_kernel('prefill', 'triton'), or NVFP4COMPAT_IMPL=prefill=triton"
 
 
-class AttendFn(Protocol):
-    def __call__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        qo_indptr: list[int],
-        kv_indptr: list[int],
-        *,
-        sm_scale: float,
-        causal: bool,
-        window_left: int,
-        logits_soft_cap: float | None,
-        out: torch.Tensor,
-        lse: torch.Tensor | None,
-    ) -> None: ...
+@dataclass(slots=True)
+class AttendArgs:
+    """One attention step over a group's dequantized scratch (FlashInfer's ragged prefill arguments).
+
+    ``q`` ``[q_tokens, num_qo_heads, head_dim]`` (the group's query rows), ``k``/``v`` contiguous
+    ``[kv_tokens, num_kv_heads, head_dim]``, host ``qo_indptr``/``kv_indptr`` (``[requests + 1]``);
+    the step writes ``out`` (like ``q``) and, when given, the natural-log ``lse``
+    ``[q_tokens, num_qo_heads]``.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    qo_indptr: list[int]
+    kv_indptr: list[int]
+    _: KW_ONLY
+    sm_scale: float
+    causal: bool
+    window_left: int
+    logits_soft_cap: float | None
+    out: torch.Tensor
+    lse: torch.Tensor | None
+
+
+AttendFn = Callable[[AttendArgs], None]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -244,8 +254,8 @@ def _scratch_bytes(device: torch.device, nbytes: int, cap: int) -> torch.Tensor:
 def attend_backend(fn: AttendFn) -> Iterator[None]:
     """Tests and benchmarks only: run ``fn`` instead of FlashInfer's FA3/FA2 for the attention step (the
     dequantizer, grouping and decode routing stay real; the GPU/backend check is skipped). ``fn``
-    receives the ragged query, the scratch K/V views,
-    host ``qo_indptr``/``kv_indptr`` and the options, and writes ``out`` and the natural-log ``lse``."""
+    receives the step's :class:`AttendArgs` (the ragged query, the scratch K/V views, host
+    ``qo_indptr``/``kv_indptr`` and the options) and writes ``out`` and the natural-log ``lse``."""
     global _attend_override
     prev = _attend_override
     _attend_override = fn
@@ -262,23 +272,10 @@ def flashinfer_attend(backend: str = "fa3") -> AttendFn:
     per (device, backend) serves every layer; it is re-planned only when the plan's inputs change.
     """
 
-    def attend(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        qo_indptr: list[int],
-        kv_indptr: list[int],
-        *,
-        sm_scale: float,
-        causal: bool,
-        window_left: int,
-        logits_soft_cap: float | None,
-        out: torch.Tensor,
-        lse: torch.Tensor | None,
-    ) -> None:
+    def attend(a: AttendArgs) -> None:
         import flashinfer
 
-        q = q.contiguous()  # a strided query (e.g. a view of vLLM's fused QKV) is copied once
+        q, k, v, out, lse = a.q.contiguous(), a.k, a.v, a.out, a.lse  # a strided query (e.g. a view of vLLM's fused QKV) is copied once
         device = q.device
         with _lock:
             planned = _wrappers.get((device, backend))
@@ -290,14 +287,14 @@ def flashinfer_attend(backend: str = "fa3") -> AttendFn:
                     )
                 wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
                 planned = _wrappers[(device, backend)] = [wrapper, None]
-        key = (tuple(qo_indptr), tuple(kv_indptr), q.dtype, q.shape[1], k.shape[1], q.shape[2], causal,
-               window_left, logits_soft_cap, float(sm_scale))  # fmt: skip
+        key = (tuple(a.qo_indptr), tuple(a.kv_indptr), q.dtype, q.shape[1], k.shape[1], q.shape[2],
+               a.causal, a.window_left, a.logits_soft_cap, float(a.sm_scale))  # fmt: skip
         wrapper = planned[0]
         if planned[1] != key:
             wrapper.plan(
-                torch.tensor(qo_indptr, dtype=torch.int32), torch.tensor(kv_indptr, dtype=torch.int32),
-                q.shape[1], k.shape[1], q.shape[2], causal=causal, window_left=window_left,
-                logits_soft_cap=logits_soft_cap, sm_scale=float(sm_scale), q_data_type=q.dtype,
+                torch.tensor(a.qo_indptr, dtype=torch.int32), torch.tensor(a.kv_indptr, dtype=torch.int32),
+                q.shape[1], k.shape[1], q.shape[2], causal=a.causal, window_left=a.window_left,
+                logits_soft_cap=a.logits_soft_cap, sm_scale=float(a.sm_scale), q_data_type=q.dtype,
                 kv_data_type=k.dtype, o_data_type=q.dtype,
             )  # fmt: skip
             planned[1] = key
@@ -316,34 +313,21 @@ def flashinfer_attend(backend: str = "fa3") -> AttendFn:
 _flashinfer_attends: dict[str, AttendFn] = {b: flashinfer_attend(b) for b in BACKEND_HEAD_DIMS}
 
 
-def reference_attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    qo_indptr: list[int],
-    kv_indptr: list[int],
-    *,
-    sm_scale: float,
-    causal: bool,
-    window_left: int,
-    logits_soft_cap: float | None,
-    out: torch.Tensor,
-    lse: torch.Tensor | None,
-) -> None:
-    """The float32 reference in FlashInfer's place (:func:`attend_backend` in tests): same arguments."""
+def reference_attend(a: AttendArgs) -> None:
+    """The float32 reference in FlashInfer's place (:func:`attend_backend` in tests)."""
     from nvfp4compat.kernels.reference_attention import attention_reference
 
-    n = len(kv_indptr) - 1
-    keys = [k[kv_indptr[i] : kv_indptr[i + 1]] for i in range(n)]
-    values = [v[kv_indptr[i] : kv_indptr[i + 1]] for i in range(n)]
+    kv = a.kv_indptr
+    keys = [a.k[kv[i] : kv[i + 1]] for i in range(len(kv) - 1)]
+    values = [a.v[kv[i] : kv[i + 1]] for i in range(len(kv) - 1)]
     o, lse_ref = attention_reference(
-        q, keys, values, torch.tensor(qo_indptr, dtype=torch.int32), sm_scale=sm_scale, causal=causal,
-        sliding_window=window_left + 1 if window_left >= 0 else None,
-        logits_soft_cap=logits_soft_cap,
+        a.q, keys, values, torch.tensor(a.qo_indptr, dtype=torch.int32), sm_scale=a.sm_scale,
+        causal=a.causal, sliding_window=a.window_left + 1 if a.window_left >= 0 else None,
+        logits_soft_cap=a.logits_soft_cap,
     )  # fmt: skip
-    out.copy_(o.to(out.dtype))
-    if lse is not None:
-        lse.copy_(lse_ref)
+    a.out.copy_(o.to(a.out.dtype))
+    if a.lse is not None:
+        a.lse.copy_(lse_ref)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -506,11 +490,11 @@ def _prefill(backend: str, call: DequantPrefillArgs) -> AttentionResult:
             )  # fmt: skip
             off += count * n
         q0, q1 = starts[g.first], starts[g.last + 1]
-        attend(
+        attend(AttendArgs(
             query[q0:q1], k_s, v_s, list(g.qo_indptr), list(g.kv_indptr), sm_scale=attend_scale,
             causal=bool(causal), window_left=window_left, logits_soft_cap=cap, out=a.out[q0:q1],
             lse=a.lse[q0:q1] if a.lse is not None else None,
-        )  # fmt: skip
+        ))  # fmt: skip
     for b in plan.oversize:
         logger.debug(
             "prefill (%s): request %d's KV (%d tokens, %.1f MiB) exceeds %s=%d MiB; it runs "
