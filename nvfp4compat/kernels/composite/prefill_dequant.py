@@ -353,8 +353,8 @@ def _host_ints(t: torch.Tensor | None, device_t: torch.Tensor, name: str, n: int
 
 @dataclass(slots=True)
 class DequantPrefillArgs(PrefillArgs):
-    """The ``prefill`` op's arguments (:class:`~nvfp4compat.kernels.contract.PrefillArgs`) with
-    the composite's own options, ``seq_lens_cpu`` and ``query_start_loc_cpu`` (:func:`prefill_fa3`)."""
+    """The ``prefill`` op's arguments (:class:`~nvfp4compat.kernels.contract.PrefillArgs`) with the
+    composite's own options, ``seq_lens_cpu`` and ``query_start_loc_cpu`` (:func:`prefill_fa3`)."""
 
     _: KW_ONLY
     seq_lens_cpu: torch.Tensor | None = None
