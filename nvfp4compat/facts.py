@@ -20,7 +20,7 @@ import os
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from nvfp4compat.flashinfer_probe import dist_version, probe_installed
 from nvfp4compat.spec import ARCH_RE
@@ -126,21 +126,10 @@ class SystemFacts(BaseModel):
     def _arch(cls, v: str | None) -> str | None:
         return None if v is None else normalize_arch(v)
 
-    @field_validator("torch", "flashinfer", "flashinfer_cubin", "flashinfer_jit_cache", "vllm")
+    @field_validator("torch", "triton", "flashinfer", "flashinfer_cubin", "flashinfer_jit_cache", "vllm")
     @classmethod
-    def _version(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        try:
-            parse_version(v)
-        except VersionError as exc:
-            raise ValueError(str(exc)) from None
-        return v
-
-    @field_validator("triton")
-    @classmethod
-    def _triton(cls, v: str | None) -> str | None:
-        if v is None or v == "any":
+    def _version(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None or (v == "any" and info.field_name == "triton"):
             return v
         try:
             parse_version(v)

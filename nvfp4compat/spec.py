@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import datetime
 import re
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from nvfp4compat.versions import Version, VersionError, parse_version, public_version
 
@@ -97,6 +97,9 @@ def arch_name(major: int, minor: int) -> str:
     return f"sm_{major}{minor}"
 
 
+_D = TypeVar("_D", bound=dict[str, Any])
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -118,13 +121,28 @@ def _check_version(value: str) -> str:
     return value
 
 
+def _known_keys(v: _D, valid: tuple[str, ...], what: str, where: str = "") -> _D:
+    """``v`` when every key of it is in ``valid``; else the error that names the unknown ones."""
+    unknown = sorted(set(v) - set(valid))
+    if unknown:
+        raise ValueError(f"{where}unknown {what}(s) {unknown}; valid values are {list(valid)}")
+    return v
+
+
+def _exact_keys(v: _D, valid: tuple[str, ...], what: str) -> _D:
+    """``v`` when its keys are exactly ``valid``; else the error that names both."""
+    if set(v) != set(valid):
+        raise ValueError(f"{what} must be exactly {list(valid)}, got {sorted(v)}")
+    return v
+
+
 def _check_arch(value: str) -> str:
     if ARCH_RE.match(value) is None:
         raise ValueError(f"invalid arch {value!r}: expected sm_<major><minor> such as sm_90")
     return value
 
 
-VersionStr = Annotated[str, Field(min_length=1)]
+VersionStr = Annotated[str, Field(min_length=1), AfterValidator(_check_version)]
 
 
 class BoolClaim(_Model):
@@ -293,18 +311,11 @@ class FlashInferRelease(_Model):
     cpu_import: CpuImportSpec
     notes: str | None = None
 
-    @field_validator("version")
-    @classmethod
-    def _v(cls, v: str) -> str:
-        return _check_version(v)
-
     @field_validator("helpers")
     @classmethod
     def _all_helpers(cls, v: dict[str, HelperSpec]) -> dict[str, HelperSpec]:
-        unknown = sorted(set(v) - set(HELPERS))
+        _known_keys(v, HELPERS, "helper")
         missing = [h for h in HELPERS if h not in v]
-        if unknown:
-            raise ValueError(f"unknown helper(s) {unknown}; valid values are {list(HELPERS)}")
         if missing:
             raise ValueError(f"every release must state every helper; missing {missing}")
         return v
@@ -405,10 +416,7 @@ class OpSpec(_Model):
     @field_validator("impls")
     @classmethod
     def _impl_names(cls, v: dict[str, ImplSpec]) -> dict[str, ImplSpec]:
-        unknown = sorted(set(v) - set(IMPLS))
-        if unknown:
-            raise ValueError(f"unknown implementation(s) {unknown}; valid values are {list(IMPLS)}")
-        return v
+        return _known_keys(v, IMPLS, "implementation")
 
 
 class PreferenceOrder(_Model):
@@ -457,9 +465,7 @@ class FeatureSpec(_Model):
         for op, per_impl in v.items():
             if op not in OPS:
                 raise ValueError(f"unknown op {op!r}; valid ops are {list(OPS)}")
-            unknown = sorted(set(per_impl) - set(IMPLS))
-            if unknown:
-                raise ValueError(f"{op}: unknown implementation(s) {unknown}; valid values are {list(IMPLS)}")
+            _known_keys(per_impl, IMPLS, "implementation", f"{op}: ")
         return v
 
 
@@ -501,25 +507,17 @@ class Implementations(_Model):
     @field_validator("ops")
     @classmethod
     def _all_ops(cls, v: dict) -> dict:
-        if set(v) != set(OPS):
-            raise ValueError(f"ops must be exactly {list(OPS)}, got {sorted(v)}")
-        return v
+        return _exact_keys(v, OPS, "ops")
 
     @field_validator("groups")
     @classmethod
     def _group_names(cls, v: dict[str, GroupSpec]) -> dict[str, GroupSpec]:
-        unknown = sorted(set(v) - set(IMPLS))
-        if unknown:
-            raise ValueError(f"unknown implementation group(s) {unknown}; valid values are {list(IMPLS)}")
-        return v
+        return _known_keys(v, IMPLS, "implementation group")
 
     @field_validator("features")
     @classmethod
     def _known_features(cls, v: dict) -> dict:
-        unknown = sorted(set(v) - set(FEATURES))
-        if unknown:
-            raise ValueError(f"unknown feature(s) {unknown}; valid values are {list(FEATURES)}")
-        return v
+        return _known_keys(v, FEATURES, "feature")
 
 
 # ----------------------------------------------------------------------------- vllm.yaml
@@ -531,24 +529,14 @@ class UnpublishedPin(_Model):
     pin: Literal["torch", "flashinfer_python", "flashinfer_cubin"]
     evidence: str = Field(min_length=1)
     status: Status
-    install_instead: str = Field(min_length=1)
-
-    @field_validator("install_instead")
-    @classmethod
-    def _v(cls, v: str) -> str:
-        return _check_version(v)
+    install_instead: VersionStr
 
 
 class Pins(_Model):
-    torch: str
-    flashinfer_python: str
-    flashinfer_cubin: str | None = None
+    torch: VersionStr
+    flashinfer_python: VersionStr
+    flashinfer_cubin: VersionStr | None = None
     unpublished: list[UnpublishedPin] = Field(default_factory=list)
-
-    @field_validator("torch", "flashinfer_python", "flashinfer_cubin")
-    @classmethod
-    def _v(cls, v: str | None) -> str | None:
-        return None if v is None else _check_version(v)
 
     @model_validator(mode="after")
     def _unpublished_once(self) -> Pins:
@@ -661,11 +649,6 @@ class VllmRelease(_Model):
     strategy: StrategySpec
     notes: str | None = None
 
-    @field_validator("version")
-    @classmethod
-    def _v(cls, v: str) -> str:
-        return _check_version(v)
-
     @field_validator("compute_capability_window")
     @classmethod
     def _window(cls, v: list[int]) -> list[int]:
@@ -694,29 +677,19 @@ class PatchSpec(_Model):
 class Combination(_Model):
     """A known (or expected) working install of a vLLM release with another FlashInfer release."""
 
-    vllm: str
-    flashinfer: str
+    vllm: VersionStr
+    flashinfer: VersionStr
     why: str = Field(min_length=1)
     status: Status
     evidence: str = Field(min_length=1)
-
-    @field_validator("vllm", "flashinfer")
-    @classmethod
-    def _v(cls, v: str) -> str:
-        return _check_version(v)
 
 
 class IndexCheck(_Model):
     """The newest release seen on the package index, and when: anything newer is unreleased as of ``date``."""
 
-    newest: str
+    newest: VersionStr
     date: datetime.date
     evidence: str = Field(min_length=1)
-
-    @field_validator("newest")
-    @classmethod
-    def _v(cls, v: str) -> str:
-        return _check_version(v)
 
 
 class RoutedReaders(_Model):
@@ -744,9 +717,7 @@ class VllmFile(_Model):
     @field_validator("patches")
     @classmethod
     def _patch_ids(cls, v: dict) -> dict:
-        if set(v) != set(PATCH_IDS):
-            raise ValueError(f"patches must be exactly {list(PATCH_IDS)}, got {sorted(v)}")
-        return v
+        return _exact_keys(v, PATCH_IDS, "patches")
 
 
 # --------------------------------------------------------------------------- errors.yaml

@@ -23,10 +23,10 @@ import importlib.util
 import inspect
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from nvfp4compat.flashinfer_probe import (
     home_module,
@@ -40,6 +40,8 @@ from nvfp4compat.versions import parse_version
 __all__ = ["Check", "run", "verify_flashinfer", "verify_vllm"]
 
 ARCH_UNIVERSE = (75, 80, 86, 87, 89, 90, 100, 103, 107, 110, 120, 121)
+_LABELS = {"flashinfer": "FlashInfer", "vllm": "vLLM"}  # in messages
+_R = TypeVar("_R")
 
 
 @dataclass(frozen=True)
@@ -314,29 +316,40 @@ def run(m: Matrix, *, expect_flashinfer: str | None = None, expect_vllm: str | N
     """Verify whatever is installed. Returns ``(checks, messages, exit_code)``."""
     checks: list[Check] = []
     msgs: list[str] = []
-    fi_v = _dist("flashinfer-python")
-    if expect_flashinfer is not None:
-        checks.append(Check("flashinfer", "installed release", expect_flashinfer, str(fi_v), fi_v is not None and parse_version(fi_v) == parse_version(expect_flashinfer)))
-    if fi_v is None:
-        msgs.append("flashinfer-python is not installed: no FlashInfer claim to verify")
-    else:
-        rel = m.flashinfer_release(fi_v)
-        if rel is None:
-            checks.append(Check(f"flashinfer {fi_v}", "release in matrix/flashinfer.yaml", "listed", "not listed (add an entry)", False))
-        else:
-            checks.extend(verify_flashinfer(m, fi_v, rel))
-    v_v = _dist("vllm")
-    if expect_vllm is not None:
-        checks.append(Check("vllm", "installed release", expect_vllm, str(v_v), v_v is not None and parse_version(v_v) == parse_version(expect_vllm)))
-    if v_v is None:
-        msgs.append("vllm is not installed: no vLLM claim to verify")
-    else:
-        vrel = m.vllm_release(v_v)
-        if vrel is None:
-            checks.append(Check(f"vllm {v_v}", "release in matrix/vllm.yaml", "listed", "not listed (add an entry)", False))
-        else:
-            checks.extend(verify_vllm(m, v_v, vrel))
+    checks += _verify_installed(
+        m, "flashinfer-python", "flashinfer", expect_flashinfer, m.flashinfer_release,
+        verify_flashinfer, msgs,
+    )  # fmt: skip
+    checks += _verify_installed(m, "vllm", "vllm", expect_vllm, m.vllm_release, verify_vllm, msgs)
     return checks, msgs, 0 if all(c.ok for c in checks) else 1
+
+
+def _verify_installed(
+    m: Matrix,
+    dist: str,
+    name: str,
+    expect: str | None,
+    release: Callable[[str], _R | None],
+    verify: Callable[[Matrix, str, _R], list[Check]],
+    msgs: list[str],
+) -> list[Check]:
+    """The checks of one installed package (``dist``, listed in ``matrix/{name}.yaml``): the
+    ``expect``-ed release when given, then ``verify`` on its matrix entry; a message when absent."""
+    checks: list[Check] = []
+    installed = _dist(dist)
+    if expect is not None:
+        same = installed is not None and parse_version(installed) == parse_version(expect)
+        checks.append(Check(name, "installed release", expect, str(installed), same))
+    if installed is None:
+        msgs.append(f"{dist} is not installed: no {_LABELS[name]} claim to verify")
+        return checks
+    rel = release(installed)
+    if rel is None:
+        listed = f"release in matrix/{name}.yaml"
+        checks.append(Check(f"{name} {installed}", listed, "listed", "not listed (add an entry)", False))
+    else:
+        checks.extend(verify(m, installed, rel))
+    return checks
 
 
 def _dist(name: str) -> str | None:

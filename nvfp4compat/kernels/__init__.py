@@ -4,8 +4,8 @@
 ``prefill``) implemented by ``triton`` (bundled kernels), ``flashinfer`` (FlashInfer's helpers and
 FA2 wrappers) or, for ``prefill`` only, ``dequant_fa3`` / ``dequant_fa2`` (the Triton dequantizer into a
 bf16/fp16 scratch, then FlashInfer's ragged FA3 on SM90 / FA2 on SM80+; ``kernels/composite/prefill_dequant.py``). ``native`` (vLLM's own SM100-family TRT-LLM path) binds nothing here: the vLLM plugin
-leaves vLLM's code in place. Each op's contract (signature and semantics) is a Protocol in
-``nvfp4compat.kernels.contract``.
+leaves vLLM's code in place. Each op's contract (signature and semantics) is the dataclass of its
+arguments in ``nvfp4compat.kernels.contract``.
 """
 
 from __future__ import annotations

@@ -140,6 +140,21 @@ def _check_rows(name: str, t: torch.Tensor, views: CacheViews, device: torch.dev
         raise ValueError(f"{name} is on {t.device}, the cache is on {device}")
 
 
+def _check_index_vector(name: str, t: object, dtypes: tuple[torch.dtype, ...], dim: str) -> None:
+    """``t`` must be a contiguous 1-D tensor ``[dim]`` of one of ``dtypes`` (``slot_mapping``,
+    ``seq_lens``)."""
+    if not isinstance(t, torch.Tensor) or t.dtype not in dtypes:
+        raise TypeError(
+            f"{name}: expected a {' or '.join(map(str, dtypes))} tensor, got "
+            f"{getattr(t, 'dtype', type(t).__name__)}"
+        )
+    if t.dim() != 1 or (t.shape[0] > 1 and t.stride(0) != 1):
+        raise ValueError(
+            f"{name}: expected a contiguous 1-D tensor [{dim}], got shape {tuple(t.shape)} strides "
+            f"{t.stride()}; call .contiguous()"
+        )
+
+
 def check_write_inputs(
     key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, views: CacheViews
 ) -> None:
@@ -158,19 +173,7 @@ def check_write_inputs(
         raise TypeError(
             f"key and value must have the same dtype, got {key.dtype} and {value.dtype}"
         )
-    if not isinstance(slot_mapping, torch.Tensor):
-        raise TypeError(
-            f"slot_mapping: expected an int32/int64 tensor, got {type(slot_mapping).__name__}"
-        )
-    if slot_mapping.dtype not in (torch.int32, torch.int64):
-        raise TypeError(
-            f"slot_mapping: expected torch.int32 or torch.int64, got {slot_mapping.dtype}"
-        )
-    if slot_mapping.dim() != 1 or (slot_mapping.shape[0] > 1 and slot_mapping.stride(0) != 1):
-        raise ValueError(
-            f"slot_mapping: expected a contiguous 1-D tensor [nnz], got shape {tuple(slot_mapping.shape)} "
-            f"strides {slot_mapping.stride()}; call .contiguous()"
-        )
+    _check_index_vector("slot_mapping", slot_mapping, (torch.int32, torch.int64), "nnz")
     if slot_mapping.device != device:
         raise ValueError(f"slot_mapping is on {slot_mapping.device}, the cache is on {device}")
     nnz = slot_mapping.shape[0]
@@ -221,15 +224,7 @@ def check_dequant_inputs(
         raise ValueError(
             f"block_table: the last dim must be contiguous, got strides {block_table.stride()}"
         )
-    if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype != torch.int32:
-        raise TypeError(
-            f"seq_lens: expected an int32 tensor, got {getattr(seq_lens, 'dtype', type(seq_lens).__name__)}"
-        )
-    if seq_lens.dim() != 1 or (seq_lens.shape[0] > 1 and seq_lens.stride(0) != 1):
-        raise ValueError(
-            f"seq_lens: expected a contiguous 1-D tensor [batch], got shape {tuple(seq_lens.shape)} "
-            f"strides {seq_lens.stride()}"
-        )
+    _check_index_vector("seq_lens", seq_lens, (torch.int32,), "batch")
     for name, out in (("output_k", output_k), ("output_v", output_v)):
         if not isinstance(out, torch.Tensor) or out.dtype not in INPUT_DTYPES:
             raise TypeError(
@@ -275,6 +270,23 @@ def check_dequant_inputs(
             raise ValueError(f"{name} is on {t.device}, the cache is on {device}")
     if max_seq_len * heads > MAX_INDEX:
         raise ValueError(f"max_seq_len x heads = {max_seq_len * heads} exceeds {MAX_INDEX}")
+
+
+def check_query_start_loc(
+    op: str, query_start_loc: object, batch: int, device: torch.device | None
+) -> torch.Tensor:
+    """The attention ops' ``query_start_loc``: an int32 tensor ``[batch + 1]`` (on ``device``, the
+    cache's, unless None), returned contiguous. Its values are the kernels' to clamp (or
+    :func:`check_metadata_values`' to check, in debug mode): reading them here would sync."""
+    qsl = query_start_loc
+    if not isinstance(qsl, torch.Tensor) or qsl.dtype != torch.int32 or qsl.dim() != 1 or qsl.shape[0] != batch + 1:
+        raise ValueError(
+            f"{op}: query_start_loc must be an int32 tensor [batch + 1 = {batch + 1}], got "
+            f"{getattr(qsl, 'dtype', type(qsl).__name__)} {tuple(getattr(qsl, 'shape', ()))}"
+        )
+    if device is not None and qsl.device != device:
+        raise ValueError(f"{op}: query_start_loc is on {qsl.device}, the cache is on {device}")
+    return qsl.contiguous()
 
 
 def metadata_checks_on() -> bool:

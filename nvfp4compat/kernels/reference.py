@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nvfp4compat.kernels.contract import DequantArgs, WriteArgs, implements
 from nvfp4compat.kernels.layout import CacheViews, normalize_cache
 
 __all__ = [
@@ -218,30 +219,20 @@ def _token_view(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t if layout == "NHD" else t.transpose(1, 2)
 
 
-def append_slot_mapping(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    paged_kv_cache: torch.Tensor | Sequence[torch.Tensor],
-    kv_cache_sf: torch.Tensor | Sequence[torch.Tensor],
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
-    kv_layout: str = "NHD",
-    *,
-    nvfp4_4over6: bool = False,
-) -> None:
-    """The ``write`` op (:class:`~nvfp4compat.kernels.contract.WriteOp`) in exact fp32 torch."""
-    views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
-    slots = slot_mapping.to(torch.int64)
+@implements(WriteArgs)
+def append_slot_mapping(a: WriteArgs) -> None:
+    """The ``write`` op (:class:`~nvfp4compat.kernels.contract.WriteArgs`) in exact fp32 torch."""
+    views = normalize_cache(a.paged_kv_cache, a.kv_cache_sf, a.kv_layout)
+    slots = a.slot_mapping.to(torch.int64)
     n = slots.shape[0]
     valid = (slots >= 0) & (slots < views.num_pages * views.page_size)
     page, offset = _row_index(views, slots, valid)
     for src, data, sfs, gs in (
-        (key, views.k_data, views.k_sf, k_scale),
-        (value, views.v_data, views.v_sf, v_scale),
+        (a.key, views.k_data, views.k_sf, a.k_scale),
+        (a.value, views.v_data, views.v_sf, a.v_scale),
     ):
         rows = src[:n][valid]
-        packed, sf = quantize_rows(rows, gs, nvfp4_4over6=nvfp4_4over6)
+        packed, sf = quantize_rows(rows, gs, nvfp4_4over6=a.nvfp4_4over6)
         _token_view(data, views.layout)[page, offset] = packed
         _token_view(sfs.view(torch.uint8), views.layout)[page, offset] = sf
 
@@ -268,32 +259,23 @@ def gather_dequantized(
     return out[0], out[1]
 
 
-def dequantize_paged(
-    paged_kv_cache: torch.Tensor | Sequence[torch.Tensor],
-    kv_cache_sf: torch.Tensor | Sequence[torch.Tensor],
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
-    output_k: torch.Tensor,
-    output_v: torch.Tensor,
-    kv_layout: str = "NHD",
-) -> None:
-    """The ``dequant`` op (:class:`~nvfp4compat.kernels.contract.DequantOp`) in torch."""
-    views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
-    max_seq_len = output_k.shape[1]
-    for b in range(block_table.shape[0]):
-        n = min(int(seq_lens[b]), max_seq_len)
+@implements(DequantArgs)
+def dequantize_paged(a: DequantArgs) -> None:
+    """The ``dequant`` op (:class:`~nvfp4compat.kernels.contract.DequantArgs`) in torch."""
+    views = normalize_cache(a.paged_kv_cache, a.kv_cache_sf, a.kv_layout)
+    max_seq_len = a.output_k.shape[1]
+    for b in range(a.block_table.shape[0]):
+        n = min(int(a.seq_lens[b]), max_seq_len)
         if n <= 0:
             continue
-        pos = torch.arange(n, device=block_table.device)
-        pages = block_table[b].long()[pos // views.page_size]
+        pos = torch.arange(n, device=a.block_table.device)
+        pages = a.block_table[b].long()[pos // views.page_size]
         ok = (pages >= 0) & (pages < views.num_pages)
         pos, pages = pos[ok], pages[ok]
         offs = pos % views.page_size
         for data, sfs, gs, out in (
-            (views.k_data, views.k_sf, k_scale, output_k),
-            (views.v_data, views.v_sf, v_scale, output_v),
+            (views.k_data, views.k_sf, a.k_scale, a.output_k),
+            (views.v_data, views.v_sf, a.v_scale, a.output_v),
         ):
             packed = _token_view(data, views.layout)[pages, offs]
             sf = _token_view(sfs.view(torch.uint8), views.layout)[pages, offs]

@@ -41,6 +41,9 @@ __all__ = [
 
 # attn(layer_idx, q [B, T, Hq, D], k [B, T, Hkv, D], v [B, T, Hkv, D], positions [T]) -> [B, T, Hq, D]
 AttnFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# one layer's attention at the forward's positions: attend(q, k, v) -> [B, T, Hq, D]
+_Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+_Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) of the forward's positions
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,11 @@ def sdpa_attention(
     return out.transpose(1, 2)
 
 
+def _at_layer(attn: AttnFn, layer: int, positions: torch.Tensor) -> _Attend:
+    """``attn`` bound to one layer and the forward's positions."""
+    return lambda q, k, v: attn(layer, q, k, v, positions)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -226,22 +234,12 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(D, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(D, cfg.rms_norm_eps)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        positions: torch.Tensor,
-        layer: int,
-        attn: AttnFn,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: _Rope, attend: _Attend) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, T, self.nq, self.d))
         k = self.k_norm(self.k_proj(x).view(B, T, self.nkv, self.d))
         v = self.v_proj(x).view(B, T, self.nkv, self.d)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
-        o = attn(layer, q, k, v, positions)
+        o = attend(apply_rope(q, *rope), apply_rope(k, *rope), v)
         return self.o_proj(o.reshape(B, T, self.nq * self.d))
 
 
@@ -264,16 +262,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        positions: torch.Tensor,
-        layer: int,
-        attn: AttnFn,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, layer, attn)
+    def forward(self, x: torch.Tensor, rope: _Rope, attend: _Attend) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, attend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -324,7 +314,7 @@ class RecallLM(nn.Module):
             dt = torch.get_autocast_dtype(x.device.type)
             cos, sin = cos.to(dt), sin.to(dt)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, positions, i, attn)
+            x = layer(x, (cos, sin), _at_layer(attn, i, positions))
         return self.model.norm(x)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

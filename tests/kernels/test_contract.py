@@ -1,7 +1,9 @@
 """Every implementation of an op has its op's signature (``nvfp4compat.kernels.contract``).
 
 Signatures are read from the source with ``ast``, so the FlashInfer implementations are checked on a
-machine without FlashInfer (or a GPU) too.
+machine without FlashInfer (or a GPU) too. An implementation written against its op's arguments
+(``@implements(XArgs)``) has the signature of ``XArgs``: of the contract's class when ``XArgs`` is
+one, else of the implementation module's subclass (imported: such modules import without FlashInfer).
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from nvfp4compat.kernels import KERNELS
-from nvfp4compat.kernels.contract import PROTOCOLS
+from nvfp4compat.kernels import KERNELS, contract
+from nvfp4compat.kernels.contract import CONTRACTS
 
 # the float32 torch references implement write and dequant too
 REFERENCES = {
@@ -32,6 +34,10 @@ def _source_params(target: str) -> list[tuple[str, str, str | None]]:
     tree = ast.parse(path.read_text())
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func), None)
     assert fn is not None, f"{path} defines no top-level function {func}"
+    args_class = _implemented_args(fn)
+    if args_class is not None:  # @implements(XArgs): XArgs' signature
+        cls = getattr(contract, args_class, None) or getattr(importlib.import_module(module), args_class)
+        return _signature_params(inspect.signature(cls))
     a = fn.args
     out: list[tuple[str, str, str | None]] = []
     positional = a.posonlyargs + a.args
@@ -47,12 +53,24 @@ def _source_params(target: str) -> list[tuple[str, str, str | None]]:
     return out
 
 
-def _protocol_params(op: str) -> list[tuple[str, str, str | None]]:
-    sig = inspect.signature(PROTOCOLS[op].__call__)
+def _implemented_args(fn: ast.FunctionDef) -> str | None:
+    """``XArgs`` of an ``@implements(XArgs)`` decorator on ``fn``, else None."""
+    for d in fn.decorator_list:
+        if isinstance(d, ast.Call) and ast.unparse(d.func).split(".")[-1] == "implements":
+            assert len(d.args) == 1 and isinstance(d.args[0], ast.Name), ast.unparse(d)
+            return d.args[0].id
+    return None
+
+
+def _signature_params(sig: inspect.Signature) -> list[tuple[str, str, str | None]]:
     return [
         (p.name, p.kind.name, None if p.default is inspect.Parameter.empty else repr(p.default))
-        for p in list(sig.parameters.values())[1:]  # without self
+        for p in sig.parameters.values()
     ]
+
+
+def _contract_params(op: str) -> list[tuple[str, str, str | None]]:
+    return _signature_params(inspect.signature(CONTRACTS[op]))
 
 
 def _quote(params: list[tuple[str, str, str | None]]) -> list[tuple[str, str, str | None]]:
@@ -66,7 +84,7 @@ def _quote(params: list[tuple[str, str, str | None]]) -> list[tuple[str, str, st
     ids=lambda x: x if ":" not in str(x) else "",
 )
 def test_implementation_has_the_op_signature(op: str, impl: str, target: str) -> None:
-    want = _quote(_protocol_params(op))
+    want = _quote(_contract_params(op))
     have = _quote(_source_params(target))
     assert have[: len(want)] == want, f"{target} departs from the {op} contract"
     extra = have[len(want) :]
@@ -75,7 +93,7 @@ def test_implementation_has_the_op_signature(op: str, impl: str, target: str) ->
 
 
 def test_every_op_has_a_contract_and_every_contract_an_implementation() -> None:
-    assert {op for op, _ in KERNELS} == set(PROTOCOLS)
+    assert {op for op, _ in KERNELS} == set(CONTRACTS)
 
 
 def test_signature_reader_sees_a_departure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,4 +106,24 @@ def test_signature_reader_sees_a_departure(tmp_path: Path, monkeypatch: pytest.M
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     have = _quote(_source_params("fakeimpl.w:write"))
-    assert have[: len(_protocol_params("write"))] != _quote(_protocol_params("write"))
+    assert have[: len(_contract_params("write"))] != _quote(_contract_params("write"))
+
+
+def test_implements_gives_the_op_signature_and_names_the_implementation() -> None:
+    from nvfp4compat.kernels.contract import WriteArgs, implements
+
+    seen: list[WriteArgs] = []
+
+    @implements(WriteArgs)
+    def write(a: WriteArgs) -> None:
+        """doc"""
+        seen.append(a)
+
+    assert write.__name__ == "write" and write.__doc__ == "doc"
+    assert _signature_params(inspect.signature(write)) == _contract_params("write")
+    write(1, 2, 3, "cache", "sf", 1.0, 2.0, nvfp4_4over6=True)
+    assert (seen[0].key, seen[0].kv_layout, seen[0].nvfp4_4over6) == (1, "NHD", True)
+    with pytest.raises(TypeError, match=r"^write\(\): missing a required argument: 'v_scale'"):
+        write(1, 2, 3, "cache", "sf", 1.0)
+    with pytest.raises(TypeError, match=r"^write\(\): .*'bogus'"):
+        write(1, 2, 3, "cache", "sf", 1.0, 2.0, bogus=1)

@@ -30,11 +30,11 @@ class Spy:
     def __init__(self) -> None:
         self.calls: list[tuple[list[int], list[int], int]] = []
 
-    def __call__(self, q, k, v, qo_indptr, kv_indptr, **kw) -> None:
-        assert k.is_contiguous() and v.is_contiguous() and k.shape[0] == kv_indptr[-1]
-        assert q.shape[0] == qo_indptr[-1]
-        self.calls.append((list(qo_indptr), list(kv_indptr), q.shape[0]))
-        mod.reference_attend(q, k, v, qo_indptr, kv_indptr, **kw)
+    def __call__(self, a: mod.AttendArgs) -> None:
+        assert a.k.is_contiguous() and a.v.is_contiguous() and a.k.shape[0] == a.kv_indptr[-1]
+        assert a.q.shape[0] == a.qo_indptr[-1]
+        self.calls.append((list(a.qo_indptr), list(a.kv_indptr), a.q.shape[0]))
+        mod.reference_attend(a)
 
 
 # ------------------------------------------------------------------------------------ host plan

@@ -1,6 +1,6 @@
 """Dequantize-then-attend prefill over an NVFP4 KV cache: the Triton dequantizer, then FlashInfer's FA3 or FA2.
 
-Two implementations of the ``prefill`` contract (:class:`nvfp4compat.kernels.contract.PrefillOp`), one
+Two implementations of the ``prefill`` contract (:class:`nvfp4compat.kernels.contract.PrefillArgs`), one
 code path with the FlashInfer backend as its parameter: ``dequant_fa3`` (:func:`prefill_fa3`, SM90 /
 Hopper, FlashInfer's FA3) and ``dequant_fa2`` (:func:`prefill_fa2`, SM80 and newer, FlashInfer's FA2):
 
@@ -41,12 +41,14 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import KW_ONLY, dataclass
+from typing import Any
 
 import torch
 
+from nvfp4compat.kernels.checks import check_query_start_loc
+from nvfp4compat.kernels.contract import AttentionResult, PrefillArgs, implements
 from nvfp4compat.kernels.layout import normalize_cache
 from nvfp4compat.kernels.triton import attention as tri
 from nvfp4compat.kernels.triton.dequant import dequantize_paged
@@ -62,6 +64,7 @@ __all__ = [
     "plan_groups",
     "PrefillGroup",
     "attend_backend",
+    "AttendArgs",
     "reference_attend",
     "flashinfer_attend",
     "clear_cache",
@@ -81,22 +84,31 @@ _WORKSPACE_BYTES = 128 * 1024 * 1024
 _WAY_OUT = "use the fused Triton prefill: get_kernel('prefill', 'triton'), or NVFP4COMPAT_IMPL=prefill=triton"
 
 
-class AttendFn(Protocol):
-    def __call__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        qo_indptr: list[int],
-        kv_indptr: list[int],
-        *,
-        sm_scale: float,
-        causal: bool,
-        window_left: int,
-        logits_soft_cap: float | None,
-        out: torch.Tensor,
-        lse: torch.Tensor | None,
-    ) -> None: ...
+@dataclass(slots=True)
+class AttendArgs:
+    """One attention step over a group's dequantized scratch (FlashInfer's ragged prefill arguments).
+
+    ``q`` ``[q_tokens, num_qo_heads, head_dim]`` (the group's query rows), ``k``/``v`` contiguous
+    ``[kv_tokens, num_kv_heads, head_dim]``, host ``qo_indptr``/``kv_indptr`` (``[requests + 1]``);
+    the step writes ``out`` (like ``q``) and, when given, the natural-log ``lse``
+    ``[q_tokens, num_qo_heads]``.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    qo_indptr: list[int]
+    kv_indptr: list[int]
+    _: KW_ONLY
+    sm_scale: float
+    causal: bool
+    window_left: int
+    logits_soft_cap: float | None
+    out: torch.Tensor
+    lse: torch.Tensor | None
+
+
+AttendFn = Callable[[AttendArgs], None]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -242,8 +254,8 @@ def _scratch_bytes(device: torch.device, nbytes: int, cap: int) -> torch.Tensor:
 def attend_backend(fn: AttendFn) -> Iterator[None]:
     """Tests and benchmarks only: run ``fn`` instead of FlashInfer's FA3/FA2 for the attention step (the
     dequantizer, grouping and decode routing stay real; the GPU/backend check is skipped). ``fn``
-    receives the ragged query, the scratch K/V views,
-    host ``qo_indptr``/``kv_indptr`` and the options, and writes ``out`` and the natural-log ``lse``."""
+    receives the step's :class:`AttendArgs` (the ragged query, the scratch K/V views, host
+    ``qo_indptr``/``kv_indptr`` and the options) and writes ``out`` and the natural-log ``lse``."""
     global _attend_override
     prev = _attend_override
     _attend_override = fn
@@ -260,23 +272,10 @@ def flashinfer_attend(backend: str = "fa3") -> AttendFn:
     per (device, backend) serves every layer; it is re-planned only when the plan's inputs change.
     """
 
-    def attend(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        qo_indptr: list[int],
-        kv_indptr: list[int],
-        *,
-        sm_scale: float,
-        causal: bool,
-        window_left: int,
-        logits_soft_cap: float | None,
-        out: torch.Tensor,
-        lse: torch.Tensor | None,
-    ) -> None:
+    def attend(a: AttendArgs) -> None:
         import flashinfer
 
-        q = q.contiguous()  # a strided query (e.g. a view of vLLM's fused QKV) is copied once
+        q, k, v, out, lse = a.q.contiguous(), a.k, a.v, a.out, a.lse  # a strided query (e.g. a view of vLLM's fused QKV) is copied once
         device = q.device
         with _lock:
             planned = _wrappers.get((device, backend))
@@ -288,14 +287,14 @@ def flashinfer_attend(backend: str = "fa3") -> AttendFn:
                     )
                 wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
                 planned = _wrappers[(device, backend)] = [wrapper, None]
-        key = (tuple(qo_indptr), tuple(kv_indptr), q.dtype, q.shape[1], k.shape[1], q.shape[2], causal,
-               window_left, logits_soft_cap, float(sm_scale))  # fmt: skip
+        key = (tuple(a.qo_indptr), tuple(a.kv_indptr), q.dtype, q.shape[1], k.shape[1], q.shape[2],
+               a.causal, a.window_left, a.logits_soft_cap, float(a.sm_scale))  # fmt: skip
         wrapper = planned[0]
         if planned[1] != key:
             wrapper.plan(
-                torch.tensor(qo_indptr, dtype=torch.int32), torch.tensor(kv_indptr, dtype=torch.int32),
-                q.shape[1], k.shape[1], q.shape[2], causal=causal, window_left=window_left,
-                logits_soft_cap=logits_soft_cap, sm_scale=float(sm_scale), q_data_type=q.dtype,
+                torch.tensor(a.qo_indptr, dtype=torch.int32), torch.tensor(a.kv_indptr, dtype=torch.int32),
+                q.shape[1], k.shape[1], q.shape[2], causal=a.causal, window_left=a.window_left,
+                logits_soft_cap=a.logits_soft_cap, sm_scale=float(a.sm_scale), q_data_type=q.dtype,
                 kv_data_type=k.dtype, o_data_type=q.dtype,
             )  # fmt: skip
             planned[1] = key
@@ -314,34 +313,21 @@ def flashinfer_attend(backend: str = "fa3") -> AttendFn:
 _flashinfer_attends: dict[str, AttendFn] = {b: flashinfer_attend(b) for b in BACKEND_HEAD_DIMS}
 
 
-def reference_attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    qo_indptr: list[int],
-    kv_indptr: list[int],
-    *,
-    sm_scale: float,
-    causal: bool,
-    window_left: int,
-    logits_soft_cap: float | None,
-    out: torch.Tensor,
-    lse: torch.Tensor | None,
-) -> None:
-    """The float32 reference in FlashInfer's place (:func:`attend_backend` in tests): same arguments."""
+def reference_attend(a: AttendArgs) -> None:
+    """The float32 reference in FlashInfer's place (:func:`attend_backend` in tests)."""
     from nvfp4compat.kernels.reference_attention import attention_reference
 
-    n = len(kv_indptr) - 1
-    keys = [k[kv_indptr[i] : kv_indptr[i + 1]] for i in range(n)]
-    values = [v[kv_indptr[i] : kv_indptr[i + 1]] for i in range(n)]
+    kv = a.kv_indptr
+    keys = [a.k[kv[i] : kv[i + 1]] for i in range(len(kv) - 1)]
+    values = [a.v[kv[i] : kv[i + 1]] for i in range(len(kv) - 1)]
     o, lse_ref = attention_reference(
-        q, keys, values, torch.tensor(qo_indptr, dtype=torch.int32), sm_scale=sm_scale, causal=causal,
-        sliding_window=window_left + 1 if window_left >= 0 else None,
-        logits_soft_cap=logits_soft_cap,
+        a.q, keys, values, torch.tensor(a.qo_indptr, dtype=torch.int32), sm_scale=a.sm_scale,
+        causal=a.causal, sliding_window=a.window_left + 1 if a.window_left >= 0 else None,
+        logits_soft_cap=a.logits_soft_cap,
     )  # fmt: skip
-    out.copy_(o.to(out.dtype))
-    if lse is not None:
-        lse.copy_(lse_ref)
+    a.out.copy_(o.to(a.out.dtype))
+    if a.lse is not None:
+        a.lse.copy_(lse_ref)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -365,28 +351,19 @@ def _host_ints(t: torch.Tensor | None, device_t: torch.Tensor, name: str, n: int
     return [int(x) for x in t.tolist()]
 
 
-def prefill_fa3(
-    query: torch.Tensor,
-    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-    kv_cache_sf: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
-    *,
-    sm_scale: float,
-    kv_layout: str = "NHD",
-    causal: bool = True,
-    sliding_window: int | None = None,
-    logits_soft_cap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    return_lse: bool = False,
-    seq_lens_cpu: torch.Tensor | None = None,
-    query_start_loc_cpu: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillOp`) as ``dequant_fa3``: each
+@dataclass(slots=True)
+class DequantPrefillArgs(PrefillArgs):
+    """The ``prefill`` op's arguments (:class:`~nvfp4compat.kernels.contract.PrefillArgs`) with the
+    composite's own options, ``seq_lens_cpu`` and ``query_start_loc_cpu`` (:func:`prefill_fa3`)."""
+
+    _: KW_ONLY
+    seq_lens_cpu: torch.Tensor | None = None
+    query_start_loc_cpu: torch.Tensor | None = None
+
+
+@implements(DequantPrefillArgs)
+def prefill_fa3(a: DequantPrefillArgs) -> AttentionResult:
+    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillArgs`) as ``dequant_fa3``: each
     prefill request's KV dequantized once into a bf16/fp16 scratch, then FlashInfer's FA3 (SM90)
     over it (module docstring).
 
@@ -410,36 +387,12 @@ def prefill_fa3(
     RuntimeError
         Under CUDA graph capture.
     """
-    return _prefill(
-        "fa3", query, paged_kv_cache, kv_cache_sf, block_table, seq_lens, query_start_loc, k_scale,
-        v_scale, sm_scale=sm_scale, kv_layout=kv_layout, causal=causal, sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap, sinks=sinks, out=out, return_lse=return_lse,
-        seq_lens_cpu=seq_lens_cpu, query_start_loc_cpu=query_start_loc_cpu,
-    )  # fmt: skip
+    return _prefill("fa3", a)
 
 
-def prefill_fa2(
-    query: torch.Tensor,
-    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-    kv_cache_sf: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
-    *,
-    sm_scale: float,
-    kv_layout: str = "NHD",
-    causal: bool = True,
-    sliding_window: int | None = None,
-    logits_soft_cap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    return_lse: bool = False,
-    seq_lens_cpu: torch.Tensor | None = None,
-    query_start_loc_cpu: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillOp`) as ``dequant_fa2``: each
+@implements(DequantPrefillArgs)
+def prefill_fa2(a: DequantPrefillArgs) -> AttentionResult:
+    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillArgs`) as ``dequant_fa2``: each
     prefill request's KV dequantized once into a bf16/fp16 scratch, then FlashInfer's FA2 (SM80 and
     newer) over it: :func:`prefill_fa3`'s composite for the archs without FA3 (module docstring).
 
@@ -447,36 +400,10 @@ def prefill_fa2(
     read and the refusals (sinks, head_dim outside [64, 128, 256], a GPU the backend does not run on,
     stream capture) are :func:`prefill_fa3`'s, with FA2 in place of FA3.
     """
-    return _prefill(
-        "fa2", query, paged_kv_cache, kv_cache_sf, block_table, seq_lens, query_start_loc, k_scale,
-        v_scale, sm_scale=sm_scale, kv_layout=kv_layout, causal=causal, sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap, sinks=sinks, out=out, return_lse=return_lse,
-        seq_lens_cpu=seq_lens_cpu, query_start_loc_cpu=query_start_loc_cpu,
-    )  # fmt: skip
+    return _prefill("fa2", a)
 
 
-def _prefill(
-    backend: str,
-    query: torch.Tensor,
-    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-    kv_cache_sf: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
-    *,
-    sm_scale: float,
-    kv_layout: str = "NHD",
-    causal: bool = True,
-    sliding_window: int | None = None,
-    logits_soft_cap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    return_lse: bool = False,
-    seq_lens_cpu: torch.Tensor | None = None,
-    query_start_loc_cpu: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def _prefill(backend: str, call: DequantPrefillArgs) -> AttentionResult:
     """The shared body of :func:`prefill_fa3` and :func:`prefill_fa2` (``backend``: "fa3" or "fa2")."""
     impl = f"dequant_{backend}"
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
@@ -485,11 +412,11 @@ def _prefill(
             f"host and cannot be captured (vLLM never captures prefill); {_WAY_OUT}"
         )
     name = backend.upper()
-    if sinks is not None:
+    if call.sinks is not None:
         raise _unsupported(
             backend, f"attention sinks are not supported by FlashInfer's {name} ragged prefill"
         )
-    views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
+    views = normalize_cache(call.paged_kv_cache, call.kv_cache_sf, call.kv_layout)
     dims = BACKEND_HEAD_DIMS[backend]
     if views.head_dim not in dims:
         raise _unsupported(
@@ -497,32 +424,19 @@ def _prefill(
             f"head_dim {views.head_dim} is not served by FlashInfer's {name} ragged prefill here "
             f"(supported: {list(dims)})",
         )
+    query, block_table, seq_lens, causal = call.query, call.block_table, call.seq_lens, call.causal
+    sm_scale, sliding_window, logits_soft_cap = call.sm_scale, call.sliding_window, call.logits_soft_cap
     a = tri._check_common(
-        "prefill", query, views, block_table, seq_lens, k_scale, v_scale, sm_scale, sliding_window,
-        logits_soft_cap, None, out, return_lse,
+        "prefill", query, views, block_table, seq_lens, call.k_scale, call.v_scale, sm_scale,
+        sliding_window, logits_soft_cap, None, call.out, call.return_lse,
     )  # fmt: skip
     batch = block_table.shape[0]
-    qsl = query_start_loc
-    if (
-        not isinstance(qsl, torch.Tensor)
-        or qsl.dtype != torch.int32
-        or qsl.dim() != 1
-        or qsl.shape[0] != batch + 1
-    ):
-        raise ValueError(
-            f"prefill: query_start_loc must be an int32 tensor [batch + 1 = {batch + 1}], got "
-            f"{getattr(qsl, 'dtype', type(qsl).__name__)} {tuple(getattr(qsl, 'shape', ()))}"
-        )
-    if qsl.device != views.device:
-        raise ValueError(
-            f"prefill: query_start_loc is on {qsl.device}, the cache is on {views.device}"
-        )
-    qsl = qsl.contiguous()
+    qsl = check_query_start_loc("prefill", call.query_start_loc, batch, views.device)
     num_tokens = query.shape[0]
     if batch == 0 or num_tokens == 0:
         return tri._result(a)
-    lens = _host_ints(seq_lens_cpu, seq_lens, "seq_lens_cpu", batch)
-    starts = _host_ints(query_start_loc_cpu, qsl, "query_start_loc_cpu", batch + 1)
+    lens = _host_ints(call.seq_lens_cpu, seq_lens, "seq_lens_cpu", batch)
+    starts = _host_ints(call.query_start_loc_cpu, qsl, "query_start_loc_cpu", batch + 1)
     if (
         starts[0] != 0
         or starts[-1] != num_tokens
@@ -576,11 +490,11 @@ def _prefill(
             )  # fmt: skip
             off += count * n
         q0, q1 = starts[g.first], starts[g.last + 1]
-        attend(
+        attend(AttendArgs(
             query[q0:q1], k_s, v_s, list(g.qo_indptr), list(g.kv_indptr), sm_scale=attend_scale,
             causal=bool(causal), window_left=window_left, logits_soft_cap=cap, out=a.out[q0:q1],
             lse=a.lse[q0:q1] if a.lse is not None else None,
-        )  # fmt: skip
+        ))  # fmt: skip
     for b in plan.oversize:
         logger.debug(
             "prefill (%s): request %d's KV (%d tokens, %.1f MiB) exceeds %s=%d MiB; it runs "

@@ -43,6 +43,8 @@ from typing import Any
 import flashinfer  # noqa: F401  (ImportError here tells get_kernel the implementation is unavailable)
 import torch
 
+from nvfp4compat.kernels.checks import check_query_start_loc
+from nvfp4compat.kernels.contract import AttentionResult, DecodeArgs, PrefillArgs, implements
 from nvfp4compat.kernels.layout import CacheViews, check_scale, normalize_cache
 
 __all__ = ["decode", "prefill", "clear_cache"]
@@ -87,21 +89,10 @@ def _unsupported(feature: str) -> NotImplementedError:
     )
 
 
-def _check(
-    name: str,
-    query: torch.Tensor,
-    views: CacheViews,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
-    sm_scale: float,
-    sliding_window: int | None,
-    logits_soft_cap: float | None,
-    sinks: torch.Tensor | None,
-    out: torch.Tensor | None,
-) -> None:
-    if sinks is not None:
+def _check(name: str, a: DecodeArgs | PrefillArgs, views: CacheViews) -> None:
+    query, block_table, seq_lens, sm_scale = a.query, a.block_table, a.seq_lens, a.sm_scale
+    sliding_window, logits_soft_cap, out = a.sliding_window, a.logits_soft_cap, a.out
+    if a.sinks is not None:
         raise _unsupported("attention sinks")
     device = views.device
     if device.type != "cuda":
@@ -123,8 +114,8 @@ def _check(
             f"{name}: block_table must be [batch, max_pages] and seq_lens [batch], got "
             f"{tuple(block_table.shape)} and {tuple(seq_lens.shape)}"
         )
-    check_scale(k_scale, "k_scale", device)
-    check_scale(v_scale, "v_scale", device)
+    check_scale(a.k_scale, "k_scale", device)
+    check_scale(a.v_scale, "v_scale", device)
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
         raise TypeError(f"{name}: sm_scale must be a finite Python number, got {sm_scale!r}")
     if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1):
@@ -221,108 +212,73 @@ def _run(
     return out
 
 
-def decode(
-    query: torch.Tensor,
-    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-    kv_cache_sf: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
-    *,
-    sm_scale: float,
-    kv_layout: str = "NHD",
-    q_len_per_req: int = 1,
-    sliding_window: int | None = None,
-    logits_soft_cap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    return_lse: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The ``decode`` op (:class:`~nvfp4compat.kernels.contract.DecodeOp`) with FlashInfer's
+@implements(DecodeArgs)
+def decode(a: DecodeArgs) -> AttentionResult:
+    """The ``decode`` op (:class:`~nvfp4compat.kernels.contract.DecodeArgs`) with FlashInfer's
     tensor-core FA2 decode; ``sinks`` raises :class:`NotImplementedError`. ``q_len_per_req > 1`` runs
     FlashInfer's FA2 prefill wrapper with causal masking (queries at the end of each sequence), and
     so raises :class:`NotImplementedError` at head_dim 64 (see the module docstring).
     """
-    views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
-    if isinstance(q_len_per_req, int) and q_len_per_req > 1:
+    views = normalize_cache(a.paged_kv_cache, a.kv_cache_sf, a.kv_layout)
+    q_len = a.q_len_per_req
+    if isinstance(q_len, int) and q_len > 1:
         _refuse_head_dim_64_prefill("decode (q_len_per_req > 1 runs the FA2 prefill wrapper)", views)
-    _check("decode", query, views, block_table, seq_lens, k_scale, v_scale, sm_scale, sliding_window,
-           logits_soft_cap, sinks, out)
-    batch = block_table.shape[0]
-    if not isinstance(q_len_per_req, int) or q_len_per_req < 1 or query.shape[0] != batch * q_len_per_req:
+    _check("decode", a, views)
+    query, batch = a.query, a.block_table.shape[0]
+    if not isinstance(q_len, int) or q_len < 1 or query.shape[0] != batch * q_len:
         raise ValueError(
-            f"decode: query has {query.shape[0]} rows, expected batch * q_len_per_req = {batch} * {q_len_per_req}"
+            f"decode: query has {query.shape[0]} rows, expected batch * q_len_per_req = {batch} * {q_len}"
         )
-    if q_len_per_req > 1:
-        qsl = torch.arange(batch + 1, dtype=torch.int32, device=query.device) * q_len_per_req
+    if q_len > 1:
+        qsl = torch.arange(batch + 1, dtype=torch.int32, device=query.device) * q_len
         return prefill(
-            query, paged_kv_cache, kv_cache_sf, block_table, seq_lens, qsl, k_scale, v_scale,
-            sm_scale=sm_scale, kv_layout=kv_layout, causal=True, sliding_window=sliding_window,
-            logits_soft_cap=logits_soft_cap, out=out, return_lse=return_lse,
+            query, a.paged_kv_cache, a.kv_cache_sf, a.block_table, a.seq_lens, qsl, a.k_scale, a.v_scale,
+            sm_scale=a.sm_scale, kv_layout=a.kv_layout, causal=True, sliding_window=a.sliding_window,
+            logits_soft_cap=a.logits_soft_cap, out=a.out, return_lse=a.return_lse,
         )
-    window_left = -1 if sliding_window is None else sliding_window - 1
-    cap = float(logits_soft_cap) if logits_soft_cap else None
-    meta_key, indptr, indices, last = _paged_metadata(block_table, seq_lens, views.page_size)
-    key = ("decode", query.device, kv_layout, query.dtype, query.shape[1], views.num_kv_heads,
-           views.head_dim, views.page_size, window_left, cap, float(sm_scale), batch)
+    window_left = -1 if a.sliding_window is None else a.sliding_window - 1
+    cap = float(a.logits_soft_cap) if a.logits_soft_cap else None
+    meta_key, indptr, indices, last = _paged_metadata(a.block_table, a.seq_lens, views.page_size)
+    key = ("decode", query.device, a.kv_layout, query.dtype, query.shape[1], views.num_kv_heads,
+           views.head_dim, views.page_size, window_left, cap, float(a.sm_scale), batch)
     return _run(
         key, meta_key,
-        lambda ws: flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout, use_tensor_cores=True),
+        lambda ws: flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, a.kv_layout, use_tensor_cores=True),
         lambda w: w.plan(
             indptr, indices, last, query.shape[1], views.num_kv_heads, views.head_dim,
             views.page_size, window_left=window_left, logits_soft_cap=cap,
             q_data_type=query.dtype, kv_data_type=torch.uint8, o_data_type=query.dtype,
-            sm_scale=float(sm_scale),
+            sm_scale=float(a.sm_scale),
         ),
-        query, views, k_scale, v_scale, out, return_lse,
+        query, views, a.k_scale, a.v_scale, a.out, a.return_lse,
     )  # fmt: skip
 
 
-def prefill(
-    query: torch.Tensor,
-    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-    kv_cache_sf: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
-    *,
-    sm_scale: float,
-    kv_layout: str = "NHD",
-    causal: bool = True,
-    sliding_window: int | None = None,
-    logits_soft_cap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    return_lse: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillOp`) with FlashInfer's FA2
+@implements(PrefillArgs)
+def prefill(a: PrefillArgs) -> AttentionResult:
+    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillArgs`) with FlashInfer's FA2
     prefill wrapper; ``sinks`` and head_dim 64 raise :class:`NotImplementedError` (module docstring).
     """
-    views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
+    views = normalize_cache(a.paged_kv_cache, a.kv_cache_sf, a.kv_layout)
     _refuse_head_dim_64_prefill("prefill", views)
-    _check("prefill", query, views, block_table, seq_lens, k_scale, v_scale, sm_scale, sliding_window,
-           logits_soft_cap, sinks, out)
-    batch = block_table.shape[0]
-    qsl = query_start_loc
-    if not isinstance(qsl, torch.Tensor) or qsl.dtype != torch.int32 or qsl.shape != (batch + 1,):
-        raise ValueError(f"prefill: query_start_loc must be an int32 tensor [batch + 1 = {batch + 1}]")
-    window_left = -1 if sliding_window is None else sliding_window - 1
-    cap = float(logits_soft_cap) if logits_soft_cap else None
-    meta_key, indptr, indices, last = _paged_metadata(block_table, seq_lens, views.page_size)
+    _check("prefill", a, views)
+    query, batch, causal = a.query, a.block_table.shape[0], bool(a.causal)
+    # (FlashInfer plans on the host: a host query_start_loc serves too)
+    qsl = check_query_start_loc("prefill", a.query_start_loc, batch, None)
+    window_left = -1 if a.sliding_window is None else a.sliding_window - 1
+    cap = float(a.logits_soft_cap) if a.logits_soft_cap else None
+    meta_key, indptr, indices, last = _paged_metadata(a.block_table, a.seq_lens, views.page_size)
     qsl_host = tuple(qsl.to("cpu").tolist())
-    key = ("prefill", query.device, kv_layout, query.dtype, query.shape[1], views.num_kv_heads,
-           views.head_dim, views.page_size, window_left, cap, float(sm_scale), bool(causal), batch)
+    key = ("prefill", query.device, a.kv_layout, query.dtype, query.shape[1], views.num_kv_heads,
+           views.head_dim, views.page_size, window_left, cap, float(a.sm_scale), causal, batch)
     return _run(
         key, (meta_key, qsl_host),
-        lambda ws: flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, kv_layout, backend="fa2"),
+        lambda ws: flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, a.kv_layout, backend="fa2"),
         lambda w: w.plan(
             qsl, indptr, indices, last, query.shape[1], views.num_kv_heads, views.head_dim,
-            views.page_size, causal=bool(causal), sm_scale=float(sm_scale),
+            views.page_size, causal=causal, sm_scale=float(a.sm_scale),
             window_left=window_left, logits_soft_cap=cap, q_data_type=query.dtype,
             kv_data_type=torch.uint8, o_data_type=query.dtype,
         ),
-        query, views, k_scale, v_scale, out, return_lse,
+        query, views, a.k_scale, a.v_scale, a.out, a.return_lse,
     )  # fmt: skip

@@ -1,6 +1,6 @@
 """FlashInfer implementation of ``write``: ``nvfp4_quantize_append_paged_kv_cache_with_slot_mapping``.
 
-The ``write`` contract (:class:`nvfp4compat.kernels.contract.WriteOp`) through a thin wrapper: the
+The ``write`` contract (:class:`nvfp4compat.kernels.contract.WriteArgs`) through a thin wrapper: the
 host-side validation of the Triton implementation (so every implementation rejects the same inputs with the same message),
 then FlashInfer's helper (the release that first has it, and the first whose helper takes
 ``nvfp4_4over6``, are read from ``matrix/flashinfer.yaml`` by :mod:`nvfp4compat.flashinfer_probe`).
@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Sequence
 from typing import Any
-
-import torch
 
 from nvfp4compat.flashinfer_probe import (
     first_release_with_4over6,
@@ -30,6 +27,7 @@ from nvfp4compat.flashinfer_probe import (
     require_helper,
 )
 from nvfp4compat.kernels.checks import check_write_inputs, resolve_scale
+from nvfp4compat.kernels.contract import WriteArgs, implements
 from nvfp4compat.kernels.layout import normalize_cache
 
 __all__ = [
@@ -71,38 +69,28 @@ def _four_over_six_config() -> Any:
     return NVFP44Over6Config(err_mode="MSE")
 
 
-def append_slot_mapping(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    paged_kv_cache: torch.Tensor | Sequence[torch.Tensor],
-    kv_cache_sf: torch.Tensor | Sequence[torch.Tensor],
-    k_scale: float | torch.Tensor,
-    v_scale: float | torch.Tensor,
-    kv_layout: str = "NHD",
-    *,
-    nvfp4_4over6: bool = False,
-) -> None:
-    """The ``write`` op (:class:`~nvfp4compat.kernels.contract.WriteOp`) through FlashInfer's helper.
+@implements(WriteArgs)
+def append_slot_mapping(a: WriteArgs) -> None:
+    """The ``write`` op (:class:`~nvfp4compat.kernels.contract.WriteArgs`) through FlashInfer's helper.
 
     ``nvfp4_4over6=True`` requires a FlashInfer whose helper takes it and raises
     :class:`NotImplementedError` otherwise. Device-scale handling is FlashInfer's (module docstring).
     """
-    views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
-    check_write_inputs(key, value, slot_mapping, views)
-    ks = resolve_scale(k_scale, "k_scale", views.device)
-    vs = resolve_scale(v_scale, "v_scale", views.device)
-    kwargs = {"nvfp4_4over6": _four_over_six_config()} if nvfp4_4over6 else {}
-    if slot_mapping.shape[0] == 0:
+    views = normalize_cache(a.paged_kv_cache, a.kv_cache_sf, a.kv_layout)
+    check_write_inputs(a.key, a.value, a.slot_mapping, views)
+    ks = resolve_scale(a.k_scale, "k_scale", views.device)
+    vs = resolve_scale(a.v_scale, "v_scale", views.device)
+    kwargs = {"nvfp4_4over6": _four_over_six_config()} if a.nvfp4_4over6 else {}
+    if a.slot_mapping.shape[0] == 0:
         return
     _helper(
-        key,
-        value,
-        slot_mapping,
+        a.key,
+        a.value,
+        a.slot_mapping,
         (views.k_data, views.v_data),
         (views.k_sf, views.v_sf),
         ks,
         vs,
-        kv_layout,
+        a.kv_layout,
         **kwargs,
     )

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from nvfp4compat.kernels.checks import (
     check_metadata_values,
+    check_query_start_loc,
     interpreting,
     metadata_checks_on,
     resolve_scale,
@@ -1459,7 +1460,7 @@ def decode(
     out: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The ``decode`` op (:class:`~nvfp4compat.kernels.contract.DecodeOp`): split-KV flash-decoding
+    """The ``decode`` op (:class:`~nvfp4compat.kernels.contract.DecodeArgs`): split-KV flash-decoding
     with the E2M1 decode fused. Runs on any CUDA GPU Triton supports (SM80+; no FP8/FP4 hardware
     instruction is used) and under ``TRITON_INTERPRET=1`` on the CPU. ``q_len_per_req`` up to 64;
     ``seq_lens`` are clamped on the device; a device-tensor scale is read on the device.
@@ -1548,7 +1549,7 @@ def prefill(
     out: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillOp`). Requests with at most
+    """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillArgs`). Requests with at most
     ``16 // (num_qo_heads // num_kv_heads)`` queries (decode rows) run through the split-KV decode
     kernel in the same call. ``query_start_loc`` is checked on the device without a sync: bad
     entries, and ``seq_lens`` past their rows, set the device error flag that
@@ -1560,15 +1561,7 @@ def prefill(
         logits_soft_cap, sinks, out, return_lse,
     )
     batch = block_table.shape[0]
-    qsl = query_start_loc
-    if not isinstance(qsl, torch.Tensor) or qsl.dtype != torch.int32 or qsl.dim() != 1 or qsl.shape[0] != batch + 1:
-        raise ValueError(
-            f"prefill: query_start_loc must be an int32 tensor [batch + 1 = {batch + 1}], got "
-            f"{getattr(qsl, 'dtype', type(qsl).__name__)} {tuple(getattr(qsl, 'shape', ()))}"
-        )
-    if qsl.device != views.device:
-        raise ValueError(f"prefill: query_start_loc is on {qsl.device}, the cache is on {views.device}")
-    qsl = qsl.contiguous()
+    qsl = check_query_start_loc("prefill", query_start_loc, batch, views.device)
     num_tokens = query.shape[0]
     if batch == 0 or num_tokens == 0:
         return _result(a)

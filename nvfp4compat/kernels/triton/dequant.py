@@ -189,7 +189,7 @@ def dequantize_paged(
     *,
     config: DequantConfig | None = None,
 ) -> None:
-    """The ``dequant`` op (:class:`~nvfp4compat.kernels.contract.DequantOp`) with the Triton kernel.
+    """The ``dequant`` op (:class:`~nvfp4compat.kernels.contract.DequantArgs`) with the Triton kernel.
 
     No host sync; a device-tensor scale is read on the device and not checked. ``config`` picks the
     tile configuration (tests and benchmarks); None means :func:`pick_config`.

@@ -611,7 +611,7 @@ def append_slot_mapping(
     fast_math: bool | None = None,
     config: WriteConfig | None = None,
 ) -> None:
-    """The ``write`` op (:class:`~nvfp4compat.kernels.contract.WriteOp`) with the Triton kernel.
+    """The ``write`` op (:class:`~nvfp4compat.kernels.contract.WriteArgs`) with the Triton kernel.
 
     No host sync and no data-dependent allocation: safe in CUDA-graph capture (pass device-tensor
     scales there). A bad device-tensor scale poisons the side's blocks and sets the error flag
