@@ -308,6 +308,11 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
         if sweep:
             for w in (2, 4):
                 variants.append((f"default tiles, {w} programs/SM", {"decode": dataclasses.replace(base, programs_per_sm=w)}))
+            # the opt-in register double-buffered loop (docs/attention.md), not the default until timed
+            pf = att.PREFETCH_DECODE_CONFIG
+            variants.append((f"prefetch {pf}", {"decode": pf}))
+            variants.append(("prefetch, 128-key tiles, 2 programs/SM",
+                             {"decode": dataclasses.replace(pf, block_n=128, programs_per_sm=2)}))
     else:
         def run():
             return att.prefill(case.q, *args, case.qsl, ks, vs, sm_scale=case.sm_scale)
@@ -328,7 +333,8 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
     if quick:  # CPU smoke: the default and one override, to exercise the sweep path
         if s.kind == "decode":
             variants = variants[:1] + [("default tiles, 3 programs/head", {"num_splits": 3}),
-                                       ("2 programs/SM", {"knobs": {"SPLIT_TARGET_PROGRAMS_PER_SM": 2}})]
+                                       ("2 programs/SM", {"knobs": {"SPLIT_TARGET_PROGRAMS_PER_SM": 2}}),
+                                       ("prefetch", {"decode": att.PREFETCH_DECODE_CONFIG})]
         else:
             variants = variants[:1] + [(f"{att.PrefillConfig(64, 32, 4, 2)}", {"prefill": att.PrefillConfig(64, 32, 4, 2)})]
     for label, over in variants:

@@ -173,7 +173,7 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
         # -- decode
         for q_len in (1, 4):
             q = torch.randn(3 * q_len, hq, d, generator=gen).to(dtype).to(device)
-            for splits in (1, 3):
+            for splits, cfg in ((1, None), (3, None), (3, att.PREFETCH_DECODE_CONFIG)):
                 for sname, t, s, kw, exc in (
                     ("valid", bt, sl, {}, None),
                     ("bad pages", table(b0_1=-1, b1_0=n, b2_2=n + 100000, b2_3=2**31 - 1), sl, {}, None),
@@ -185,12 +185,13 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
                     a = dict(k_scale=ks, v_scale=vs, sm_scale=sm)
                     a.update(kw)
 
-                    def dec(out, t=t, s=s, a=a, q=q, q_len=q_len, splits=splits):
-                        with att.override_configs(num_splits=splits):
+                    def dec(out, t=t, s=s, a=a, q=q, q_len=q_len, splits=splits, cfg=cfg):
+                        with att.override_configs(num_splits=splits, decode=cfg):
                             return att.decode(q, cache, sf, t, s, a["k_scale"], a["v_scale"], sm_scale=a["sm_scale"],
                                               q_len_per_req=q_len, out=out, return_lse=True)
 
-                    cases.append(Case("decode", f"{dname} q{q_len} splits{splits} {sname}",
+                    pf = " prefetch" if cfg is not None else ""
+                    cases.append(Case("decode", f"{dname} q{q_len} splits{splits}{pf} {sname}",
                                       checked(dec, q) if exc is None else (lambda f=dec: f(None)), exc))
 
         # -- prefill (a mixed batch: request 1 has 2 rows, the decode kernel serves it)

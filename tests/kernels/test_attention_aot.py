@@ -35,6 +35,8 @@ CORE = [
     # patterns, SM80+)
     ("attention_decode", "bf16-d128-table", DEFAULT_CCS),
     ("attention_prefill", "bf16-d128-table", (80, 90)),
+    # the opt-in register double-buffered decode loop (DecodeConfig.prefetch)
+    ("attention_decode", "bf16-d128-prefetch", (80, 90)),
     # prefill's query_start_loc guard
     ("attention_qsl_guard", "bf16-d128-lse", (80, 90)),
 ]
@@ -98,7 +100,7 @@ def test_attention_is_an_aot_provider():
     assert {v.constexprs["FAST"] for v in decode} == set(DECODERS.values())
     for vs in (decode, variants["attention_prefill"]):
         assert {v.constexprs["FAST"] for v in vs} == set(DECODERS.values())
-    for flag in ("HAS_WINDOW", "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE", "VARLEN", "PAGE_POW2"):
+    for flag in ("HAS_WINDOW", "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE", "VARLEN", "PAGE_POW2", "PREFETCH"):
         assert {v.constexprs[flag] for v in decode} == {True, False}, flag
     for k, vs in variants.items():
         assert len({v.label for v in vs}) == len(vs), k

@@ -145,16 +145,19 @@ def test_out_of_range_block_table_entries_read_nothing(op, bad_page):
 
 
 @pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("op", ["decode", "prefill"])
+@pytest.mark.parametrize("op", ["decode", "prefill", "decode-prefetch"])
 def test_out_of_range_entries_under_fully_visible_tiles_read_nothing(op, splits):
     """Bad page ids far from the sequence end and the causal diagonal: the tiles that read them would
     otherwise run the unmasked path, which trusts its page ids (the scan before it must catch them),
-    with the split-KV chunks cut so that one chunk holds a bad page and another does not."""
+    with the split-KV chunks cut so that one chunk holds a bad page and another does not; also
+    through the register double-buffered decode loop (``DecodeConfig.prefetch``)."""
     gc = guard_cache(_case([700, 520]))
     bt = gc.case.block_table.clone()
     bt[0, 5] = gc.case.num_pages + 7
     bt[1, 20] = -1
-    with att.override_configs(num_splits=splits):
+    prefetch = att.PREFETCH_DECODE_CONFIG if op == "decode-prefetch" else None
+    op = op.split("-")[0]
+    with att.override_configs(num_splits=splits, decode=prefetch):
         if op == "decode":
             out, lse, ref, ref_lse = _decode(gc, _query(2), bt, gc.case.seq_lens)
         else:

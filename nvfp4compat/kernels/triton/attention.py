@@ -25,7 +25,7 @@ import contextlib
 import math
 import numbers
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -73,49 +73,55 @@ _GUARD_BLOCK_B = 1024
 
 
 @triton.jit
-def _load_scale_bytes(sf_base, sf_row_off, n_ok, D16: tl.constexpr, MASKED: tl.constexpr, SF_WORDS: tl.constexpr):
-    """The ``[BLOCK_N, D/16]`` E4M3 scale bytes of a tile (uint8 values in int32).
-
-    ``SF_WORDS`` (rows 4-byte aligned): load 32-bit words and split them in registers, so every
-    thread moves at least 4 bytes and Triton's pipeliner can stage the load with ``cp.async``.
-    """
-    if SF_WORDS:
-        W: tl.constexpr = D16 // 4
-        offs_w = tl.arange(0, W)
-        wptrs = (sf_base + sf_row_off[:, None]).to(tl.pointer_type(tl.int32)) + offs_w[None, :]
-        if MASKED:
-            words = tl.load(wptrs, mask=n_ok[:, None], other=0)
-        else:
-            words = tl.load(wptrs)
-        shifts = tl.arange(0, 4) * 8
-        sfb = (words[:, :, None] >> shifts[None, None, :]) & 0xFF
-        return tl.reshape(sfb, (words.shape[0], D16))
-    else:
-        offs_s = tl.arange(0, D16)
-        sf_ptrs = sf_base + sf_row_off[:, None] + offs_s[None, :]
-        if MASKED:
-            sfb = tl.load(sf_ptrs, mask=n_ok[:, None], other=0)
-        else:
-            sfb = tl.load(sf_ptrs)
-        return sfb.to(tl.int32)
-
-
-@triton.jit
-def _load_planes(
+def _load_raw(
     base, row_off, sf_base, sf_row_off, n_ok,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr,
-    DTYPE: tl.constexpr, SF_WORDS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, SF_WORDS: tl.constexpr,
 ):
-    """Gather and decode one K or V tile: ``(lo, hi)`` planes ``[BLOCK_N, D/2]`` in ``DTYPE``."""
+    """The raw bytes of one K or V tile: E2M1 codes ``[BLOCK_N, D/2]`` (uint8) and its E4M3 scales,
+    as loaded (:func:`_split_scales` makes them ``[BLOCK_N, D/16]`` bytes).
+
+    ``SF_WORDS`` (rows 4-byte aligned): the scales are loaded as 32-bit words, so every thread
+    moves at least 4 bytes and Triton's pipeliner can stage the load with ``cp.async``.
+    """
     D2: tl.constexpr = HEAD_DIM // 2
     D16: tl.constexpr = HEAD_DIM // 16
     offs_b = tl.arange(0, D2)
     ptrs = base + row_off[:, None] + offs_b[None, :]
+    if SF_WORDS:
+        W: tl.constexpr = D16 // 4
+        sf_ptrs = (sf_base + sf_row_off[:, None]).to(tl.pointer_type(tl.int32)) + tl.arange(0, W)[None, :]
+    else:
+        sf_ptrs = sf_base + sf_row_off[:, None] + tl.arange(0, D16)[None, :]
     if MASKED:
         byte = tl.load(ptrs, mask=n_ok[:, None], other=0)
+        sf_raw = tl.load(sf_ptrs, mask=n_ok[:, None], other=0)
     else:
         byte = tl.load(ptrs)
-    sfb = _load_scale_bytes(sf_base, sf_row_off, n_ok, D16, MASKED, SF_WORDS)
+        sf_raw = tl.load(sf_ptrs)
+    return byte, sf_raw
+
+
+@triton.jit
+def _split_scales(sf_raw, D16: tl.constexpr, SF_WORDS: tl.constexpr):
+    """:func:`_load_raw`'s scales -> ``[BLOCK_N, D/16]`` E4M3 bytes (uint8 values in int32)."""
+    if SF_WORDS:
+        shifts = tl.arange(0, 4) * 8
+        sfb = (sf_raw[:, :, None] >> shifts[None, None, :]) & 0xFF
+        return tl.reshape(sfb, (sf_raw.shape[0], D16))
+    else:
+        return sf_raw.to(tl.int32)
+
+
+@triton.jit
+def _decode_raw(
+    byte, sf_raw,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, FAST: tl.constexpr, DTYPE: tl.constexpr,
+    SF_WORDS: tl.constexpr,
+):
+    """Decode one tile's raw bytes (:func:`_load_raw`): ``(lo, hi)`` planes ``[BLOCK_N, D/2]`` in ``DTYPE``."""
+    D2: tl.constexpr = HEAD_DIM // 2
+    D16: tl.constexpr = HEAD_DIM // 16
+    sfb = _split_scales(sf_raw, D16, SF_WORDS)
     if FAST:
         if DTYPE == tl.float16:  # noqa: SIM300 (DTYPE is a constexpr, not a constant)
             sf = fp4.scales_f16_scaled(sfb)  # sf * 2^-8: the caller folds 2^8 into the scales
@@ -131,6 +137,17 @@ def _load_planes(
 
 
 @triton.jit
+def _load_planes(
+    base, row_off, sf_base, sf_row_off, n_ok,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr,
+    DTYPE: tl.constexpr, SF_WORDS: tl.constexpr,
+):
+    """Gather and decode one K or V tile: ``(lo, hi)`` planes ``[BLOCK_N, D/2]`` in ``DTYPE``."""
+    byte, sf_raw = _load_raw(base, row_off, sf_base, sf_row_off, n_ok, HEAD_DIM, MASKED, SF_WORDS)
+    return _decode_raw(byte, sf_raw, HEAD_DIM, BLOCK_N, FAST, DTYPE, SF_WORDS)
+
+
+@triton.jit
 def _attend_tile(
     acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos,
     n0, kv_end, window, qk_scale2, softcap_pre, softcap_post,
@@ -141,9 +158,12 @@ def _attend_tile(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL_ROWS: tl.constexpr, WINDOW_ROWS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr, PAGE_POW2: tl.constexpr,
-    SF_WORDS: tl.constexpr,
+    SF_WORDS: tl.constexpr, RAW: tl.constexpr = False, k_byte=None, k_sf=None, v_byte=None, v_sf=None,
 ):
     """Online-softmax update of the running state with the keys ``[n0, n0 + BLOCK_N)``.
+
+    ``RAW`` (unmasked tiles only): the tile's bytes were loaded already (:func:`_attend_prefetched`)
+    and come in as ``k_byte, k_sf, v_byte, v_sf`` (:func:`_load_raw`); nothing is loaded here.
 
     ``MASKED`` tiles mask keys ``>= kv_end`` and, per row, the causal diagonal (``CAUSAL_ROWS``:
     key ``<= qpos``) and the window (``WINDOW_ROWS``: key ``> qpos - window``); unmasked tiles are
@@ -156,25 +176,28 @@ def _attend_tile(
     DTYPE: tl.constexpr = q_lo.dtype
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_ok = offs_n < kv_end
-    if PAGE_POW2:
-        pidx = offs_n >> page_shift
-        slot = (offs_n & (page_size - 1)).to(tl.int64)
+    if RAW:
+        tl.static_assert(not MASKED, "prefetched tiles are unmasked tiles")
+        k_lo, k_hi = _decode_raw(k_byte, k_sf, HEAD_DIM, BLOCK_N, FAST, DTYPE, SF_WORDS)
     else:
-        pidx = offs_n // page_size
-        slot = (offs_n % page_size).to(tl.int64)
-    if MASKED:
-        page = tl.load(bt_row + pidx, mask=n_ok, other=-1)
-        # A page id outside the cache reads nothing: its keys are masked like keys past the end.
-        page_ok = (page >= 0) & (page < num_pages)
-        n_ok = n_ok & page_ok
-        page = tl.where(page_ok, page, 0).to(tl.int64)
-    else:
-        page = tl.load(bt_row + pidx).to(tl.int64)
-
-    k_lo, k_hi = _load_planes(
-        k_base, page * stride_kp + slot * stride_kt, ks_base, page * stride_ksp + slot * stride_kst,
-        n_ok, HEAD_DIM, BLOCK_N, MASKED, FAST, DTYPE, SF_WORDS,
-    )
+        if PAGE_POW2:
+            pidx = offs_n >> page_shift
+            slot = (offs_n & (page_size - 1)).to(tl.int64)
+        else:
+            pidx = offs_n // page_size
+            slot = (offs_n % page_size).to(tl.int64)
+        if MASKED:
+            page = tl.load(bt_row + pidx, mask=n_ok, other=-1)
+            # A page id outside the cache reads nothing: its keys are masked like keys past the end.
+            page_ok = (page >= 0) & (page < num_pages)
+            n_ok = n_ok & page_ok
+            page = tl.where(page_ok, page, 0).to(tl.int64)
+        else:
+            page = tl.load(bt_row + pidx).to(tl.int64)
+        k_lo, k_hi = _load_planes(
+            k_base, page * stride_kp + slot * stride_kt, ks_base, page * stride_ksp + slot * stride_kst,
+            n_ok, HEAD_DIM, BLOCK_N, MASKED, FAST, DTYPE, SF_WORDS,
+        )
     if DOT_FP32:
         s = tl.dot(q_lo.to(tl.float32), tl.trans(k_lo.to(tl.float32)))
         s = tl.dot(q_hi.to(tl.float32), tl.trans(k_hi.to(tl.float32)), s)
@@ -207,10 +230,13 @@ def _attend_tile(
     acc_lo = acc_lo * alpha[:, None]
     acc_hi = acc_hi * alpha[:, None]
 
-    v_lo, v_hi = _load_planes(
-        v_base, page * stride_vp + slot * stride_vt, vs_base, page * stride_vsp + slot * stride_vst,
-        n_ok, HEAD_DIM, BLOCK_N, MASKED, FAST, DTYPE, SF_WORDS,
-    )
+    if RAW:
+        v_lo, v_hi = _decode_raw(v_byte, v_sf, HEAD_DIM, BLOCK_N, FAST, DTYPE, SF_WORDS)
+    else:
+        v_lo, v_hi = _load_planes(
+            v_base, page * stride_vp + slot * stride_vt, vs_base, page * stride_vsp + slot * stride_vst,
+            n_ok, HEAD_DIM, BLOCK_N, MASKED, FAST, DTYPE, SF_WORDS,
+        )
     p16 = p.to(DTYPE)
     if DOT_FP32:
         p32 = p16.to(tl.float32)
@@ -220,6 +246,95 @@ def _attend_tile(
         acc_lo = tl.dot(p16, v_lo, acc_lo)
         acc_hi = tl.dot(p16, v_hi, acc_hi)
     return acc_lo, acc_hi, m_new, l_i
+
+
+@triton.jit
+def _tile_pages(t, kv_lo, bt_row, page_size, page_shift, ok, BLOCK_N: tl.constexpr, PAGE_POW2: tl.constexpr):
+    """Page ids (int32) of tile ``t``'s keys ``kv_lo + t * BLOCK_N + [0, BLOCK_N)``; nothing is read
+    where ``ok`` is false (ids 0)."""
+    offs_n = kv_lo + t * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PAGE_POW2:
+        pidx = offs_n >> page_shift
+    else:
+        pidx = offs_n // page_size
+    # (ok broadcast by hand: triton 3.9's interpreter rejects a scalar bool & a vector as a mask)
+    return tl.load(bt_row + pidx, mask=(tl.zeros_like(offs_n) + ok.to(tl.int32)) != 0, other=0)
+
+
+@triton.jit
+def _tile_raw(
+    t, page, ok, kv_lo, page_size,
+    k_base, v_base, ks_base, vs_base,
+    stride_kp, stride_kt, stride_vp, stride_vt,
+    stride_ksp, stride_kst, stride_vsp, stride_vst,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, SF_WORDS: tl.constexpr, PAGE_POW2: tl.constexpr,
+):
+    """The raw K and V bytes of tile ``t`` (:func:`_load_raw`) at page ids ``page``; nothing is read
+    where ``ok`` is false."""
+    offs_n = kv_lo + t * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PAGE_POW2:
+        slot = (offs_n & (page_size - 1)).to(tl.int64)
+    else:
+        slot = (offs_n % page_size).to(tl.int64)
+    p64 = page.to(tl.int64)
+    n_ok = (tl.zeros_like(offs_n) + ok.to(tl.int32)) != 0
+    k_byte, k_sf = _load_raw(
+        k_base, p64 * stride_kp + slot * stride_kt, ks_base, p64 * stride_ksp + slot * stride_kst,
+        n_ok, HEAD_DIM, True, SF_WORDS,
+    )
+    v_byte, v_sf = _load_raw(
+        v_base, p64 * stride_vp + slot * stride_vt, vs_base, p64 * stride_vsp + slot * stride_vst,
+        n_ok, HEAD_DIM, True, SF_WORDS,
+    )
+    return k_byte, k_sf, v_byte, v_sf
+
+
+@triton.jit
+def _attend_prefetched(
+    acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos,
+    kv_lo, kv_hi, b_begin, b_end,
+    window, qk_scale2, softcap_pre, softcap_post,
+    bt_row, page_size, page_shift, num_pages,
+    k_base, v_base, ks_base, vs_base,
+    stride_kp, stride_kt, stride_vp, stride_vt,
+    stride_ksp, stride_kst, stride_vsp, stride_vst,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL_ROWS: tl.constexpr, WINDOW_ROWS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr, PAGE_POW2: tl.constexpr,
+    SF_WORDS: tl.constexpr,
+):
+    """The unmasked tiles ``[b_begin, b_end)`` with register double buffering (``PREFETCH``): tile
+    ``i + 1``'s K/V bytes and tile ``i + 2``'s page ids are loaded before tile ``i`` is decoded, so
+    their memory latency overlaps its decode and MMAs within the program (Triton's own pipelining of
+    the gather waits for every copy at the top of each iteration). Run with ``num_stages=1``. Every
+    page id read here was checked by :func:`_attend_range`'s scan; loads past ``b_end`` are
+    predicated off."""
+    page = _tile_pages(b_begin, kv_lo, bt_row, page_size, page_shift, b_begin < b_end, BLOCK_N, PAGE_POW2)
+    k_byte, k_sf, v_byte, v_sf = _tile_raw(
+        b_begin, page, b_begin < b_end, kv_lo, page_size, k_base, v_base, ks_base, vs_base,
+        stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
+        HEAD_DIM, BLOCK_N, SF_WORDS, PAGE_POW2,
+    )
+    page_next = _tile_pages(
+        b_begin + 1, kv_lo, bt_row, page_size, page_shift, b_begin + 1 < b_end, BLOCK_N, PAGE_POW2
+    )
+    for i in range(b_begin, b_end):
+        k_byte_n, k_sf_n, v_byte_n, v_sf_n = _tile_raw(
+            i + 1, page_next, i + 1 < b_end, kv_lo, page_size, k_base, v_base, ks_base, vs_base,
+            stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
+            HEAD_DIM, BLOCK_N, SF_WORDS, PAGE_POW2,
+        )
+        page_next = _tile_pages(i + 2, kv_lo, bt_row, page_size, page_shift, i + 2 < b_end, BLOCK_N, PAGE_POW2)
+        acc_lo, acc_hi, m_i, l_i = _attend_tile(
+            acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos, kv_lo + i * BLOCK_N, kv_hi, window,
+            qk_scale2, softcap_pre, softcap_post, bt_row, page_size, page_shift, num_pages,
+            k_base, v_base, ks_base, vs_base,
+            stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
+            HEAD_DIM, BLOCK_N, False, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_WORDS,
+            True, k_byte, k_sf, v_byte, v_sf,
+        )
+        k_byte, k_sf, v_byte, v_sf = k_byte_n, k_sf_n, v_byte_n, v_sf_n
+    return acc_lo, acc_hi, m_i, l_i
 
 
 @triton.jit
@@ -252,7 +367,7 @@ def _attend_range(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL_ROWS: tl.constexpr, WINDOW_ROWS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr, PAGE_POW2: tl.constexpr,
-    SF_WORDS: tl.constexpr, PAGE_SCAN: tl.constexpr = 256,
+    SF_WORDS: tl.constexpr, PREFETCH: tl.constexpr = False, PAGE_SCAN: tl.constexpr = 256,
 ):
     """Attend tiles ``t_begin <= i < t_end`` (tile ``i`` = keys ``kv_lo + i * BLOCK_N + [0, BLOCK_N)``).
 
@@ -285,14 +400,24 @@ def _attend_range(
             p_hi = (n_hi - 1) // page_size + 1
         if _bad_pages(bt_row, p_lo, p_hi, num_pages, PAGE_SCAN) > 0:
             b_end = b_begin  # hostile page ids: the masked loop below takes every tile
-    for i in range(b_begin, b_end):
-        acc_lo, acc_hi, m_i, l_i = _attend_tile(
-            acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos, kv_lo + i * BLOCK_N, kv_hi, window,
-            qk_scale2, softcap_pre, softcap_post, bt_row, page_size, page_shift, num_pages,
+    if PREFETCH:
+        acc_lo, acc_hi, m_i, l_i = _attend_prefetched(
+            acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos, kv_lo, kv_hi, b_begin, b_end,
+            window, qk_scale2, softcap_pre, softcap_post, bt_row, page_size, page_shift, num_pages,
             k_base, v_base, ks_base, vs_base,
             stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
-            HEAD_DIM, BLOCK_N, False, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_WORDS,
+            HEAD_DIM, BLOCK_N, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_WORDS,
         )
+    else:
+        for i in range(b_begin, b_end):
+            acc_lo, acc_hi, m_i, l_i = _attend_tile(
+                acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos, kv_lo + i * BLOCK_N, kv_hi, window,
+                qk_scale2, softcap_pre, softcap_post, bt_row, page_size, page_shift, num_pages,
+                k_base, v_base, ks_base, vs_base,
+                stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
+                HEAD_DIM, BLOCK_N, False, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2,
+                SF_WORDS,
+            )
     c_begin = tl.maximum(b_begin, b_end)
     for i in range(c_begin, t_end):
         acc_lo, acc_hi, m_i, l_i = _attend_tile(
@@ -472,7 +597,7 @@ def _decode_kernel(
     HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr, BATCH_BLOCK: tl.constexpr,
     K_SCALE_PTR: tl.constexpr, V_SCALE_PTR: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
     DATA_ALIGN: tl.constexpr, SF_ALIGN: tl.constexpr, PAGE_POW2: tl.constexpr,
-    num_pages, status_ptr,
+    num_pages, status_ptr, PREFETCH: tl.constexpr = False,
 ):
     """Length-balanced split-KV decode: program (work chunk ``c``, kv head) over ``G * QMAX`` rows.
 
@@ -588,6 +713,7 @@ def _decode_kernel(
         stride_kp * DATA_ALIGN, stride_kt * DATA_ALIGN, stride_vp * DATA_ALIGN, stride_vt * DATA_ALIGN,
         stride_ksp * SF_ALIGN, stride_kst * SF_ALIGN, stride_vsp * SF_ALIGN, stride_vst * SF_ALIGN,
         HEAD_DIM, BLOCK_N, CAUSAL, HAS_WINDOW and (QMAX > 1), HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_ALIGN >= 4,
+        PREFETCH,
     )
 
     if n_chunks == 1:
@@ -863,6 +989,9 @@ class DecodeConfig:
     # resident programs per SM (registers and shared memory of the compiled kernel on SM90): the
     # work split sizes one wave with it; None = SPLIT_TARGET_PROGRAMS_PER_SM
     programs_per_sm: int | None = None
+    # register double buffering of the unmasked tiles (_attend_prefetched; use num_stages=1):
+    # opt-in, not yet timed on a GPU
+    prefetch: bool = False
 
 
 @dataclass(frozen=True)
@@ -890,6 +1019,11 @@ _DECODE_CONFIGS: dict[int, DecodeConfig] = {
     256: DecodeConfig(block_n=32, num_warps=4, num_stages=3),
     512: DecodeConfig(block_n=16, num_warps=8, num_stages=2),
 }
+# The opt-in register double-buffered decode (DecodeConfig.prefetch, _attend_prefetched): 64-key tiles,
+# one Triton stage (the loop prefetches by itself). Compiled for sm_90 (triton 3.6.0) it takes 167
+# registers and 22,528 bytes of shared memory at head_dim 128 (3 programs per SM; 128-key tiles take 244
+# registers). Not yet timed on a GPU: benchmarks/bench_attention.py sweeps it.
+PREFETCH_DECODE_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, prefetch=True)
 # Warps of a decode launch whose config has fewer, when (a) BLOCK_M > 16: at 2 warps the
 # accumulators do not fit (SM90, head_dim 128: BLOCK_M 32 spills 8 bytes, BLOCK_M 64 spills 1.5 KB,
 # 4 warps none), or (b) the launch has fewer programs than the GPU has SMs (latency-bound: measured
@@ -968,7 +1102,7 @@ def decode_config(
     cfg = _DECODE_CONFIGS[head_dim]
     latency_bound = num_programs is not None and num_sms is not None and num_programs < num_sms
     if cfg.num_warps < DECODE_WIDE_WARPS and (block_m > 16 or latency_bound):
-        cfg = DecodeConfig(cfg.block_n, DECODE_WIDE_WARPS, cfg.num_stages, cfg.maxnreg, cfg.programs_per_sm)
+        cfg = replace(cfg, num_warps=DECODE_WIDE_WARPS)
     return cfg
 
 
@@ -1375,7 +1509,7 @@ def _run_decode(
         HAS_SOFTCAP=d.softcap > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse,
         BATCH_BLOCK=d.batch_block, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr, FAST=d.fast,
         DOT_FP32=d.dot_fp32, DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
-        num_pages=d.num_pages, status_ptr=status_arg,
+        num_pages=d.num_pages, status_ptr=status_arg, PREFETCH=d.cfg.prefetch,
         num_warps=d.cfg.num_warps, num_stages=d.cfg.num_stages, maxnreg=d.cfg.maxnreg,
     )  # fmt: skip
     block_h, chunk_block = merge_blocks(d.num_qo_heads, d.head_dim)
@@ -1651,7 +1785,7 @@ def _decode_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
                  "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE", "BATCH_BLOCK", "K_SCALE_PTR", "V_SCALE_PTR",
                  "FAST", "DOT_FP32", "DATA_ALIGN", "SF_ALIGN", "PAGE_POW2"):
         sig[name] = "constexpr"
-    sig.update({"num_pages": "i32", "status_ptr": "*i32"})  # (num_tokens, max_pages are above)
+    sig.update({"num_pages": "i32", "status_ptr": "*i32", "PREFETCH": "constexpr"})  # (num_tokens, max_pages are above)
     return sig
 
 
@@ -1701,15 +1835,16 @@ def aot_variants() -> dict[str, list[Any]]:
 
     def add_decode(label: str, dtype: str, hd: int, *, qmax: int = 1, group: int = 4, varlen: bool = False,
                    batch_block: int = 128, decoder: str = "bitwise", ptr: bool = True, combined: bool = False,
-                   pow2: bool = True, latency: bool = False, **features: Any) -> None:
+                   pow2: bool = True, latency: bool = False, config: DecodeConfig | None = None,
+                   **features: Any) -> None:
         block_m = max(16, triton.next_power_of_2(group * qmax))
-        # the launch config decode() picks: latency=True is a grid smaller than the GPU
-        cfg = decode_config(hd, block_m, 1 if latency else None, 2 if latency else None)
+        # the launch config decode() picks (latency=True is a grid smaller than the GPU), or `config`
+        cfg = config or decode_config(hd, block_m, 1 if latency else None, 2 if latency else None)
         c: dict[str, Any] = {"HEAD_DIM": hd, "BLOCK_M": block_m,
                              "BLOCK_N": cfg.block_n, "QMAX": qmax, "VARLEN": varlen, "CAUSAL": qmax > 1,
                              "BATCH_BLOCK": batch_block, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr, "FAST": DECODERS[decoder],
                              "DOT_FP32": False, "DATA_ALIGN": 8 if combined else 16,
-                             "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2}
+                             "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2, "PREFETCH": cfg.prefetch}
         c.update(_FEATURES_OFF)
         c.update(features)
         sig = _decode_signature(dtype, ptr, ptr)
@@ -1745,6 +1880,9 @@ def aot_variants() -> dict[str, list[Any]]:
     add_decode("fp16-d128-portable", "fp16", 128, decoder="portable")
     add_decode("bf16-d128-table", "bf16", 128, decoder="table")
     add_decode("bf16-d64-q4-table-all", "bf16", 64, qmax=4, decoder="table", **_FEATURES_ON)
+    # the opt-in register double-buffered loop (DecodeConfig.prefetch), as benchmarks/bench_attention.py sweeps it
+    add_decode("bf16-d128-prefetch", "bf16", 128, config=PREFETCH_DECODE_CONFIG)
+    add_decode("fp16-d64-q4-prefetch-all", "fp16", 64, qmax=4, config=PREFETCH_DECODE_CONFIG, **_FEATURES_ON)
     for feat in ("HAS_WINDOW", "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE"):
         on: dict[str, Any] = {feat: True}
         add_prefill(f"bf16-d128-{feat.lower()}", "bf16", 128, **on)
