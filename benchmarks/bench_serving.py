@@ -1,0 +1,300 @@
+"""What a user buys NVFP4 for, measured in vLLM: requests served at a fixed KV budget, and prefill time.
+
+Issue 14 asks for throughput on a model big enough that attention is not launch-bound, with the KV
+memory fixed so that a bf16 cache fits ``N`` requests of 8K tokens, serving ``4N`` such requests with
+bf16 and with NVFP4 (goal: NVFP4 >= 2.5x bf16's generated tokens/s). Issue 15 asks for the time to
+prefill 32 x 8K prompts with an NVFP4 cache against bf16's, with vLLM's default backend for bf16 (goal:
+<= 1.1x). Both run here on a Llama-architecture model with random weights (vLLM's
+``load_format="dummy"``: no weight files, no tokenizer; prompts are random token ids), by default
+16 layers, hidden 4096, 32 query / 8 KV heads of 128, intermediate 14336.
+
+Each engine runs in its own process (vLLM keeps GPU memory until its process ends), one after the
+other, in this order: bf16 then NVFP4 for ``serve``, then for ``prefill``. NVFP4 engines need vLLM to
+accept ``--kv-cache-dtype nvfp4``: the nvfp4compat plugin installed in the same environment does that
+where vLLM does not (it logs its plan line, which the report quotes).
+
+    python benchmarks/bench_serving.py --json serving.json                 # both modes, defaults
+    python benchmarks/bench_serving.py --modes serve --fit 8 --new-tokens 256
+    python benchmarks/bench_serving.py --dry-run                           # the plan and the KV arithmetic
+
+``--dry-run`` needs no GPU and no vLLM (CI runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+BLOCK = 16  # vLLM's default KV block (tokens) on CUDA; budgets are rounded up to whole blocks
+SERVE_GOAL = 2.5  # issue 14: NVFP4 generated tokens/s >= 2.5x bf16's at the same KV bytes
+PREFILL_GOAL = 1.1  # issue 15: NVFP4 prefill time <= 1.1x bf16's
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    layers: int = 16
+    hidden: int = 4096
+    heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    intermediate: int = 14336
+    vocab: int = 32000
+
+    def config(self, max_positions: int) -> dict[str, Any]:
+        """A Llama ``config.json`` for vLLM (random weights through ``load_format="dummy"``)."""
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": self.hidden,
+            "intermediate_size": self.intermediate,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab,
+            "max_position_embeddings": max_positions,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        }
+
+    def bf16_bytes_per_token(self) -> int:
+        """KV bytes one token takes in a bf16 cache: K and V of every layer and KV head."""
+        return self.layers * 2 * self.kv_heads * self.head_dim * 2
+
+
+@dataclass(frozen=True)
+class Run:
+    mode: str  # "serve" | "prefill"
+    kv: str  # vLLM's kv_cache_dtype: "auto" (bf16) | "nvfp4"
+    backend: str | None  # attention_backend; None = vLLM's default choice
+    kv_cache_bytes: int
+    requests: int
+    context: int
+    new_tokens: int
+    max_num_seqs: int
+
+
+def kv_budget(shape: ModelShape, requests: int, tokens_per_request: int) -> int:
+    """Bytes of a bf16 cache that holds ``requests`` requests of ``tokens_per_request`` tokens each,
+    in whole blocks."""
+    blocks = requests * math.ceil(tokens_per_request / BLOCK)
+    return blocks * BLOCK * shape.bf16_bytes_per_token()
+
+
+def plan_runs(a: argparse.Namespace, shape: ModelShape) -> list[Run]:
+    """The engines to run, bf16 first in each mode. Both dtypes of a mode get the same KV bytes."""
+    runs: list[Run] = []
+    backends = {"auto": a.bf16_backend or None, "nvfp4": a.nvfp4_backend or None}
+    if "serve" in a.modes:
+        per_req = a.context + a.new_tokens
+        budget = kv_budget(shape, a.fit, per_req)
+        n = a.multiplier * a.fit
+        for kv in ("auto", "nvfp4"):
+            runs.append(Run("serve", kv, backends[kv], budget, n, a.context, a.new_tokens, n))
+    if "prefill" in a.modes:
+        budget = kv_budget(shape, a.prefill_requests, a.prefill_context + 1)
+        for kv in ("auto", "nvfp4"):
+            runs.append(Run("prefill", kv, backends[kv], budget, a.prefill_requests, a.prefill_context, 1,
+                            a.prefill_requests))
+    return runs
+
+
+# --------------------------------------------------------------------------------------------- child
+
+
+def _prompts(seed: int, count: int, length: int, vocab: int) -> list[dict[str, list[int]]]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [{"prompt_token_ids": rng.integers(10, vocab, size=length).tolist()} for _ in range(count)]
+
+
+def child(run: Run, model_dir: str, shape: ModelShape, repeats: int) -> dict[str, Any]:
+    """One engine: start, warm up at the timed shapes, time, report (runs in its own process)."""
+    from vllm import LLM, SamplingParams
+
+    kw: dict[str, Any] = dict(
+        model=model_dir, skip_tokenizer_init=True, load_format="dummy", dtype="bfloat16",
+        kv_cache_dtype=run.kv, kv_cache_memory_bytes=run.kv_cache_bytes,
+        max_model_len=run.context + run.new_tokens, max_num_seqs=run.max_num_seqs,
+        enable_prefix_caching=False, generation_config="vllm", seed=0,
+    )  # fmt: skip
+    if run.backend:
+        kw["attention_backend"] = run.backend
+    t0 = time.time()
+    llm = LLM(**kw)
+    start_s = time.time() - t0
+    cc = llm.llm_engine.vllm_config.cache_config
+    kv_tokens = (cc.num_gpu_blocks or 0) * cc.block_size
+    sp = SamplingParams(temperature=0.0, max_tokens=run.new_tokens, ignore_eos=True, detokenize=False)
+
+    def batch(seed: int) -> tuple[float, int]:
+        prompts = _prompts(seed, run.requests, run.context, shape.vocab)
+        t = time.time()
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+        return time.time() - t, sum(len(o.outputs[0].token_ids) for o in outs)
+
+    warm_s = round(batch(1)[0], 3)  # the timed shapes once: Triton JIT, autotuning, graph capture
+    times = [batch(2 + r) for r in range(repeats)]
+    best_s, generated = min(times)
+    return {
+        "start_s": round(start_s, 1),
+        "warmup_s": warm_s,
+        "kv_cache_tokens": kv_tokens,
+        "fits_requests": kv_tokens // (run.context + run.new_tokens),
+        "seconds": [round(t, 3) for t, _ in times],
+        "best_s": round(best_s, 3),
+        "generated_tokens": generated,
+        "generated_tok_s": round(generated / best_s, 1),
+        "requests_per_s": round(run.requests / best_s, 3),
+    }
+
+
+# --------------------------------------------------------------------------------------------- parent
+
+
+def _run_child(run: Run, model_dir: Path, shape: ModelShape, repeats: int, timeout: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "spec.json"
+        result = Path(tmp) / "result.json"
+        spec.write_text(json.dumps({"run": asdict(run), "model_dir": str(model_dir), "shape": asdict(shape),
+                                    "repeats": repeats, "result": str(result)}))
+        t0 = time.time()
+        try:
+            proc = subprocess.run([sys.executable, __file__, "--child", str(spec)], capture_output=True,
+                                  text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "error": f"timed out after {timeout} s"}
+        log = proc.stdout + proc.stderr
+        plan = [ln.strip()[-300:] for ln in log.splitlines() if "nvfp4compat: vLLM" in ln][:1]
+        if proc.returncode != 0 or not result.exists():
+            tail = [ln for ln in log.splitlines() if ln.strip()][-8:]
+            return {"ok": False, "error": f"engine process exited {proc.returncode}", "log_tail": tail,
+                    "plugin": plan, "wall_s": round(time.time() - t0, 1)}
+        out = json.loads(result.read_text())
+        out.update(ok=True, plugin=plan, wall_s=round(time.time() - t0, 1))
+        return out
+
+
+def _ratio(rows: list[dict[str, Any]], mode: str, key: str) -> float | None:
+    by = {r["kv"]: r for r in rows if r["mode"] == mode and r.get("ok")}
+    if "auto" in by and "nvfp4" in by and by["auto"].get(key):
+        return by["nvfp4"][key] / by["auto"][key]
+    return None
+
+
+def report(rows: list[dict[str, Any]], shape: ModelShape) -> str:
+    lines = [
+        f"Model: Llama, random weights, {shape.layers} layers, hidden {shape.hidden}, "
+        f"{shape.heads}/{shape.kv_heads} heads of {shape.head_dim}, intermediate {shape.intermediate}",
+        "",
+        "| mode | KV | backend | KV bytes | KV tokens | requests (fit) | context + new | best s | generated tok/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        name = "bf16" if r["kv"] == "auto" else r["kv"]
+        if not r.get("ok"):
+            lines.append(f"| {r['mode']} | {name} | {r['backend'] or 'default'} | {r['kv_cache_bytes']} | FAILED: "
+                         f"{r.get('error')} | | | | |")
+            continue
+        lines.append(
+            f"| {r['mode']} | {name} | {r['backend'] or 'default'} | {r['kv_cache_bytes'] / 2**30:.2f} GiB | "
+            f"{r['kv_cache_tokens']} | {r['requests']} ({r['fits_requests']}) | {r['context']} + {r['new_tokens']} | "
+            f"{r['best_s']} | {r['generated_tok_s']} |"
+        )
+    serve = _ratio(rows, "serve", "generated_tok_s")
+    if serve is not None:
+        verdict = "meets" if serve >= SERVE_GOAL else "misses"
+        lines += ["", f"serve: NVFP4 / bf16 generated tokens/s = {serve:.2f} ({verdict} the goal >= {SERVE_GOAL})"]
+    pre = _ratio(rows, "prefill", "best_s")
+    if pre is not None:
+        verdict = "meets" if pre <= PREFILL_GOAL else "misses"
+        lines += ["", f"prefill: NVFP4 / bf16 time = {pre:.2f} ({verdict} the goal <= {PREFILL_GOAL})"]
+    for r in rows:
+        if r.get("plugin"):
+            lines += ["", f"plugin ({r['mode']}, {r['kv']}): {r['plugin'][0]}"]
+            break
+    return "\n".join(lines)
+
+
+def _positive(text: str) -> int:
+    v = int(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return v
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--modes", default="serve,prefill", help="comma-separated: serve, prefill")
+    ap.add_argument("--fit", type=_positive, default=8, help="serve: bf16 requests the KV budget holds (N)")
+    ap.add_argument("--multiplier", type=_positive, default=4, help="serve: requests served = multiplier x N")
+    ap.add_argument("--context", type=_positive, default=8192, help="serve: prompt tokens per request")
+    ap.add_argument("--new-tokens", type=_positive, default=256, help="serve: generated tokens per request")
+    ap.add_argument("--prefill-requests", type=_positive, default=32)
+    ap.add_argument("--prefill-context", type=_positive, default=8192)
+    ap.add_argument("--repeats", type=_positive, default=2, help="timed batches per engine (best kept)")
+    ap.add_argument("--bf16-backend", default="", help="attention_backend of the bf16 engines ('' = vLLM's default)")
+    ap.add_argument("--nvfp4-backend", default="FLASHINFER",
+                    help="attention_backend of the NVFP4 engines (the plugin serves vLLM's FlashInfer backend)")
+    for f in ModelShape.__dataclass_fields__:
+        ap.add_argument(f"--{f.replace('_', '-')}", type=_positive, default=getattr(ModelShape(), f))
+    ap.add_argument("--timeout", type=_positive, default=1800, help="seconds per engine process")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--dry-run", action="store_true", help="print the runs and KV budgets, start nothing")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    bad = [m for m in a.modes if m not in ("serve", "prefill")]
+    if bad or not a.modes:
+        ap.error(f"--modes: unknown {bad or 'empty'}; use serve, prefill or both")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    if a.child:
+        spec = json.loads(Path(a.child).read_text())
+        res = child(Run(**spec["run"]), spec["model_dir"], ModelShape(**spec["shape"]), spec["repeats"])
+        Path(spec["result"]).write_text(json.dumps(res))
+        os._exit(0)  # vLLM's engine threads can hold a normal exit
+    shape = ModelShape(**{f: getattr(a, f) for f in ModelShape.__dataclass_fields__})
+    runs = plan_runs(a, shape)
+    if a.dry_run:
+        print(f"bf16 KV bytes per token: {shape.bf16_bytes_per_token()}")
+        for r in runs:
+            print(json.dumps(asdict(r)))
+        return 0
+    rows: list[dict[str, Any]] = []
+    max_len = max(r.context + r.new_tokens for r in runs)
+    with tempfile.TemporaryDirectory() as model_dir:
+        (Path(model_dir) / "config.json").write_text(json.dumps(shape.config(max_len), indent=1))
+        for r in runs:
+            print(f"[bench_serving] {r.mode} {r.kv}: {r.requests} x {r.context} + {r.new_tokens}, "
+                  f"KV {r.kv_cache_bytes / 2**30:.2f} GiB", flush=True)
+            res = _run_child(r, Path(model_dir), shape, a.repeats, a.timeout)
+            rows.append({**asdict(r), **res})
+            print(f"[bench_serving]   {json.dumps(res)[:400]}", flush=True)
+    text = report(rows, shape)
+    print(text)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"shape": asdict(shape), "rows": rows}, indent=1))
+    return 0 if all(r.get("ok") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
