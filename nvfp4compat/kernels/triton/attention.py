@@ -148,6 +148,16 @@ def _load_planes(
 
 
 @triton.jit
+def _page_slot(offs_n, page_size, page_shift, PAGE_POW2: tl.constexpr):
+    """Key positions -> (block-table index, int64 slot in the page): shift and mask for power-of-two
+    page sizes, division otherwise."""
+    if PAGE_POW2:
+        return offs_n >> page_shift, (offs_n & (page_size - 1)).to(tl.int64)
+    else:
+        return offs_n // page_size, (offs_n % page_size).to(tl.int64)
+
+
+@triton.jit
 def _attend_tile(
     acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, qpos,
     n0, kv_end, window, qk_scale2, softcap_pre, softcap_post,
@@ -180,12 +190,7 @@ def _attend_tile(
         tl.static_assert(not MASKED, "prefetched tiles are unmasked tiles")
         k_lo, k_hi = _decode_raw(k_byte, k_sf, HEAD_DIM, BLOCK_N, FAST, DTYPE, SF_WORDS)
     else:
-        if PAGE_POW2:
-            pidx = offs_n >> page_shift
-            slot = (offs_n & (page_size - 1)).to(tl.int64)
-        else:
-            pidx = offs_n // page_size
-            slot = (offs_n % page_size).to(tl.int64)
+        pidx, slot = _page_slot(offs_n, page_size, page_shift, PAGE_POW2)
         if MASKED:
             page = tl.load(bt_row + pidx, mask=n_ok, other=-1)
             # A page id outside the cache reads nothing: its keys are masked like keys past the end.
@@ -249,21 +254,25 @@ def _attend_tile(
 
 
 @triton.jit
-def _tile_pages(t, kv_lo, bt_row, page_size, page_shift, ok, BLOCK_N: tl.constexpr, PAGE_POW2: tl.constexpr):
-    """Page ids (int32) of tile ``t``'s keys ``kv_lo + t * BLOCK_N + [0, BLOCK_N)``; nothing is read
-    where ``ok`` is false (ids 0)."""
+def _tile_keys(t, kv_lo, ok, BLOCK_N: tl.constexpr):
+    """Tile ``t``'s key positions ``kv_lo + t * BLOCK_N + [0, BLOCK_N)`` and a load mask that is
+    ``ok`` for all of them (broadcast by hand: triton 3.9's interpreter rejects a scalar bool & a
+    vector as a mask)."""
     offs_n = kv_lo + t * BLOCK_N + tl.arange(0, BLOCK_N)
-    if PAGE_POW2:
-        pidx = offs_n >> page_shift
-    else:
-        pidx = offs_n // page_size
-    # (ok broadcast by hand: triton 3.9's interpreter rejects a scalar bool & a vector as a mask)
-    return tl.load(bt_row + pidx, mask=(tl.zeros_like(offs_n) + ok.to(tl.int32)) != 0, other=0)
+    return offs_n, (tl.zeros_like(offs_n) + ok.to(tl.int32)) != 0
+
+
+@triton.jit
+def _tile_pages(t, kv_lo, bt_row, page_size, page_shift, ok, BLOCK_N: tl.constexpr, PAGE_POW2: tl.constexpr):
+    """Page ids (int32) of tile ``t``'s keys; nothing is read where ``ok`` is false (ids 0)."""
+    offs_n, n_ok = _tile_keys(t, kv_lo, ok, BLOCK_N)
+    pidx, _ = _page_slot(offs_n, page_size, page_shift, PAGE_POW2)
+    return tl.load(bt_row + pidx, mask=n_ok, other=0)
 
 
 @triton.jit
 def _tile_raw(
-    t, page, ok, kv_lo, page_size,
+    t, page, ok, kv_lo, page_size, page_shift,
     k_base, v_base, ks_base, vs_base,
     stride_kp, stride_kt, stride_vp, stride_vt,
     stride_ksp, stride_kst, stride_vsp, stride_vst,
@@ -271,13 +280,9 @@ def _tile_raw(
 ):
     """The raw K and V bytes of tile ``t`` (:func:`_load_raw`) at page ids ``page``; nothing is read
     where ``ok`` is false."""
-    offs_n = kv_lo + t * BLOCK_N + tl.arange(0, BLOCK_N)
-    if PAGE_POW2:
-        slot = (offs_n & (page_size - 1)).to(tl.int64)
-    else:
-        slot = (offs_n % page_size).to(tl.int64)
+    offs_n, n_ok = _tile_keys(t, kv_lo, ok, BLOCK_N)
+    _, slot = _page_slot(offs_n, page_size, page_shift, PAGE_POW2)
     p64 = page.to(tl.int64)
-    n_ok = (tl.zeros_like(offs_n) + ok.to(tl.int32)) != 0
     k_byte, k_sf = _load_raw(
         k_base, p64 * stride_kp + slot * stride_kt, ks_base, p64 * stride_ksp + slot * stride_kst,
         n_ok, HEAD_DIM, True, SF_WORDS,
@@ -311,7 +316,7 @@ def _attend_prefetched(
     predicated off."""
     page = _tile_pages(b_begin, kv_lo, bt_row, page_size, page_shift, b_begin < b_end, BLOCK_N, PAGE_POW2)
     k_byte, k_sf, v_byte, v_sf = _tile_raw(
-        b_begin, page, b_begin < b_end, kv_lo, page_size, k_base, v_base, ks_base, vs_base,
+        b_begin, page, b_begin < b_end, kv_lo, page_size, page_shift, k_base, v_base, ks_base, vs_base,
         stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
         HEAD_DIM, BLOCK_N, SF_WORDS, PAGE_POW2,
     )
@@ -320,7 +325,7 @@ def _attend_prefetched(
     )
     for i in range(b_begin, b_end):
         k_byte_n, k_sf_n, v_byte_n, v_sf_n = _tile_raw(
-            i + 1, page_next, i + 1 < b_end, kv_lo, page_size, k_base, v_base, ks_base, vs_base,
+            i + 1, page_next, i + 1 < b_end, kv_lo, page_size, page_shift, k_base, v_base, ks_base, vs_base,
             stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
             HEAD_DIM, BLOCK_N, SF_WORDS, PAGE_POW2,
         )
@@ -390,15 +395,11 @@ def _attend_range(
     b_begin = tl.maximum(t_begin, n_mask_lo)
     b_end = tl.minimum(t_end, n_full_end)
     if b_end > b_begin:
-        n_lo = kv_lo + b_begin * BLOCK_N
-        n_hi = kv_lo + b_end * BLOCK_N  # unmasked tiles end at or before kv_hi
-        if PAGE_POW2:
-            p_lo = n_lo >> page_shift
-            p_hi = ((n_hi - 1) >> page_shift) + 1
-        else:
-            p_lo = n_lo // page_size
-            p_hi = (n_hi - 1) // page_size + 1
-        if _bad_pages(bt_row, p_lo, p_hi, num_pages, PAGE_SCAN) > 0:
+        # the block-table entries of keys [kv_lo + b_begin * BLOCK_N, kv_lo + b_end * BLOCK_N), which
+        # end at or before kv_hi
+        p_lo, _ = _page_slot(kv_lo + b_begin * BLOCK_N, page_size, page_shift, PAGE_POW2)
+        p_last, _ = _page_slot(kv_lo + b_end * BLOCK_N - 1, page_size, page_shift, PAGE_POW2)
+        if _bad_pages(bt_row, p_lo, p_last + 1, num_pages, PAGE_SCAN) > 0:
             b_end = b_begin  # hostile page ids: the masked loop below takes every tile
     if PREFETCH:
         acc_lo, acc_hi, m_i, l_i = _attend_prefetched(
@@ -1042,11 +1043,11 @@ _PREFILL_CONFIGS: dict[int, PrefillConfig] = {
 # does not say), in chunks of at least SPLIT_MIN_CHUNK_TOKENS keys.
 SPLIT_TARGET_PROGRAMS_PER_SM = 4
 SPLIT_MIN_CHUNK_TOKENS = 512
-# Requests scanned per step of the kernels' on-device prefix over the batch: 128 for batches up to
-# 128, else 1024 (two compiled variants for every batch size; one step up to 1024 requests).
 # The merge kernel (merge_blocks): partial outputs per step, and chunks per step.
 MERGE_STEP_ELEMENTS = 8192
 MERGE_CHUNK_BLOCK = 16
+# Requests scanned per step of the kernels' on-device prefix over the batch: 128 for batches up to
+# 128, else 1024 (two compiled variants for every batch size; one step up to 1024 requests).
 BATCH_BLOCK_SMALL = 128
 BATCH_BLOCK_MAX = 1024
 
@@ -1386,6 +1387,8 @@ class _DecodeLaunch:
     batch_block: int
     max_pages: int
     cfg: DecodeConfig
+    merge_block_h: int  # merge_blocks(): the merge kernel's heads per program and chunks per step
+    merge_chunk_block: int
     fast: int
     dot_fp32: bool
     k_ptr: bool
@@ -1413,6 +1416,7 @@ def _decode_launch(
     programs, min_tiles = decode_programs(cfg0, views.num_kv_heads, num_sms)
     max_tiles = -(-block_table.shape[1] * views.page_size // cfg0.block_n)
     chunks, slots = decode_grid(batch, programs, min_tiles, max_tiles)
+    merge_block_h, merge_chunk_block = merge_blocks(a.num_qo_heads, views.head_dim)
     return _DecodeLaunch(
         num_kv_heads=views.num_kv_heads, head_dim=views.head_dim, page_size=views.page_size,
         num_qo_heads=a.num_qo_heads, group=a.group, qmax=qmax, block_m=block_m, programs=programs,
@@ -1420,7 +1424,7 @@ def _decode_launch(
         batch_block=BATCH_BLOCK_SMALL if batch <= BATCH_BLOCK_SMALL else BATCH_BLOCK_MAX,
         max_pages=block_table.shape[1],
         cfg=decode_config(views.head_dim, block_m, chunks * views.num_kv_heads, num_sms),
-        fast=_fast(device), dot_fp32=interpreting() and query.dtype == torch.bfloat16,
+        merge_block_h=merge_block_h, merge_chunk_block=merge_chunk_block, fast=_fast(device), dot_fp32=interpreting() and query.dtype == torch.bfloat16,
         k_ptr=isinstance(a.k_scale, torch.Tensor), v_ptr=isinstance(a.v_scale, torch.Tensor),
         sm_scale_log2=a.sm_scale_log2, softcap=a.softcap, window=a.window,
         has_sinks=a.sinks is not None, return_lse=a.lse is not None,
@@ -1512,14 +1516,13 @@ def _run_decode(
         num_pages=d.num_pages, status_ptr=status_arg, PREFETCH=d.cfg.prefetch,
         num_warps=d.cfg.num_warps, num_stages=d.cfg.num_stages, maxnreg=d.cfg.maxnreg,
     )  # fmt: skip
-    block_h, chunk_block = merge_blocks(d.num_qo_heads, d.head_dim)
-    _decode_reduce_kernel[(batch * qmax, triton.cdiv(d.num_qo_heads, block_h))](
+    _decode_reduce_kernel[(batch * qmax, triton.cdiv(d.num_qo_heads, d.merge_block_h))](
         part_o, part_lse, out, lse_arg, seq_lens, qsl_arg, sinks_arg,
         batch, d.programs, d.min_tiles, d.window, d.max_pages, d.page_size, query.shape[0],
         d.num_qo_heads, out.stride(0), out.stride(1), d.num_qo_heads,
         HEAD_DIM=d.head_dim, BLOCK_N=d.cfg.block_n, QMAX=qmax, VARLEN=qsl is not None,
-        HAS_WINDOW=d.window > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse, BLOCK_H=block_h,
-        BATCH_BLOCK=d.batch_block, CHUNK_BLOCK=chunk_block, status_ptr=status_arg, num_warps=4,
+        HAS_WINDOW=d.window > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse, BLOCK_H=d.merge_block_h,
+        BATCH_BLOCK=d.batch_block, CHUNK_BLOCK=d.merge_chunk_block, status_ptr=status_arg, num_warps=4,
     )  # fmt: skip
 
 
@@ -1556,7 +1559,7 @@ def _knobs() -> tuple:
     """Everything besides the arguments that a launch depends on (tuning constants, overrides)."""
     return (
         SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
-        tuple(_DECODE_CONFIGS.items()), tuple(sorted(_overrides.items())), interpreting(),
+        MERGE_STEP_ELEMENTS, MERGE_CHUNK_BLOCK, tuple(_DECODE_CONFIGS.items()), tuple(sorted(_overrides.items())), interpreting(),
     )  # fmt: skip
 
 
