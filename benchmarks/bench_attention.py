@@ -34,7 +34,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -280,7 +280,7 @@ def _overrides(att: Any, over: dict[str, Any]):
 
 
 def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
-                 impl: str = "triton NVFP4") -> list[Row]:
+                 impl: str = "triton NVFP4", knobs: Sequence[tuple[str, Any]] = ()) -> list[Row]:
     import torch
 
     if att is None:
@@ -337,6 +337,8 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
                                        ("prefetch", {"decode": att.PREFETCH_DECODE_CONFIG})]
         else:
             variants = variants[:1] + [(f"{att.PrefillConfig(64, 32, 4, 2)}", {"prefill": att.PrefillConfig(64, 32, 4, 2)})]
+    # --knob NAME=V: one row per value, the module constant set for that row (any sweep mode)
+    variants += [(f"knob {name}={val}", {"knobs": {name: val}}) for name, val in knobs]
     for label, over in variants:
         try:
             with _overrides(att, over):
@@ -440,6 +442,25 @@ def _table(rows: list[Row], case: Case) -> str:
     return "\n".join(lines)
 
 
+def _parse_knobs(specs: Sequence[str]) -> list[tuple[str, int]]:
+    """``["SPLIT_WAVES=2,3"]`` -> ``[("SPLIT_WAVES", 2), ("SPLIT_WAVES", 3)]``, each name checked
+    against the attention module's integer constants."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    out: list[tuple[str, int]] = []
+    for spec in specs:
+        name, sep, vals = spec.partition("=")
+        name = name.strip()
+        if not sep or not name.isupper() or not isinstance(getattr(att, name, None), int):
+            known = sorted(k for k, v in vars(att).items() if k.isupper() and type(v) is int)
+            raise SystemExit(f"bench_attention: --knob {spec!r}: need NAME=V1,V2 with NAME one of {known}")
+        try:
+            out += [(name, int(v)) for v in vals.split(",") if v.strip()]
+        except ValueError:
+            raise SystemExit(f"bench_attention: --knob {spec!r}: values must be integers") from None
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny shapes, Triton interpreter, no FlashInfer")
@@ -451,10 +472,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", default=None,
                     help="path of an earlier attention.py (e.g. `git show <rev>:nvfp4compat/kernels/triton/attention.py`) "
                          "timed in the same run as 'triton NVFP4 baseline'")
+    ap.add_argument("--knob", action="append", default=[], metavar="NAME=V1,V2",
+                    help="also time the Triton kernels with the attention module's constant NAME set to each "
+                         "value (integers), one row per value, e.g. --knob SPLIT_WAVES=2,3")
     args = ap.parse_args(argv)
 
     if args.quick:
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    knobs = _parse_knobs(args.knob)  # imports the kernels: after TRITON_INTERPRET is set
     import torch
     import triton
 
@@ -492,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quick and not args.no_flashinfer:
             refs["bf16"] = case.reference("bf16")
             refs["fp8"] = case.reference("fp8")
-        rows = _triton_rows(case, args.quick, sweep=not args.no_sweep, ref_nv=refs["nvfp4"])
+        rows = _triton_rows(case, args.quick, sweep=not args.no_sweep, ref_nv=refs["nvfp4"], knobs=knobs)
         if baseline is not None:
             rows += _triton_rows(case, args.quick, False, refs["nvfp4"], att=baseline, impl="triton NVFP4 baseline")
         if not args.quick and not args.no_flashinfer:

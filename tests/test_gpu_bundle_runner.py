@@ -51,6 +51,16 @@ def test_compile_caches_come_back_in_chunks_and_restore(rod, tmp_path, monkeypat
     assert state["caches"]
 
 
+def test_runner_imports_the_package_with_the_bundles_dependencies(rod, tmp_path):
+    # on the H200 the host has no pydantic: the runner process itself must see `common` (where the
+    # bundle put pydantic), not only the jobs it starts
+    site = tmp_path / "site"
+    assert rod.runner_paths(site) == [rod.REPO]  # --dry-run before anything is unpacked
+    for d in ("plugin", "common"):
+        (site / d).mkdir(parents=True)
+    assert rod.runner_paths(site) == [site / "plugin", site / "common"]
+
+
 def test_job_environment_puts_the_components_on_the_path(rod, tmp_path):
     site = tmp_path / "site"
     for d in ("plugin", "fi-0.6.15", "common"):

@@ -433,6 +433,42 @@ def test_decode_work_split_sizes():
     assert att.decode_grid(3, 1, 1, 0) == (3, 1)
 
 
+def test_decode_waves_fill_the_last_wave(monkeypatch):
+    """decode_waves: more waves only where the batch size leaves one wave's last programs empty."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    monkeypatch.setattr(att, "SPLIT_WAVES", 0)
+    # 50 programs per KV head (3 per SM, 132 SMs, 8 KV heads), chunks of >= 4 tiles
+    assert att.decode_waves(32, 50, 4, 64) == 2  # 32 x 8K: 32 of 50 slots -> 96 of 100
+    assert att.decode_waves(64, 50, 4, 64) == 3  # 64 x 8K: 64 of 100 -> 128 of 150
+    for batch, max_tiles in ((16, 128), (128, 16), (1, 64), (4, 256), (48, 32), (8, 240)):
+        assert att.decode_waves(batch, 50, 4, max_tiles) == 1, (batch, max_tiles)
+    # the chunk cap (a request's tiles // min_tiles) is what one request can take
+    assert att.decode_waves(1, 50, 4, 64) == 1
+    # the Python model of the kernel's chunking agrees: 32 x 8K fills 96 of 100 over two waves
+    assert len(_chunk_plan([64] * 32, 50, 4)) == 32
+    assert len(_chunk_plan([64] * 32, 100, 4)) == 96
+    # degenerate inputs still give a count in range
+    assert att.decode_waves(0, 0, 0, 0) == 1
+    monkeypatch.setattr(att, "SPLIT_WAVES", 2)  # forced
+    assert att.decode_waves(16, 50, 4, 128) == 2
+
+
+@pytest.mark.parametrize("waves", [1, 3])
+def test_decode_forced_waves_match_the_reference(monkeypatch, waves):
+    """The output does not depend on the wave count: only the split of each request changes."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    monkeypatch.setattr(att, "SPLIT_WAVES", waves)
+    monkeypatch.setattr(att, "SPLIT_MIN_CHUNK_TOKENS", 16)
+    with att.override_configs(decode=att.DecodeConfig(16, 4, 1)):
+        r = run_case(
+            "triton", "decode", seq_lens=[300, 3, 17, 130], num_qo_heads=4, num_kv_heads=2,
+            head_dim=64, dtype=fp16, return_lse=True, seed=waves,
+        )
+    r.check()
+
+
 def _chunk_plan(tiles: list[int], programs: int, min_tiles: int) -> list[tuple[int, int]]:
     """The kernel's chunking (_request_chunks), in Python: (request, chunk index) per chunk, in order."""
     total = max(1, sum(tiles))

@@ -335,6 +335,14 @@ def component_paths(site: Path, flashinfer: str, plugin: bool) -> list[Path]:
     return paths
 
 
+def runner_paths(site: Path) -> list[Path]:
+    """What this process imports the package's runner from, first on ``sys.path``: the plugin wheel
+    the bundle carries (else the checkout, for ``--dry-run``), then the bundle's ``common``
+    component, which has the dependencies the host may lack (pydantic: the H200 image has none)."""
+    plugin_dir, common = site / "plugin", site / "common"
+    return [plugin_dir if plugin_dir.is_dir() else REPO] + ([common] if common.is_dir() else [])
+
+
 def bundle_env(site: Path, flashinfer: str, plugin: bool, base: dict[str, str]) -> dict[str, str]:
     """``base`` with the bundle's components on ``PYTHONPATH``, the host's CUDA on ``PATH``."""
     env = dict(base)
@@ -377,8 +385,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not fi:
         raise RunnerError("the manifest names no default FlashInfer release: pass --flashinfer")
     # the package's runner, from the plugin wheel the bundle carries (or the checkout for --dry-run)
-    plugin_dir = args.site / "plugin"
-    sys.path.insert(0, str(plugin_dir if plugin_dir.is_dir() else REPO))
+    sys.path[:0] = [str(p) for p in runner_paths(args.site)]
     from nvfp4compat.validation.checks import parse_checks, plan_jobs
     from nvfp4compat.validation.report import headline, verdict
     from nvfp4compat.validation.runner import Settings, base_job_env, run_checks

@@ -9,8 +9,8 @@ fp16/bf16 MMA operands (``e2m1 * sf``, exact in both), and the global scales are
 * :func:`decode`: flash-decoding. One program per ``(work chunk, kv head)`` serves every query head of
   its KV head (the GQA group ``G = Hq / Hkv``) and every one of its request's ``q_len_per_req`` query
   tokens: ``G * q_len`` rows padded to the MMA minimum of 16. The batch's KV tiles are shared out on the
-  device, by the real lengths, over one wave of programs (:func:`decode_programs`,
-  :func:`_decode_kernel`); a second kernel merges the chunks of split requests (log-sum-exp weighted),
+  device, by the real lengths, over one to three waves of programs (:func:`decode_programs`,
+  :func:`decode_waves`, :func:`_decode_kernel`); a second kernel merges the chunks of split requests (log-sum-exp weighted),
   and a request of one chunk is written directly.
 * :func:`prefill`: FlashAttention-2 over query tiles of all requests (``BLOCK_M`` rows = ``BLOCK_M // G``
   tokens x ``G`` heads, one program per tile and KV head), with the causal diagonal, the sliding window
@@ -574,8 +574,8 @@ def _block_chunks(
 @triton.jit
 def _request_chunks(tiles, total, programs, min_tiles):
     """Chunks of requests with ``tiles`` KV tiles: their share of ``programs`` rounded down,
-    ``floor(tiles * programs / total)`` (never more chunks than one wave of programs: rounding up
-    left a second, mostly idle wave), at least 1 (0 for no tiles) and at most
+    ``floor(tiles * programs / total)`` (never more chunks than ``programs``: rounding up left a
+    last, mostly idle wave; the host picks how many waves ``programs`` spans), at least 1 (0 for no tiles) and at most
     ``tiles // min_tiles``. A request's chunks split its tiles evenly."""
     t64 = tiles.to(tl.int64)
     share = (t64 * programs) // total
@@ -1038,11 +1038,18 @@ _PREFILL_CONFIGS: dict[int, PrefillConfig] = {
     256: PrefillConfig(block_m=64, block_n=32, num_warps=8, num_stages=2),
     512: PrefillConfig(block_m=32, block_n=16, num_warps=8, num_stages=2),
 }
-# Work-split knobs (see decode_programs). The batch's KV tiles are shared out over one wave of
-# resident programs: DecodeConfig.programs_per_sm per SM (SPLIT_TARGET_PROGRAMS_PER_SM where a config
+# Work-split knobs (see decode_programs). The batch's KV tiles are shared out over waves of
+# resident programs (decode_waves): DecodeConfig.programs_per_sm per SM (SPLIT_TARGET_PROGRAMS_PER_SM where a config
 # does not say), in chunks of at least SPLIT_MIN_CHUNK_TOKENS keys.
 SPLIT_TARGET_PROGRAMS_PER_SM = 4
 SPLIT_MIN_CHUNK_TOKENS = 512
+# Waves of resident programs the batch's tiles are shared out over (decode_waves): 0 picks 1 to
+# SPLIT_MAX_WAVES per launch from the batch size; n > 0 forces n (benchmark sweeps).
+SPLIT_WAVES = 0
+SPLIT_MAX_WAVES = 3
+# A larger wave count is taken only when it fills its last wave by this much more (more, shorter
+# chunks cost partials to merge and per-program set-up).
+SPLIT_WAVE_GAIN = 0.10
 # The merge kernel (merge_blocks): partial outputs per step, and chunks per step.
 MERGE_STEP_ELEMENTS = 8192
 MERGE_CHUNK_BLOCK = 16
@@ -1115,20 +1122,49 @@ def prefill_config(head_dim: int) -> PrefillConfig:
 _sm_count = sm_count  # (benchmarks read it under this name)
 
 
-def decode_programs(cfg: DecodeConfig, num_kv_heads: int, num_sms: int) -> tuple[int, int]:
+def decode_programs(cfg: DecodeConfig, num_kv_heads: int, num_sms: int, waves: int = 1) -> tuple[int, int]:
     """``(programs per KV head, min tiles per chunk)`` of a decode launch with tile config ``cfg``.
 
     The work split happens on the device (:func:`_decode_kernel`): the batch's real KV tiles are
-    shared out over about ``programs * num_kv_heads`` equal chunks, one wave of resident programs
-    (``cfg.programs_per_sm * num_sms``) whatever the lengths, each of at least
+    shared out over about ``programs * num_kv_heads`` equal chunks, ``waves`` waves of resident
+    programs (``cfg.programs_per_sm * num_sms`` each; :func:`decode_waves` picks the count from the
+    batch size) whatever the lengths, each of at least
     ``SPLIT_MIN_CHUNK_TOKENS`` keys so that the partial results stay cheap to merge.
     ``override_configs(num_splits=P)`` forces ``P`` programs per KV head and chunks of any size
     (``min_tiles`` 1): ``P = 1`` gives every request one chunk, i.e. no split.
     """
     if "num_splits" in _overrides:
         return max(1, int(_overrides["num_splits"])), 1
-    wave = (cfg.programs_per_sm or SPLIT_TARGET_PROGRAMS_PER_SM) * num_sms
+    wave = max(1, waves) * (cfg.programs_per_sm or SPLIT_TARGET_PROGRAMS_PER_SM) * num_sms
     return max(1, -(-wave // max(1, num_kv_heads))), max(1, SPLIT_MIN_CHUNK_TOKENS // cfg.block_n)
+
+
+def decode_waves(batch: int, programs: int, min_tiles: int, max_tiles: int) -> int:
+    """Waves of ``programs`` (one wave's programs per KV head) a launch shares the tiles out over.
+
+    Each request's share of the programs is rounded down (:func:`_request_chunks`), so when the
+    batch has few requests per wave much of a wave can stay empty: 32 requests of 8K keys over 50
+    programs get 1 chunk each (shares of 1.56), 32 of 50 slots. Over two waves (99 programs) they
+    get 3 each, 96 of 100. The host reads no length (CUDA graphs): the rule assumes requests of
+    equal length, which the batch size alone decides, and takes the wave count (1 to
+    ``SPLIT_MAX_WAVES``) whose last wave is fullest, a larger one only when it fills that wave
+    ``SPLIT_WAVE_GAIN`` better. ``SPLIT_WAVES > 0`` forces a count.
+    Measured on an H200 (BENCHMARKS.md, decode run E, the counts forced): 32 x 8K GQA 8 took
+    0.353 ms over one wave and 0.259 ms over two; 64 x 8K 0.535 ms over one and 0.494 ms over
+    three; the batches whose one wave is already full lost 2-9% when forced to two or three, and
+    the rule keeps them at one.
+    """
+    if SPLIT_WAVES > 0:
+        return SPLIT_WAVES
+    batch, programs = max(1, batch), max(1, programs)
+    cap = max(1, max(1, max_tiles) // max(1, min_tiles))  # chunks of one request at most
+    best, best_fill = 1, -1.0
+    for waves in range(1, max(1, SPLIT_MAX_WAVES) + 1):
+        chunks = batch * min(max(1, waves * programs // batch), cap)
+        fill = chunks / (-(-chunks // programs) * programs)
+        if fill > best_fill + SPLIT_WAVE_GAIN:
+            best, best_fill = waves, fill
+    return best
 
 
 def decode_grid(batch: int, programs: int, min_tiles: int, max_tiles: int) -> tuple[int, int]:
@@ -1415,6 +1451,9 @@ def _decode_launch(
     cfg0 = decode_config(views.head_dim)
     programs, min_tiles = decode_programs(cfg0, views.num_kv_heads, num_sms)
     max_tiles = -(-block_table.shape[1] * views.page_size // cfg0.block_n)
+    waves = decode_waves(batch, programs, min_tiles, max_tiles)
+    if waves > 1 and "num_splits" not in _overrides:  # (a forced split count is per request)
+        programs = decode_programs(cfg0, views.num_kv_heads, num_sms, waves)[0]
     chunks, slots = decode_grid(batch, programs, min_tiles, max_tiles)
     merge_block_h, merge_chunk_block = merge_blocks(a.num_qo_heads, views.head_dim)
     return _DecodeLaunch(
@@ -1558,7 +1597,7 @@ def _opt_meta(t) -> object:
 def _knobs() -> tuple:
     """Everything besides the arguments that a launch depends on (tuning constants, overrides)."""
     return (
-        SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
+        SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, SPLIT_WAVES, SPLIT_MAX_WAVES, SPLIT_WAVE_GAIN, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
         MERGE_STEP_ELEMENTS, MERGE_CHUNK_BLOCK, tuple(_DECODE_CONFIGS.items()), tuple(sorted(_overrides.items())), interpreting(),
     )  # fmt: skip
 
