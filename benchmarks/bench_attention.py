@@ -298,10 +298,13 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
             sms = att._sm_count(case.q.device)
             programs0, min_tiles0 = att.decode_programs(att.decode_config(s.head_dim), s.num_kv_heads, sms)
             max_tiles = -(-case.block_table.shape[1] * s.page_size // att.decode_config(s.head_dim).block_n)
+            waves0 = att.decode_waves(len(s.seq_lens), programs0, min_tiles0, max_tiles) if hasattr(att, "decode_waves") else 1
+            if waves0 > 1:
+                programs0 = att.decode_programs(att.decode_config(s.head_dim), s.num_kv_heads, sms, waves0)[0]
             chunks0, _ = att.decode_grid(len(s.seq_lens), programs0, min_tiles0, max_tiles)
             # the config decode() launches (BLOCK_M 16 for GQA <= 16 and one query token)
             base = att.decode_config(s.head_dim, 16, chunks0 * s.num_kv_heads, sms)
-            default_label = f"default {base} programs/head={programs0}"
+            default_label = f"default {base} programs/head={programs0} waves={waves0}"
         else:  # a baseline module (--baseline): its own heuristics, not swept
             base, default_label, sweep = None, "default", False
         variants: list[tuple[str, dict[str, Any]]] = [(default_label, {})]
