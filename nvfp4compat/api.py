@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
-from nvfp4compat.facts import ENV_IMPL, ENV_KV_ROTATION, SystemFacts
+from nvfp4compat.facts import ENV_CUDAGRAPH_DECODE, ENV_IMPL, ENV_KV_ROTATION, SystemFacts
 from nvfp4compat.plan import Plan
 from nvfp4compat.resolver import resolve
 from nvfp4compat.spec import Matrix
@@ -36,6 +36,7 @@ def query(
     triton_disabled: bool = False,
     impl_env: str | None | object = _FROM_ENV,
     kv_rotation: str | None | object = _FROM_ENV,
+    cudagraph_decode: str | None | object = _FROM_ENV,
     overrides: str | Mapping[str, str] | None = None,
     features: Iterable[str] = (),
     matrix: Matrix | None = None,
@@ -61,6 +62,10 @@ def query(
     kv_rotation : str or None, optional
         Value of ``NVFP4COMPAT_KV_ROTATION`` (``"hadamard"`` or ``"none"``); by default it is read
         from ``os.environ``; None means no rotation.
+    cudagraph_decode : str or None, optional
+        Value of ``NVFP4COMPAT_CUDAGRAPH_DECODE`` (``"1"``/``"0"``); by default it is read from
+        ``os.environ``; None lets the matrix decide whether FULL decode graphs capture the plugin's
+        decode reader.
 
     Raises
     ------
@@ -74,6 +79,8 @@ def query(
         impl_env = os.environ.get(ENV_IMPL) or None
     if kv_rotation is _FROM_ENV:
         kv_rotation = os.environ.get(ENV_KV_ROTATION) or None
+    if cudagraph_decode is _FROM_ENV:
+        cudagraph_decode = os.environ.get(ENV_CUDAGRAPH_DECODE) or None
     notes: list[str] = []
     if vllm is not None:
         # Pins come from the release asked about only: a release not in the matrix has unknown pins.
@@ -125,6 +132,7 @@ def query(
         triton_disabled=triton_disabled,
         impl_env=impl_env,  # type: ignore[arg-type]
         kv_rotation_env=kv_rotation,  # type: ignore[arg-type]
+        cudagraph_decode_env=cudagraph_decode,  # type: ignore[arg-type]
         source="query",
         notes=notes,
     )

@@ -26,12 +26,16 @@ from nvfp4compat.flashinfer_probe import dist_version, probe_installed
 from nvfp4compat.spec import ARCH_RE
 from nvfp4compat.versions import VersionError, parse_version
 
-__all__ = ["ENV_ARCH", "ENV_DISABLE_TRITON", "ENV_IMPL", "ENV_KV_ROTATION", "SystemFacts", "detect", "normalize_arch"]
+__all__ = [
+    "ENV_ARCH", "ENV_CUDAGRAPH_DECODE", "ENV_DISABLE_TRITON", "ENV_IMPL", "ENV_KV_ROTATION", "SystemFacts", "detect",
+    "normalize_arch",
+]  # fmt: skip
 
 ENV_IMPL = "NVFP4COMPAT_IMPL"
 ENV_DISABLE_TRITON = "NVFP4COMPAT_DISABLE_TRITON"
 ENV_ARCH = "NVFP4COMPAT_ARCH"
 ENV_KV_ROTATION = "NVFP4COMPAT_KV_ROTATION"
+ENV_CUDAGRAPH_DECODE = "NVFP4COMPAT_CUDAGRAPH_DECODE"
 
 def normalize_arch(text: str) -> str:
     """Accept ``sm_90``, ``sm90``, ``SM90``, ``9.0`` or ``90``; return ``sm_90``.
@@ -90,6 +94,10 @@ class SystemFacts(BaseModel):
     kv_rotation_env : str or None
         The value of ``NVFP4COMPAT_KV_ROTATION`` captured with the facts (the resolver parses it:
         ``hadamard`` turns the rotated cache on, ``none`` or empty leaves it off).
+    cudagraph_decode_env : str or None
+        The value of ``NVFP4COMPAT_CUDAGRAPH_DECODE`` captured with the facts (the resolver parses it:
+        ``1`` lets FULL decode graphs capture the plugin's readers, ``0`` keeps them out; unset: what
+        the matrix verified for the vLLM release and arch).
     source : {"detect", "query"}
         Whether the facts were detected or written by hand.
     notes : list[str]
@@ -118,6 +126,7 @@ class SystemFacts(BaseModel):
     triton_disabled: bool = False
     impl_env: str | None = None
     kv_rotation_env: str | None = None
+    cudagraph_decode_env: str | None = None
     source: Literal["detect", "query"] = "query"
     notes: list[str] = Field(default_factory=list)
 
@@ -287,6 +296,7 @@ def detect(*, import_modules: bool = False, environ: dict[str, str] | None = Non
         triton_disabled=_truthy(env.get(ENV_DISABLE_TRITON)),
         impl_env=env.get(ENV_IMPL) or None,
         kv_rotation_env=env.get(ENV_KV_ROTATION) or None,
+        cudagraph_decode_env=env.get(ENV_CUDAGRAPH_DECODE) or None,
         source="detect",
         notes=notes,
     )

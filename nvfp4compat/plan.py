@@ -108,6 +108,10 @@ class VllmRoute(_Frozen):
         phase absent from it stays on vLLM's own reader.
     kv_rotation : str or None
         ``"hadamard"``: the routed writer and both readers are wrapped with the rotation.
+    full_decode_graphs : bool
+        The metadata builder lets vLLM capture uniform decode batches in FULL CUDA graphs
+        (``UNIFORM_SINGLE_TOKEN_DECODE``) over the routed decode reader; False: ``NEVER``, attention
+        runs eagerly between piecewise graphs.
     refusal : str or None
         When set, NVFP4 is refused in the process with this text: the gate reports it as the
         validation reason and the builder/impl constructors raise it (engine start, never
@@ -123,6 +127,7 @@ class VllmRoute(_Frozen):
     write_4over6: bool = False
     read: dict[str, Impl] = Field(default_factory=dict)
     kv_rotation: str | None = None
+    full_decode_graphs: bool = False
     refusal: str | None = None
 
     @model_validator(mode="after")
@@ -135,6 +140,8 @@ class VllmRoute(_Frozen):
                 f"vLLM (write={self.write}, read={self.read}); vLLM's own code would read a rotated cache "
                 "unrotated. Way out: unset NVFP4COMPAT_KV_ROTATION"
             )
+        if self.full_decode_graphs and "decode" not in self.read:
+            raise ValueError(f"FULL decode graphs are answered for nvfp4compat's decode reader only; read={self.read}")
         if self.combination and not self.reads_all:
             raise ValueError(f"gate_combination (head_size 64, sinks) needs both readers routed; read={self.read}")
         if self.strategy == "backport" and not self.reads_all:
@@ -173,6 +180,8 @@ class VllmRoute(_Frozen):
             extra.append("4over6 scale search")
         if self.kv_rotation is not None:
             extra.append(f"kv_rotation={self.kv_rotation}")
+        if self.full_decode_graphs:
+            extra.append("FULL decode graphs")
         return f"{self.strategy} [{', '.join(self.patches)}]; {', '.join(ops)}; {', '.join(extra)}"
 
 

@@ -26,7 +26,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from nvfp4compat._version import __version__
-from nvfp4compat.facts import ENV_DISABLE_TRITON, ENV_IMPL, ENV_KV_ROTATION, SystemFacts
+from nvfp4compat.facts import (
+    ENV_CUDAGRAPH_DECODE,
+    ENV_DISABLE_TRITON,
+    ENV_IMPL,
+    ENV_KV_ROTATION,
+    SystemFacts,
+)
 from nvfp4compat.plan import Binding, Plan, TraceEntry, VllmPlan, VllmRoute
 from nvfp4compat.spec import (
     FEATURES,
@@ -44,7 +50,10 @@ from nvfp4compat.spec import (
 )
 from nvfp4compat.versions import parse_version, public_version
 
-__all__ = ["WRITER_REQUIRED", "Known", "ResolutionError", "parse_impl_spec", "parse_kv_rotation", "release_span", "resolve"]
+__all__ = [
+    "WRITER_REQUIRED", "Known", "ResolutionError", "parse_cudagraph_decode", "parse_impl_spec", "parse_kv_rotation",
+    "release_span", "resolve",
+]  # fmt: skip
 
 WRITER_REQUIRED = "FlashInfer NVFP4 slot-mapping KV cache update is required"
 
@@ -116,6 +125,50 @@ def parse_kv_rotation(value: str | None, *, source: str = ENV_KV_ROTATION) -> st
     if text in KV_ROTATIONS:
         return text
     raise ResolutionError(f"{source}={value!r} is not a KV rotation; accepted values are {list(KV_ROTATIONS)} or 'none' (unset: no rotation)")
+
+
+def parse_cudagraph_decode(value: str | None, *, source: str = ENV_CUDAGRAPH_DECODE) -> bool | None:
+    """Parse the FULL-decode-graph switch: ``"1"`` on, ``"0"`` off, None or ``""``: the matrix decides.
+
+    Raises
+    ------
+    ResolutionError
+        On any other value (``"yes"``, ``"nope"``): a switch that silently read as off would hide
+        what the plugin does.
+    """
+    text = (value or "").strip()
+    if text == "":
+        return None
+    if text in ("0", "1"):
+        return text == "1"
+    raise ResolutionError(
+        f"{source}={value!r} is not a switch; set it to 1 (FULL decode graphs capture nvfp4compat's decode "
+        "reader) or 0 (attention runs eagerly between piecewise graphs), or unset it (the matrix decides)"
+    )
+
+
+def _full_decode_graphs(k: Known, read: Mapping[str, str]) -> bool:
+    """Whether the route lets vLLM capture uniform decode batches in FULL CUDA graphs: where the
+    plugin reads decode with its own kernel, as ``NVFP4COMPAT_CUDAGRAPH_DECODE`` says, else where
+    the matrix verified it for this vLLM release and arch."""
+    forced = parse_cudagraph_decode(k.facts.cudagraph_decode_env)
+    if "decode" not in read:
+        if forced:
+            k.note(None, None, "full_decode_graphs", False, f"{ENV_CUDAGRAPH_DECODE}=1 ignored: vLLM's own reader serves decode")
+        return False
+    if forced is not None:
+        k.note(None, None, "full_decode_graphs", forced, f"{ENV_CUDAGRAPH_DECODE}={int(forced)}")
+        return forced
+    spec = k.vllm.plugin.full_decode_graphs if k.vllm is not None else None
+    ok = spec is not None and spec.status == "verified" and k.facts.arch in spec.arches
+    if spec is None:
+        why = f"no FULL-decode-graph evidence for vLLM {k.facts.vllm}: attention runs eagerly between piecewise graphs"
+    elif ok:
+        why = f"verified on {', '.join(spec.arches)}: {spec.evidence}"
+    else:
+        why = f"FULL decode graphs are {spec.status} on {', '.join(spec.arches)} only, not {k.facts.arch}: attention runs eagerly between piecewise graphs"
+    k.note(None, None, "full_decode_graphs", ok, why + f" ({ENV_CUDAGRAPH_DECODE}=1/0 overrides)")
+    return ok
 
 
 def _tie_rotation(k: Known, bindings: dict[str, Binding], rotation: str) -> dict[str, Binding]:
@@ -848,6 +901,7 @@ def _vllm_route(k: Known, bindings: Mapping[str, Binding], vplan: VllmPlan, refu
         write_4over6=bool(w.options.get("nvfp4_4over6")),
         read=read,  # type: ignore[arg-type]
         kv_rotation=k.rotation,
+        full_decode_graphs=_full_decode_graphs(k, read),
     )
     k.note(None, None, "vllm_route", True, route.describe())
     return route

@@ -592,6 +592,21 @@ class UserError(_Model):
     status: Status
 
 
+class DecodeGraphs(_Model):
+    """FULL CUDA graphs over the plugin's decode reader in this vLLM release, on ``arches``: the
+    plugin's builder answers ``UNIFORM_SINGLE_TOKEN_DECODE`` where this is ``verified`` (else
+    ``NEVER``: attention runs eagerly between piecewise graphs)."""
+
+    arches: list[str] = Field(min_length=1)
+    evidence: str = Field(min_length=1)
+    status: Status
+
+    @field_validator("arches")
+    @classmethod
+    def _a(cls, v: list[str]) -> list[str]:
+        return [_check_arch(a) for a in v]
+
+
 class PluginImpls(_Model):
     """Which of our implementations the plugin can bind inside this vLLM release."""
 
@@ -600,6 +615,7 @@ class PluginImpls(_Model):
     prefill: list[Impl]
     reason: str = Field(min_length=1)
     status: Status
+    full_decode_graphs: DecodeGraphs | None = None
 
 
 class StrategySpec(_Model):

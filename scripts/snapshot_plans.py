@@ -38,9 +38,9 @@ def snapshot() -> dict[str, dict]:
     out: dict[str, dict] = {}
     for arch in m.arches:
         for r in m.flashinfer:
-            out[f"flashinfer {r.version} {arch}"] = _facts(query(arch, r.version, impl_env=None, matrix=m))
+            out[f"flashinfer {r.version} {arch}"] = _facts(query(arch, r.version, impl_env=None, kv_rotation=None, cudagraph_decode=None, matrix=m))
         for v in m.vllm.releases:
-            out[f"vllm {v.version} {arch}"] = _facts(query(arch, None, v.version, impl_env=None, matrix=m))
+            out[f"vllm {v.version} {arch}"] = _facts(query(arch, None, v.version, impl_env=None, kv_rotation=None, cudagraph_decode=None, matrix=m))
     return out
 
 

@@ -167,9 +167,10 @@ def plan_jobs(checks: Sequence[str], fi: str, tp: int = 2) -> list[Job]:
         elif c == "throughput":
             for kv in ("nvfp4", "auto"):
                 add(c, "engine", fi, True, kv, "default", ["start", "throughput"])
-            # the same NVFP4 engine with FULL decode graphs over the Triton readers (the plugin's
-            # NVFP4COMPAT_CUDAGRAPH_DECODE=1 switch): on 2026-11-29 the default (PIECEWISE, attention
-            # eager between graphs) decoded at 0.48x of bf16 with its FULL_AND_PIECEWISE graphs
+            # the same NVFP4 engine with FULL decode graphs over the Triton readers forced on
+            # (NVFP4COMPAT_CUDAGRAPH_DECODE=1; the plan's default only where the matrix verified them,
+            # vLLM 0.26.0 on SM90): on 2026-11-29 attention eager between piecewise graphs decoded at
+            # 0.48x of bf16 with its FULL_AND_PIECEWISE graphs
             add(c, "engine", fi, True, "nvfp4", "full-decode-optin", ["start", "throughput"])
         elif c == "writer":
             add(c, "writer", fi, True, tasks=["writer"])

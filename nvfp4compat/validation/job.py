@@ -125,7 +125,8 @@ def engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
         kw["compilation_config"] = {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": cap}
     elif mode == "full-decode-optin":
         # FULL graphs for uniform decode batches, piecewise for the rest; the job's environment sets
-        # NVFP4COMPAT_CUDAGRAPH_DECODE=1 so the plugin lets its readers be captured (off by default)
+        # NVFP4COMPAT_CUDAGRAPH_DECODE=1 so the plugin lets its readers be captured (by default only
+        # where the matrix verified it)
         kw["compilation_config"] = {
             "cudagraph_mode": "FULL_AND_PIECEWISE",
             "max_cudagraph_capture_size": cap,

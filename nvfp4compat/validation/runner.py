@@ -99,7 +99,7 @@ def base_job_env(job: Job, environ: Mapping[str, str], extra: Mapping[str, str])
     if job.impl:
         env["NVFP4COMPAT_IMPL"] = job.impl
     if job.mode == "full-decode-optin":
-        env["NVFP4COMPAT_CUDAGRAPH_DECODE"] = "1"  # the plugin's FULL-decode opt-in switch
+        env["NVFP4COMPAT_CUDAGRAPH_DECODE"] = "1"  # FULL decode graphs forced on (the plan's switch)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     env.update(extra)

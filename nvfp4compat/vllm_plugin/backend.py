@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -60,9 +59,6 @@ logger = logging.getLogger("vllm.nvfp4compat")
 
 # Query tokens per request the Triton decode kernel serves (speculative decoding): 1..8.
 MAX_DECODE_Q_LEN = 8
-ENV_CUDAGRAPH_DECODE = (
-    "NVFP4COMPAT_CUDAGRAPH_DECODE"  # "1": let FULL decode graphs capture the readers
-)
 
 
 def _current_cache_dtype() -> str | None:
@@ -304,21 +300,14 @@ class Nvfp4CompatMetadataBuilder(_fi.FlashInferMetadataBuilder):
 
     @classmethod
     def get_cudagraph_support(cls, vllm_config: Any, kv_cache_spec: Any) -> AttentionCGSupport:
-        """NEVER where nvfp4compat builds or reads NVFP4: attention runs eagerly between the
-        piecewise CUDA graphs (FULL capture of the Triton readers is not validated in an engine).
-
-        ``NVFP4COMPAT_CUDAGRAPH_DECODE=1`` answers ``UNIFORM_SINGLE_TOKEN_DECODE`` instead where the
-        plugin reads with its own kernels, so that FULL decode graphs capture the Triton readers. Opt-in:
-        validated on an H200 with vLLM 0.26.0 and one tiny model only (consistent with eager; 1.54x the
-        bf16 engine's decode rate, docs/validation.md checks 2 and 6).
+        """Where nvfp4compat builds or reads NVFP4: ``UNIFORM_SINGLE_TOKEN_DECODE`` when the route
+        says FULL decode graphs (:attr:`VllmRoute.full_decode_graphs`: the matrix verified them for
+        this vLLM release and arch, or ``NVFP4COMPAT_CUDAGRAPH_DECODE=1``), so that they capture the
+        Triton decode reader; else ``NEVER``: attention runs eagerly between the piecewise graphs.
         """
         route = _handled(_layer_cache_dtype(kv_cache_spec, vllm_config))
         if route is not None and (route.own_builder or route.read or route.refusal is not None):
-            if (
-                route.refusal is None
-                and route.read
-                and os.environ.get(ENV_CUDAGRAPH_DECODE, "") == "1"
-            ):
+            if route.refusal is None and route.full_decode_graphs:
                 return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
             return AttentionCGSupport.NEVER
         return super().get_cudagraph_support(vllm_config, kv_cache_spec)

@@ -169,21 +169,29 @@ def test_forward_head64_with_sinks(cpu_vllm, plugin_for_read):
     )  # fmt: skip
 
 
-def test_cudagraph_support_never_unless_opted_in(cpu_vllm, plugin_for_read, monkeypatch):
-    """FULL CUDA graphs are refused (NEVER) where the plugin reads, unless the experiment switch is set."""
+def test_cudagraph_support_follows_the_route(cpu_vllm, plugin_for_read, monkeypatch):
+    """The builder answers what the plan's route says: UNIFORM_SINGLE_TOKEN_DECODE (FULL decode graphs
+    over the Triton reader) where the matrix verified them for this vLLM release on SM90, NEVER
+    elsewhere; NVFP4COMPAT_CUDAGRAPH_DECODE=0/1 overrides it when the plan is made."""
     from vllm.v1.attention.backend import AttentionCGSupport
 
-    from nvfp4compat.vllm_plugin.backend import ENV_CUDAGRAPH_DECODE
+    from nvfp4compat import load_matrix
+    from nvfp4compat.facts import ENV_CUDAGRAPH_DECODE
 
+    rel = next(r for r in load_matrix().vllm.releases if r.version == cpu_vllm.version)
+    spec = rel.plugin.full_decode_graphs
+    assert plugin_for_read.full_decode_graphs is bool(spec and spec.status == "verified" and "sm_90" in spec.arches)
     setup = make_layer(cpu_vllm, "nvfp4", num_heads=8, num_kv_heads=2, head_size=128)
     builder_cls = type(setup.builder())
-    monkeypatch.delenv(ENV_CUDAGRAPH_DECODE, raising=False)
-    assert builder_cls.get_cudagraph_support(setup.config, setup.spec) == AttentionCGSupport.NEVER
-    monkeypatch.setenv(ENV_CUDAGRAPH_DECODE, "1")
-    assert (
-        builder_cls.get_cudagraph_support(setup.config, setup.spec)
-        == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
-    )
+    answer = {True: AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE, False: AttentionCGSupport.NEVER}
+    assert builder_cls.get_cudagraph_support(setup.config, setup.spec) == answer[plugin_for_read.full_decode_graphs]
+    for value in ("0", "1"):
+        monkeypatch.setenv(ENV_CUDAGRAPH_DECODE, value)
+        vllm_plugin.unpatch()
+        load_plugin_through_entry_point()
+        route = vllm_plugin.active_route()
+        assert route is not None and route.full_decode_graphs is (value == "1")
+        assert builder_cls.get_cudagraph_support(setup.config, setup.spec) == answer[value == "1"]
 
 
 @pytest.fixture(params=[("dequant_fa3", "sm_90"), ("dequant_fa2", "sm_86")], ids=["dequant_fa3", "dequant_fa2"])
