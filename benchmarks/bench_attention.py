@@ -294,17 +294,13 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
     if s.kind == "decode":
         def run():
             return att.decode(case.q, *args, ks, vs, sm_scale=case.sm_scale)
-        if hasattr(att, "decode_programs"):
+        if hasattr(att, "decode_split"):
             sms = att._sm_count(case.q.device)
-            programs0, min_tiles0 = att.decode_programs(att.decode_config(s.head_dim), s.num_kv_heads, sms)
-            max_tiles = -(-case.block_table.shape[1] * s.page_size // att.decode_config(s.head_dim).block_n)
-            waves0 = att.decode_waves(len(s.seq_lens), programs0, min_tiles0, max_tiles) if hasattr(att, "decode_waves") else 1
-            if waves0 > 1:
-                programs0 = att.decode_programs(att.decode_config(s.head_dim), s.num_kv_heads, sms, waves0)[0]
-            chunks0, _ = att.decode_grid(len(s.seq_lens), programs0, min_tiles0, max_tiles)
+            split = att.decode_split(len(s.seq_lens), s.num_kv_heads, s.head_dim, s.page_size,
+                                     case.block_table.shape[1], sms)
             # the config decode() launches (BLOCK_M 16 for GQA <= 16 and one query token)
-            base = att.decode_config(s.head_dim, 16, chunks0 * s.num_kv_heads, sms)
-            default_label = f"default {base} programs/head={programs0} waves={waves0}"
+            base = att.decode_config(s.head_dim, 16, split.chunks * s.num_kv_heads, sms)
+            default_label = f"default {base} programs/head={split.programs} waves={split.waves}"
         else:  # a baseline module (--baseline): its own heuristics, not swept
             base, default_label, sweep = None, "default", False
         variants: list[tuple[str, dict[str, Any]]] = [(default_label, {})]

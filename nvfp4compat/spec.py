@@ -143,6 +143,7 @@ def _check_arch(value: str) -> str:
 
 
 VersionStr = Annotated[str, Field(min_length=1), AfterValidator(_check_version)]
+ArchStr = Annotated[str, AfterValidator(_check_arch)]
 
 
 class BoolClaim(_Model):
@@ -436,16 +437,11 @@ class PreferenceEntry(_Model):
     """The preference order of the implementations per op, for one arch family."""
 
     family: str = Field(min_length=1)
-    arches: list[str]
+    arches: list[ArchStr]
     write: PreferenceOrder
     dequant: PreferenceOrder
     decode: PreferenceOrder
     prefill: PreferenceOrder
-
-    @field_validator("arches")
-    @classmethod
-    def _a(cls, v: list[str]) -> list[str]:
-        return [_check_arch(a) for a in v]
 
     def order(self, op: str) -> PreferenceOrder:
         return getattr(self, op)
@@ -556,7 +552,7 @@ class Pins(_Model):
 class StockPath(_Model):
     """How stock vLLM (no plugin) serves an NVFP4 KV cache on some arches."""
 
-    arches: list[str]
+    arches: list[ArchStr]
     path: Literal["native", "fa2"]
     writer: Literal["native", "flashinfer"]
     reader: Literal["native", "flashinfer"]
@@ -565,11 +561,6 @@ class StockPath(_Model):
     refuses: list[Literal["head_size_64", "sinks"]] = Field(default_factory=list)
     evidence: str = Field(min_length=1)
     status: Status
-
-    @field_validator("arches")
-    @classmethod
-    def _a(cls, v: list[str]) -> list[str]:
-        return [_check_arch(a) for a in v]
 
 
 class GateSpec(_Model):
@@ -597,14 +588,9 @@ class DecodeGraphs(_Model):
     plugin's builder answers ``UNIFORM_SINGLE_TOKEN_DECODE`` where this is ``verified`` (else
     ``NEVER``: attention runs eagerly between piecewise graphs)."""
 
-    arches: list[str] = Field(min_length=1)
+    arches: list[ArchStr] = Field(min_length=1)
     evidence: str = Field(min_length=1)
     status: Status
-
-    @field_validator("arches")
-    @classmethod
-    def _a(cls, v: list[str]) -> list[str]:
-        return [_check_arch(a) for a in v]
 
 
 class PluginImpls(_Model):

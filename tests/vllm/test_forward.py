@@ -178,7 +178,8 @@ def test_cudagraph_support_follows_the_route(cpu_vllm, plugin_for_read, monkeypa
     from nvfp4compat import load_matrix
     from nvfp4compat.facts import ENV_CUDAGRAPH_DECODE
 
-    rel = next(r for r in load_matrix().vllm.releases if r.version == cpu_vllm.version)
+    rel = load_matrix().vllm_release(cpu_vllm.version)
+    assert rel is not None, cpu_vllm.version
     spec = rel.plugin.full_decode_graphs
     assert plugin_for_read.full_decode_graphs is bool(spec and spec.status == "verified" and "sm_90" in spec.arches)
     setup = make_layer(cpu_vllm, "nvfp4", num_heads=8, num_kv_heads=2, head_size=128)

@@ -5,7 +5,7 @@ set -u
 export FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_WORKSPACE_BASE=$PWD/.fi-ws PYTHONUNBUFFERED=1
 T0=$SECONDS
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; uname -r
-SCRATCH=/tmp/nvfc; mkdir -p $SCRATCH; source <(sed -n '/^use_fi()/,/^}/p' scripts/gpu/suite.sh); ROOT=$PWD; use_fi 0.7.2.post1 > /dev/null 2>&1
+SCRATCH=<scratch>; mkdir -p $SCRATCH; source <(sed -n '/^use_fi()/,/^}/p' scripts/gpu/suite.sh); ROOT=$PWD; use_fi 0.7.2.post1 > /dev/null 2>&1
 timeout 120 python3 benchmarks/bench_attention.py --no-flashinfer --shapes decode --baseline .gpu/att_base_73fa462.py --json $OUT/bench_decode_sweep.json > $OUT/bench-decode-sweep.log 2>&1; echo rc=$?
 grep -E "^\| triton|^## " $OUT/bench-decode-sweep.log | cut -c1-190
 echo "--- t=$((SECONDS-T0))"

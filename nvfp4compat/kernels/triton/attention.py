@@ -54,6 +54,9 @@ __all__ = [
     "decode_config",
     "prefill_config",
     "decode_programs",
+    "decode_waves",
+    "decode_split",
+    "DecodeSplit",
     "decode_grid",
     "override_configs",
     "aot_kernels",
@@ -1180,6 +1183,34 @@ def decode_grid(batch: int, programs: int, min_tiles: int, max_tiles: int) -> tu
     return chunks, max(1, min(chunks, programs))
 
 
+@dataclass(frozen=True)
+class DecodeSplit:
+    """How a decode launch splits the batch (:func:`decode_split`): programs per KV head, the
+    minimum tiles per chunk, the waves they span, the grid's chunks and the merge buffer's slots."""
+
+    programs: int
+    min_tiles: int
+    waves: int
+    chunks: int
+    slots: int
+
+
+def decode_split(
+    batch: int, num_kv_heads: int, head_dim: int, page_size: int, max_pages: int, num_sms: int
+) -> DecodeSplit:
+    """The split of a decode launch over ``batch`` block-table rows of ``max_pages`` pages:
+    :func:`decode_programs` for one wave, :func:`decode_waves` (unless ``num_splits`` is forced),
+    then :func:`decode_grid`. Reads no length (CUDA graphs)."""
+    cfg = decode_config(head_dim)
+    programs, min_tiles = decode_programs(cfg, num_kv_heads, num_sms)
+    max_tiles = -(-max_pages * page_size // cfg.block_n)
+    waves = 1 if "num_splits" in _overrides else decode_waves(batch, programs, min_tiles, max_tiles)
+    if waves > 1:
+        programs = decode_programs(cfg, num_kv_heads, num_sms, waves)[0]
+    chunks, slots = decode_grid(batch, programs, min_tiles, max_tiles)
+    return DecodeSplit(programs, min_tiles, waves, chunks, slots)
+
+
 def merge_blocks(num_qo_heads: int, head_dim: int) -> tuple[int, int]:
     """``(BLOCK_H, CHUNK_BLOCK)`` of the merge kernel: query heads per program and chunks per step.
 
@@ -1448,13 +1479,8 @@ def _decode_launch(
     batch = block_table.shape[0]
     block_m = max(16, triton.next_power_of_2(a.group * qmax))
     num_sms = _sm_count(device)
-    cfg0 = decode_config(views.head_dim)
-    programs, min_tiles = decode_programs(cfg0, views.num_kv_heads, num_sms)
-    max_tiles = -(-block_table.shape[1] * views.page_size // cfg0.block_n)
-    waves = decode_waves(batch, programs, min_tiles, max_tiles)
-    if waves > 1 and "num_splits" not in _overrides:  # (a forced split count is per request)
-        programs = decode_programs(cfg0, views.num_kv_heads, num_sms, waves)[0]
-    chunks, slots = decode_grid(batch, programs, min_tiles, max_tiles)
+    split = decode_split(batch, views.num_kv_heads, views.head_dim, views.page_size, block_table.shape[1], num_sms)
+    programs, min_tiles, chunks, slots = split.programs, split.min_tiles, split.chunks, split.slots
     merge_block_h, merge_chunk_block = merge_blocks(a.num_qo_heads, views.head_dim)
     return _DecodeLaunch(
         num_kv_heads=views.num_kv_heads, head_dim=views.head_dim, page_size=views.page_size,
