@@ -44,7 +44,9 @@ from nvfp4compat.kernels.checks import (
 )
 from nvfp4compat.kernels.errors import error_flag
 from nvfp4compat.kernels.layout import FP32_MAX, CacheViews, normalize_cache
+from nvfp4compat.kernels.rotation import fused_rotation
 from nvfp4compat.kernels.triton import attention_nvfp4 as fp4
+from nvfp4compat.kernels.triton.hadamard import rotate_planes, rotate_query
 
 __all__ = [
     "decode",
@@ -601,7 +603,7 @@ def _decode_kernel(
     HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr, BATCH_BLOCK: tl.constexpr,
     K_SCALE_PTR: tl.constexpr, V_SCALE_PTR: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
     DATA_ALIGN: tl.constexpr, SF_ALIGN: tl.constexpr, PAGE_POW2: tl.constexpr,
-    num_pages, status_ptr, PREFETCH: tl.constexpr = False,
+    num_pages, status_ptr, PREFETCH: tl.constexpr = False, ROTATE: tl.constexpr = False,
 ):
     """Length-balanced split-KV decode: program (work chunk ``c``, kv head) over ``G * QMAX`` rows.
 
@@ -624,6 +626,9 @@ def _decode_kernel(
     the block-table row covers), page ids outside ``[0, num_pages)`` read nothing
     (:func:`_attend_tile`), and with ``VARLEN`` the ``qsl`` entries are clamped to ``[0, num_tokens]``
     and every program returns when :func:`_qsl_guard_kernel` found them decreasing (``status_ptr``).
+
+    ``ROTATE``: the cache holds ``K H``, ``V H`` (Hadamard): the query is rotated after its load and
+    the output before it is stored (partials too: the merge is linear), :func:`rotate_planes`.
     """
     # One flat grid, KV heads fastest: neighbouring programs read the same pages (every KV head of a
     # token is in one page row), and every head's chunks are scheduled before the programs past the
@@ -676,6 +681,8 @@ def _decode_kernel(
     tok = q_start + t
     qpos = seq_len - q_len + t
     q_lo, q_hi = _load_query(q_ptr, tok, head, row_ok, stride_qt, stride_qh, HEAD_DIM)
+    if ROTATE:  # Q H, rounded to the query's dtype as the unfused path rounds it
+        q_lo, q_hi = rotate_query(q_lo, q_hi, HEAD_DIM)
     qk_scale2, softcap_pre, softcap_post, vs = _scales(
         k_scale, v_scale, sm_scale_log2, softcap, q_ptr, K_SCALE_PTR, V_SCALE_PTR, FAST
     )
@@ -719,6 +726,8 @@ def _decode_kernel(
         HEAD_DIM, BLOCK_N, CAUSAL, HAS_WINDOW and (QMAX > 1), HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_ALIGN >= 4,
         PREFETCH,
     )
+    if ROTATE:  # (P V H) H = P V: un-rotated before the (linear) normalization and merge
+        acc_lo, acc_hi = rotate_planes(acc_lo, acc_hi, HEAD_DIM)
 
     if n_chunks == 1:
         _finish(
@@ -896,7 +905,7 @@ def _prefill_kernel(
     HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
     K_SCALE_PTR: tl.constexpr, V_SCALE_PTR: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
     DATA_ALIGN: tl.constexpr, SF_ALIGN: tl.constexpr, PAGE_POW2: tl.constexpr,
-    num_pages, max_kv, num_tokens, status_ptr,
+    num_pages, max_kv, num_tokens, status_ptr, ROTATE: tl.constexpr = False,
 ):
     """Varlen prefill: program (query tile, kv head); tile = ``block_q`` tokens x ``group`` heads.
 
@@ -905,6 +914,7 @@ def _prefill_kernel(
     are left to the decode kernel. Metadata is clamped as in :func:`_decode_kernel`: ``qsl`` entries
     to ``[0, num_tokens]`` (nothing runs when :func:`_qsl_guard_kernel` found them decreasing),
     ``seq_lens`` to ``[0, max_kv]``, page ids outside ``[0, num_pages)`` read nothing.
+    ``ROTATE``: a Hadamard-rotated cache, as in :func:`_decode_kernel`.
     """
     if tl.load(status_ptr) != 0:  # decreasing qsl: the guard kernel zeroed every row
         return
@@ -933,6 +943,8 @@ def _prefill_kernel(
     tok = q_start + q0 + t
     qpos = seq_len - q_len + q0 + t
     q_lo, q_hi = _load_query(q_ptr, tok, head, row_ok, stride_qt, stride_qh, HEAD_DIM)
+    if ROTATE:
+        q_lo, q_hi = rotate_query(q_lo, q_hi, HEAD_DIM)
     qk_scale2, softcap_pre, softcap_post, vs = _scales(
         k_scale, v_scale, sm_scale_log2, softcap, q_ptr, K_SCALE_PTR, V_SCALE_PTR, FAST
     )
@@ -970,6 +982,8 @@ def _prefill_kernel(
         stride_ksp * SF_ALIGN, stride_kst * SF_ALIGN, stride_vsp * SF_ALIGN, stride_vst * SF_ALIGN,
         HEAD_DIM, BLOCK_N, CAUSAL, HAS_WINDOW, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_ALIGN >= 4,
     )
+    if ROTATE:
+        acc_lo, acc_hi = rotate_planes(acc_lo, acc_hi, HEAD_DIM)
     _finish(
         acc_lo, acc_hi, m_i, l_i, vs, head, row_ok, tok, o_ptr, lse_ptr, sinks_ptr,
         stride_ot, stride_oh, stride_lt, HEAD_DIM, HAS_SINKS, RETURN_LSE,
@@ -1469,10 +1483,12 @@ class _DecodeLaunch:
     data_align: int
     sf_align: int
     num_pages: int  # page ids outside [0, num_pages) read nothing
+    rotate: bool = False  # a Hadamard-rotated cache (kv_rotation="hadamard"): the ROTATE constexpr
 
 
 def _decode_launch(
-    a: _Args, query: torch.Tensor, block_table: torch.Tensor, qmax: int, cl: _CacheLaunch
+    a: _Args, query: torch.Tensor, block_table: torch.Tensor, qmax: int, cl: _CacheLaunch,
+    rotate: bool = False,
 ) -> _DecodeLaunch:
     views = a.views
     device = views.device
@@ -1494,7 +1510,7 @@ def _decode_launch(
         sm_scale_log2=a.sm_scale_log2, softcap=a.softcap, window=a.window,
         has_sinks=a.sinks is not None, return_lse=a.lse is not None,
         strides=tuple(cl.strides), data_align=cl.data_align, sf_align=cl.sf_align,
-        num_pages=views.num_pages,
+        num_pages=views.num_pages, rotate=rotate,
     )  # fmt: skip
 
 
@@ -1507,12 +1523,13 @@ def _launch_decode_path(
     qmax: int,
     causal: bool,
     status: torch.Tensor | None = None,
+    rotate: bool = False,
 ) -> _DecodeLaunch:
     """Launch the split-KV decode kernel (+ merge) for ``batch`` requests of at most ``qmax`` rows;
     returns what the launch derived (``decode()`` caches it). ``status``: the guard kernel's word
-    (with ``qsl``)."""
+    (with ``qsl``); ``rotate``: a Hadamard-rotated cache."""
     cl = _cache_launch(a.views)
-    d = _decode_launch(a, query, block_table, qmax, cl)
+    d = _decode_launch(a, query, block_table, qmax, cl, rotate)
     _run_decode(
         d, query, a.out, a.lse, cl.tensors, block_table, seq_lens, qsl, a.sinks, a.k_scale,
         a.v_scale, causal, status,
@@ -1578,7 +1595,7 @@ def _run_decode(
         HAS_SOFTCAP=d.softcap > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse,
         BATCH_BLOCK=d.batch_block, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr, FAST=d.fast,
         DOT_FP32=d.dot_fp32, DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
-        num_pages=d.num_pages, status_ptr=status_arg, PREFETCH=d.cfg.prefetch,
+        num_pages=d.num_pages, status_ptr=status_arg, PREFETCH=d.cfg.prefetch, ROTATE=d.rotate,
         num_warps=d.cfg.num_warps, num_stages=d.cfg.num_stages, maxnreg=d.cfg.maxnreg,
     )  # fmt: skip
     _decode_reduce_kernel[(batch * qmax, triton.cdiv(d.num_qo_heads, d.merge_block_h))](
@@ -1661,11 +1678,17 @@ def decode(
     sinks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    kv_rotation: str | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The ``decode`` op (:class:`~nvfp4compat.kernels.contract.DecodeArgs`): split-KV flash-decoding
     with the E2M1 decode fused. Runs on any CUDA GPU Triton supports (SM80+; no FP8/FP4 hardware
     instruction is used) and under ``TRITON_INTERPRET=1`` on the CPU. ``q_len_per_req`` up to 64;
     ``seq_lens`` are clamped on the device; a device-tensor scale is read on the device.
+
+    ``kv_rotation="hadamard"``: the cache holds ``K H`` and ``V H`` (written with the same option,
+    :mod:`nvfp4compat.kernels.rotation`); the kernel attends with ``Q H`` and returns the output
+    times ``H``, both fused (no extra launch or allocation); the LSE is unchanged. ``None``: a plain
+    cache.
     """
     debug = metadata_checks_on()
     kc, sc = _cache_pair(paged_kv_cache), _cache_pair(kv_cache_sf)
@@ -1679,7 +1702,8 @@ def decode(
                 # with their types: True == 1 and 1 == 1.0 hash alike, and bools are refused
                 type(sm_scale), sm_scale, kv_layout, type(q_len_per_req), q_len_per_req,
                 type(sliding_window), sliding_window, type(logits_soft_cap), logits_soft_cap,
-                _opt_meta(sinks), _opt_meta(out), bool(return_lse), _knobs(),
+                _opt_meta(sinks), _opt_meta(out), bool(return_lse), type(kv_rotation), kv_rotation,
+                _knobs(),
             )  # fmt: skip
             try:
                 d = _decode_cache.get(key)
@@ -1709,6 +1733,7 @@ def decode(
         "decode", query, views, block_table, seq_lens, k_scale, v_scale, sm_scale, sliding_window,
         logits_soft_cap, sinks, out, return_lse,
     )
+    rotate = fused_rotation("decode", kv_rotation, views.head_dim)
     batch = block_table.shape[0]
     if query.shape[0] != batch * q_len_per_req:
         raise ValueError(
@@ -1722,7 +1747,7 @@ def decode(
             "decode", num_pages=views.num_pages, page_size=views.page_size, block_table=block_table,
             seq_lens=seq_lens, min_seq_len=q_len_per_req,
         )  # fmt: skip
-    d = _launch_decode_path(a, query, block_table, seq_lens, None, q_len_per_req, True)
+    d = _launch_decode_path(a, query, block_table, seq_lens, None, q_len_per_req, True, rotate=rotate)
     if key is not None and not any(
         isinstance(sc, torch.Tensor) and sc.device != views.device for sc in (k_scale, v_scale)
     ):  # (a host tensor scale is read on the host every call: never cached)
@@ -1750,18 +1775,21 @@ def prefill(
     sinks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    kv_rotation: str | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillArgs`). Requests with at most
     ``16 // (num_qo_heads // num_kv_heads)`` queries (decode rows) run through the split-KV decode
     kernel in the same call. ``query_start_loc`` is checked on the device without a sync: bad
     entries, and ``seq_lens`` past their rows, set the device error flag that
-    :func:`nvfp4compat.kernels.errors.check_errors` reports.
+    :func:`nvfp4compat.kernels.errors.check_errors` reports. ``kv_rotation``: as in :func:`decode`
+    (both kernels rotate, fused).
     """
     views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
     a = _check_common(
         "prefill", query, views, block_table, seq_lens, k_scale, v_scale, sm_scale, sliding_window,
         logits_soft_cap, sinks, out, return_lse,
     )
+    rotate = fused_rotation("prefill", kv_rotation, views.head_dim)
     batch = block_table.shape[0]
     qsl = check_query_start_loc("prefill", query_start_loc, batch, views.device)
     num_tokens = query.shape[0]
@@ -1812,10 +1840,10 @@ def prefill(
             DOT_FP32=interpreting() and query.dtype == torch.bfloat16,
             DATA_ALIGN=cl.data_align, SF_ALIGN=cl.sf_align, PAGE_POW2=_page_shift(views.page_size) >= 0,
             num_pages=views.num_pages, max_kv=max_kv, num_tokens=num_tokens, status_ptr=status,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            ROTATE=rotate, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     if not only_prefill:
-        _launch_decode_path(a, query, block_table, seq_lens, qsl, qmax, bool(causal), status)
+        _launch_decode_path(a, query, block_table, seq_lens, qsl, qmax, bool(causal), status, rotate)
     return _result(a)
 
 
