@@ -1881,7 +1881,8 @@ def _decode_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
                  "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE", "BATCH_BLOCK", "K_SCALE_PTR", "V_SCALE_PTR",
                  "FAST", "DOT_FP32", "DATA_ALIGN", "SF_ALIGN", "PAGE_POW2"):
         sig[name] = "constexpr"
-    sig.update({"num_pages": "i32", "status_ptr": "*i32", "PREFETCH": "constexpr"})  # (num_tokens, max_pages are above)
+    sig.update({"num_pages": "i32", "status_ptr": "*i32", "PREFETCH": "constexpr",
+                "ROTATE": "constexpr"})  # (num_tokens, max_pages are above)
     return sig
 
 
@@ -1901,6 +1902,7 @@ def _prefill_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
                  "RETURN_LSE", "K_SCALE_PTR", "V_SCALE_PTR", "FAST", "DOT_FP32", "DATA_ALIGN", "SF_ALIGN", "PAGE_POW2"):
         sig[name] = "constexpr"
     sig.update(_guard_sig())
+    sig["ROTATE"] = "constexpr"
     return sig
 
 
@@ -1940,7 +1942,8 @@ def aot_variants() -> dict[str, list[Any]]:
                              "BLOCK_N": cfg.block_n, "QMAX": qmax, "VARLEN": varlen, "CAUSAL": qmax > 1,
                              "BATCH_BLOCK": batch_block, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr, "FAST": DECODERS[decoder],
                              "DOT_FP32": False, "DATA_ALIGN": 8 if combined else 16,
-                             "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2, "PREFETCH": cfg.prefetch}
+                             "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2, "PREFETCH": cfg.prefetch,
+                             "ROTATE": False}
         c.update(_FEATURES_OFF)
         c.update(features)
         sig = _decode_signature(dtype, ptr, ptr)
@@ -1952,7 +1955,7 @@ def aot_variants() -> dict[str, list[Any]]:
         c: dict[str, Any] = {"HEAD_DIM": hd, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                              "CAUSAL": causal, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr, "FAST": DECODERS[decoder],
                              "DOT_FP32": False, "DATA_ALIGN": 8 if combined else 16,
-                             "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2}
+                             "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2, "ROTATE": False}
         c.update(_FEATURES_OFF)
         c.update(features)
         sig = _prefill_signature(dtype, ptr, ptr)
@@ -1979,6 +1982,15 @@ def aot_variants() -> dict[str, list[Any]]:
     # the opt-in register double-buffered loop (DecodeConfig.prefetch), as benchmarks/bench_attention.py sweeps it
     add_decode("bf16-d128-prefetch", "bf16", 128, config=PREFETCH_DECODE_CONFIG)
     add_decode("fp16-d64-q4-prefetch-all", "fp16", 64, qmax=4, config=PREFETCH_DECODE_CONFIG, **_FEATURES_ON)
+    # the fused Hadamard rotation (kv_rotation="hadamard"): the default build, GQA 8 x q_len 8 with
+    # the split merge and every feature, and fp16 at the smallest and largest head_dim
+    add_decode("bf16-d128-rotate", "bf16", 128, ROTATE=True)
+    add_decode("bf16-d128-q8-g8-rotate-all", "bf16", 128, qmax=8, group=8, ROTATE=True, **_FEATURES_ON)
+    add_decode("fp16-d64-rotate", "fp16", 64, ROTATE=True)
+    add_decode("fp16-d512-rotate", "fp16", 512, ROTATE=True)
+    add_prefill("bf16-d128-rotate", "bf16", 128, ROTATE=True)
+    add_prefill("fp16-d64-rotate-all", "fp16", 64, ROTATE=True, **_FEATURES_ON)
+    add_prefill("bf16-d512-rotate", "bf16", 512, ROTATE=True)
     for feat in ("HAS_WINDOW", "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE"):
         on: dict[str, Any] = {feat: True}
         add_prefill(f"bf16-d128-{feat.lower()}", "bf16", 128, **on)

@@ -273,7 +273,7 @@ def aot_kernels() -> list:
         "vs_sp", "vs_st", "vs_sh",
     ):  # fmt: skip
         sig[name] = "i32"
-    for name in ("HEAD_DIM", "ROWS", "SCALE_PTR", "SOFT_BF16"):
+    for name in ("HEAD_DIM", "ROWS", "SCALE_PTR", "SOFT_BF16", "ROTATE"):
         sig[name] = "constexpr"
     variants = []
     # The tile configs with a dense tuple cache's JIT-time alignment (what a GPU launch builds); the
@@ -284,18 +284,21 @@ def aot_kernels() -> list:
         + ["bt_stride", "kd_sp", "kd_st", "kd_sh", "vd_sp", "vd_st", "vd_sh"],
     )
     for cfg in CONFIGS:
-        c = {"HEAD_DIM": 128, "ROWS": cfg.rows(128), "SCALE_PTR": True, "SOFT_BF16": False}
+        c = {"HEAD_DIM": 128, "ROWS": cfg.rows(128), "SCALE_PTR": True, "SOFT_BF16": False, "ROTATE": False}
         variants.append(
             AotVariant(f"{cfg.name}-d128-bf16-i32-ptr", dict(sig), c, cfg.num_warps, attrs=dense)
         )
-    for hd, dt, it, ptr in (
-        (64, "*fp16", "*i64", False),
-        (256, "*bf16", "*i64", True),
-        (512, "*fp16", "*i32", True),
+    # ... and the fused Hadamard un-rotation (kv_rotation) on the small and the large tile
+    for hd, dt, it, ptr, rot, tile in (
+        (64, "*fp16", "*i64", False, False, None),
+        (256, "*bf16", "*i64", True, False, None),
+        (512, "*fp16", "*i32", True, False, None),
+        (128, "*bf16", "*i32", True, True, CONFIG_BY_NAME["b64w2"]),
+        (64, "*fp16", "*i64", False, True, None),
     ):
-        cfg = pick_config(1 << 22, hd)
+        cfg = tile or pick_config(1 << 22, hd)
         s = dict(sig, out_k_ptr=dt, out_v_ptr=dt, bt_ptr=it)
-        c = {"HEAD_DIM": hd, "ROWS": cfg.rows(hd), "SCALE_PTR": ptr, "SOFT_BF16": False}
-        label = f"{cfg.name}-d{hd}-{dt[1:]}-{it[1:]}-{'ptr' if ptr else 'val'}"
+        c = {"HEAD_DIM": hd, "ROWS": cfg.rows(hd), "SCALE_PTR": ptr, "SOFT_BF16": False, "ROTATE": rot}
+        label = f"{cfg.name}-d{hd}-{dt[1:]}-{it[1:]}-{'ptr' if ptr else 'val'}{'-rotate' if rot else ''}"
         variants.append(AotVariant(label, s, c, cfg.num_warps))
     return [AotKernel("dequantize_paged", _dequant_kernel, variants)]

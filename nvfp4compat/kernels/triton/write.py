@@ -736,7 +736,7 @@ def aot_kernels() -> list:
         "n_rows", "NUM_HEADS", "PAGE_SIZE", "num_slots", "key_sn", "key_sh", "value_sn", "value_sh",
         "KD_SP", "KD_ST", "KD_SH", "VD_SP", "VD_ST", "VD_SH", "KS_SP", "KS_ST", "KS_SH",
         "VS_SP", "VS_ST", "VS_SH",
-        "HEAD_DIM", "ROWS", "SCALE_PTR", "FOUR_OVER_SIX", "FAST_MATH", "FP8_CVT",
+        "HEAD_DIM", "ROWS", "SCALE_PTR", "FOUR_OVER_SIX", "FAST_MATH", "FP8_CVT", "ROTATE",
     ):  # fmt: skip
         sig[name] = "constexpr" if name.isupper() else "i32"
     assert list(sig) == list(_write_kernel.arg_names), "AOT signature out of the kernel's order"
@@ -760,6 +760,7 @@ def aot_kernels() -> list:
             "SCALE_PTR": True,
             "FOUR_OVER_SIX": False,
             "FAST_MATH": True,
+            "ROTATE": False,
         }
         variants.append(
             AotVariant(
@@ -772,14 +773,19 @@ def aot_kernels() -> list:
             )
         )
     # Every head_dim, fp16/bf16, int32/int64 slots, float/device scales, 4over6 on/off, exact/fast;
-    # head counts and page sizes powers of two and not; HND, and vLLM's combined page (both layouts).
+    # head counts and page sizes powers of two and not; HND, and vLLM's combined page (both layouts);
+    # the fused Hadamard rotation (kv_rotation) with and without 4over6, on the decode-sized tile
+    # (4 rows) and the large one.
     extra = [
-        (64, "*fp16", "*i32", False, True, True, 1, 32, "HND", True),
-        (256, "*bf16", "*i32", True, True, False, 6, 24, "NHD", True),
-        (512, "*fp16", "*i64", False, False, False, 2, 16, "HND", False),
+        (64, "*fp16", "*i32", False, True, True, 1, 32, "HND", True, False, None),
+        (256, "*bf16", "*i32", True, True, False, 6, 24, "NHD", True, False, None),
+        (512, "*fp16", "*i64", False, False, False, 2, 16, "HND", False, False, None),
+        (128, "*bf16", "*i64", True, False, True, 8, 16, "NHD", False, True, CONFIG_BY_NAME["b32w1"]),
+        (128, "*fp16", "*i64", True, True, True, 8, 16, "NHD", True, True, None),
+        (512, "*bf16", "*i32", False, True, False, 2, 16, "HND", False, True, None),
     ]
-    for hd, dt, it, ptr, fours, fast, heads, page, layout, combined in extra:
-        cfg = pick_config(1 << 20, hd)
+    for hd, dt, it, ptr, fours, fast, heads, page, layout, combined, rot, tile in extra:
+        cfg = tile or pick_config(1 << 20, hd)
         s = dict(sig, key_ptr=dt, value_ptr=dt, slot_ptr=it)
         c = {
             "NUM_HEADS": heads,
@@ -790,10 +796,11 @@ def aot_kernels() -> list:
             "SCALE_PTR": ptr,
             "FOUR_OVER_SIX": fours,
             "FAST_MATH": fast,
+            "ROTATE": rot,
         }
         label = (
             f"{cfg.name}-d{hd}-{dt[1:]}-{it[1:]}-{'ptr' if ptr else 'val'}{'-4o6' if fours else ''}"
-            f"-{'fast' if fast else 'exact'}-{layout}{'-combined' if combined else ''}"
+            f"-{'fast' if fast else 'exact'}-{layout}{'-combined' if combined else ''}{'-rotate' if rot else ''}"
         )
         variants.append(AotVariant(label, s, c, cfg.num_warps, by_cc=_aot_arch))
     return [AotKernel("append_slot_mapping", _write_kernel, variants)]
