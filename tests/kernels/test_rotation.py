@@ -320,6 +320,21 @@ def test_triton_entry_points_refuse_bad_rotations():
                  torch.tensor([0, 1], dtype=torch.int32))
     with pytest.raises(RotationError, match=r"dequant: kv_rotation must be None"):
         _dequant(case, functools.partial(kernels["dequant"], kv_rotation="Hadamard"))
+    # the rotated readers stage the rotated query in `out`: an out aliasing the query is refused,
+    # on the validating path and on decode's cached one (first call with a separate out)
+    _write(case, slots, rotated("write", kernels["write"]))
+    dec = rotated("decode", kernels["decode"])
+    args = (case.paged_kv_cache, case.kv_cache_sf, case.block_table, case.seq_lens, case.k_scale, case.v_scale)
+    for _ in range(2):
+        q = query.clone()
+        dec(q, *args, sm_scale=0.125, out=torch.empty_like(q))
+        with pytest.raises(ValueError, match="out must not share memory with query"):
+            dec(q, *args, sm_scale=0.125, out=q)
+        torch.testing.assert_close(q, query, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="prefill: with kv_rotation, out must not share memory"):
+        rotated("prefill", kernels["prefill"])(
+            q, *args[:4], torch.tensor([0, 1], dtype=torch.int32), *args[4:], sm_scale=0.125, out=q
+        )
 
 
 def _bytes_close(a, b, what):

@@ -475,6 +475,45 @@ def _load_query(q_ptr, tok, head, row_ok, stride_qt, stride_qh, HEAD_DIM: tl.con
 
 
 @triton.jit
+def _rotated_query(
+    q_ptr, o_ptr, kvh, group, tok0, t_lim, stride_qt, stride_qh, stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """The query planes of rows ``m < BLOCK_M`` (token ``tok0 + m // group``, head
+    ``kvh * group + m % group``, present while ``m // group < t_lim``) times ``H``
+    (:func:`~nvfp4compat.kernels.triton.hadamard.rotate_query`), staged through the rows' output
+    memory: rotated 16 rows at a time, stored there, then loaded back as the plain query is.
+
+    Used straight from registers, the rotated query stayed in registers as an MMA operand through
+    the key loop (sm_90, triton 3.6.0, head_dim 128 decode: 255 registers against 152 unrotated;
+    staged: 158). The head_dim-128 prefill kernel is at 255 registers either way (ptxas reports
+    1,064 bytes of spill stores staged, 1,164 not, 436 unrotated; not timed yet). The output rows are
+    this program's or, for a request split into chunks, its chunks' (each stores the same values;
+    the merge kernel writes the output later), so nothing else reads them before they are
+    overwritten; the host refuses an ``out`` that shares memory with ``query``.
+    """
+    RB: tl.constexpr = 16 if BLOCK_M > 16 else BLOCK_M
+    offs = tl.arange(0, HEAD_DIM // 2)
+    for r0 in tl.static_range(0, BLOCK_M, RB):
+        m = r0 + tl.arange(0, RB)
+        t = m // group
+        ok = t < t_lim
+        tok = tok0 + t
+        head = kvh * group + m % group
+        q_lo, q_hi = _load_query(q_ptr, tok, head, ok, stride_qt, stride_qh, HEAD_DIM)
+        q_lo, q_hi = rotate_query(q_lo, q_hi, HEAD_DIM)
+        row = o_ptr + tok.to(tl.int64) * stride_ot + head.to(tl.int64) * stride_oh
+        tl.store(row[:, None] + 2 * offs[None, :], q_lo, mask=ok[:, None])
+        tl.store(row[:, None] + 2 * offs[None, :] + 1, q_hi, mask=ok[:, None])
+    tl.debug_barrier()  # the block's stores are visible to all its threads
+    m = tl.arange(0, BLOCK_M)
+    ok = m // group < t_lim
+    return _load_query(
+        o_ptr, tok0 + m // group, kvh * group + m % group, ok, stride_ot, stride_oh, HEAD_DIM
+    )
+
+
+@triton.jit
 def _finish(
     acc_lo, acc_hi, m_i, l_i, vs, head, row_ok, tok, o_ptr, lse_ptr, sinks_ptr,
     stride_ot, stride_oh, stride_lt,
@@ -680,9 +719,13 @@ def _decode_kernel(
     row_ok = t < q_len
     tok = q_start + t
     qpos = seq_len - q_len + t
-    q_lo, q_hi = _load_query(q_ptr, tok, head, row_ok, stride_qt, stride_qh, HEAD_DIM)
     if ROTATE:  # Q H, rounded to the query's dtype as the unfused path rounds it
-        q_lo, q_hi = rotate_query(q_lo, q_hi, HEAD_DIM)
+        q_lo, q_hi = _rotated_query(
+            q_ptr, o_ptr, kvh, group, q_start, q_len, stride_qt, stride_qh, stride_ot, stride_oh,
+            HEAD_DIM, BLOCK_M,
+        )
+    else:
+        q_lo, q_hi = _load_query(q_ptr, tok, head, row_ok, stride_qt, stride_qh, HEAD_DIM)
     qk_scale2, softcap_pre, softcap_post, vs = _scales(
         k_scale, v_scale, sm_scale_log2, softcap, q_ptr, K_SCALE_PTR, V_SCALE_PTR, FAST
     )
@@ -942,9 +985,13 @@ def _prefill_kernel(
     row_ok = (t < block_q) & (q0 + t < q_len)
     tok = q_start + q0 + t
     qpos = seq_len - q_len + q0 + t
-    q_lo, q_hi = _load_query(q_ptr, tok, head, row_ok, stride_qt, stride_qh, HEAD_DIM)
     if ROTATE:
-        q_lo, q_hi = rotate_query(q_lo, q_hi, HEAD_DIM)
+        q_lo, q_hi = _rotated_query(
+            q_ptr, o_ptr, kvh, group, q_start + q0, tl.minimum(block_q, q_len - q0),
+            stride_qt, stride_qh, stride_ot, stride_oh, HEAD_DIM, BLOCK_M,
+        )
+    else:
+        q_lo, q_hi = _load_query(q_ptr, tok, head, row_ok, stride_qt, stride_qh, HEAD_DIM)
     qk_scale2, softcap_pre, softcap_post, vs = _scales(
         k_scale, v_scale, sm_scale_log2, softcap, q_ptr, K_SCALE_PTR, V_SCALE_PTR, FAST
     )
@@ -1655,6 +1702,21 @@ def _float_scales_fit(k_scale: object, v_scale: object, sm_scale_log2: float) ->
     )
 
 
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors are views of one storage (the rotated readers stage the rotated query in
+    ``out``: ``out`` must not alias ``query``)."""
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _check_rotation_out(name: str, query: torch.Tensor, out: torch.Tensor | None) -> None:
+    if out is not None and _shares_memory(out, query):
+        raise ValueError(
+            f"{name}: with kv_rotation, out must not share memory with query (the kernel stages the "
+            "rotated query in out's rows, which other programs of the call may still read as the "
+            "query); pass a separate out buffer, or out=None"
+        )
+
+
 def _result(a: _Args) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     if a.lse is not None:
         return a.out, a.lse
@@ -1709,6 +1771,8 @@ def decode(
                 d = _decode_cache.get(key)
             except TypeError:  # an unhashable argument: the validating path reports it
                 key = d = None
+            if d is not None and d.rotate and out is not None and _shares_memory(out, query):
+                d = None  # the validating path refuses it
             if d is not None and _float_scales_fit(k_scale, v_scale, d.sm_scale_log2):
                 # validated before: same metadata, other tensors
                 o = torch.empty_like(query, memory_format=torch.contiguous_format) if out is None else out
@@ -1734,6 +1798,8 @@ def decode(
         logits_soft_cap, sinks, out, return_lse,
     )
     rotate = fused_rotation("decode", kv_rotation, views.head_dim)
+    if rotate:
+        _check_rotation_out("decode", query, out)
     batch = block_table.shape[0]
     if query.shape[0] != batch * q_len_per_req:
         raise ValueError(
@@ -1790,6 +1856,8 @@ def prefill(
         logits_soft_cap, sinks, out, return_lse,
     )
     rotate = fused_rotation("prefill", kv_rotation, views.head_dim)
+    if rotate:
+        _check_rotation_out("prefill", query, out)
     batch = block_table.shape[0]
     qsl = check_query_start_loc("prefill", query_start_loc, batch, views.device)
     num_tokens = query.shape[0]

@@ -2,24 +2,24 @@
 
 ``H`` is the normalized Sylvester Hadamard matrix of size ``D`` (``H[i, j] = (-1)^popcount(i & j) /
 sqrt(D)``, :func:`nvfp4compat.kernels.rotation.hadamard`); it is symmetric and its own inverse, so
-one routine rotates and un-rotates. Two forms serve the kernels:
+one routine rotates and un-rotates. Every kernel uses :func:`fwht_rows`, an exact fast
+Walsh-Hadamard transform of ``[R, D]`` rows: ``log2(D)`` butterfly stages of float32 adds and subtracts through reshape/permute/split/join, then
+one scaling by ``1/sqrt(D)``. The sums are float32 (as ``x.float() @ H`` is), with no TF32 rounding
+to reason about, in ``D log2 D`` adds per row, and a tile of any row count works (the writer's
+decode-sized tile holds 4 rows of head_dim 128; an MMA needs 16).
 
-* :func:`rotate_planes` (decode and prefill): the readers keep the query and the output as even/odd
-  planes ``lo = x[:, 0::2]``, ``hi = x[:, 1::2]``. With ``H'`` the unnormalized Sylvester matrix of
-  size ``D/2`` (entries +-1), ``H[2a + r, 2b + s] = (-1)^(r & s) H'[a, b] / sqrt(D)``, hence
-  ``(x H)[:, 0::2] = (lo + hi) H' / sqrt(D)`` and ``(x H)[:, 1::2] = (lo - hi) H' / sqrt(D)``: two
-  ``[M, D/2] x [D/2, D/2]`` MMAs per tile, once per program (the query after its load, the
-  accumulator before it is stored). ``H'`` is generated in registers (the parity of ``a & b`` by
-  xor-folding shifts), no extra kernel argument. The dots take float32 operands with
-  ``input_precision="tf32x3"``: ``H'`` is exact in TF32 (entries +-1), and the split of the other
-  operand into two TF32 halves keeps about 22 mantissa bits, so the result is float32-accurate (plain
-  TF32 would keep 10 bits of the query, worse than its own fp16 rounding). Three MMAs instead of one
-  over the kernel's whole key loop cost nothing measurable; ``"ieee"`` would run on the FMA units.
-* :func:`fwht_rows` (writer and dequant): an exact fast Walsh-Hadamard transform of ``[R, D]`` rows,
-  ``log2(D)`` butterfly stages of float32 adds and subtracts through reshape/permute/split/join.
-  Their tiles can be a single row (the writer's decode-sized config holds 4 rows of head_dim 128),
-  below the 16 rows an MMA needs, and the values are quantized next: the butterflies give float32
-  sums (as ``x.float() @ H`` does) with no TF32 rounding to reason about, in ``D log2 D`` adds per row.
+* writer and dequant: on each (token, head) row of the tile (:func:`fwht_rows`, :func:`round_to`).
+* decode and prefill (:func:`rotate_query`, :func:`rotate_planes`): the readers keep the query and
+  the output as even/odd planes ``lo = x[:, 0::2]``, ``hi = x[:, 1::2]``; they are interleaved,
+  transformed and split again, once per program (the query after its load, the accumulator before
+  it is normalized and stored).
+
+Why butterflies and not MMAs in the readers: with ``H'`` (the unnormalized Sylvester matrix of size
+``D/2``), ``(x H)[:, 0::2] = (lo + hi) H' / sqrt(D)`` and ``(x H)[:, 1::2] = (lo - hi) H' /
+sqrt(D)``, two ``tf32x3`` MMAs per tile. Compiled for sm_90 with triton 3.6.0, the head_dim-128
+decode kernel took 188 registers with that output rotation (152 unrotated), 152 with the
+butterflies; the query rotation took it to 246-255 either way until the rotated query was stored and
+loaded back (:func:`~nvfp4compat.kernels.triton.attention._rotated_query`): 158.
 """
 
 from __future__ import annotations
@@ -29,33 +29,13 @@ import triton.language as tl
 
 
 @triton.jit
-def _parity_pm1(a, b, BITS: tl.constexpr):
-    """``(-1)^popcount(a & b)`` as float32 (+-1) for int32 ``a``, ``b`` below ``2**BITS``."""
-    x = a & b
-    for k in tl.static_range(BITS):  # fold: bit 0 of x becomes the parity of its low 2^BITS bits
-        x = x ^ (x >> (1 << k))
-    return 1.0 - 2.0 * (x & 1).to(tl.float32)
-
-
-@triton.jit
-def sylvester_pm1(N: tl.constexpr):
-    """The unnormalized Sylvester Hadamard matrix ``[N, N]`` float32, ``(-1)^popcount(a & b)``."""
-    idx = tl.arange(0, N)
-    # xor-folding k bits needs ceil(log2(k)) shifts: 5 cover every head dim up to 2^32
-    return _parity_pm1(idx[:, None], idx[None, :], 5)
-
-
-@triton.jit
 def rotate_planes(lo, hi, HEAD_DIM: tl.constexpr):
     """Planes of ``x @ H`` from the planes ``lo = x[:, 0::2]``, ``hi = x[:, 1::2]`` ``[M, D/2]``
-    (any float dtype, ``M >= 16``): ``(even, odd)`` float32 ``[M, D/2]``."""
-    D2: tl.constexpr = HEAD_DIM // 2
-    hp = sylvester_pm1(D2)
-    a = lo.to(tl.float32)
-    b = hi.to(tl.float32)
-    inv: tl.constexpr = 1.0 / (HEAD_DIM**0.5)
-    even = tl.dot(a + b, hp, input_precision="tf32x3") * inv
-    odd = tl.dot(a - b, hp, input_precision="tf32x3") * inv
+    (any float dtype): ``(even, odd)`` float32 ``[M, D/2]``, by :func:`fwht_rows` on the
+    interleaved rows."""
+    M: tl.constexpr = lo.shape[0]
+    x = tl.reshape(tl.join(lo.to(tl.float32), hi.to(tl.float32)), (M, HEAD_DIM))
+    even, odd = tl.split(tl.reshape(fwht_rows(x, HEAD_DIM), (M, HEAD_DIM // 2, 2)))
     return even, odd
 
 
