@@ -39,7 +39,7 @@ CORE = [
     ("attention_decode", "bf16-d128-prefetch", (80, 90)),
     # prefill's query_start_loc guard
     ("attention_qsl_guard", "bf16-d128-lse", (80, 90)),
-    # the fused Hadamard KV rotation (kv_rotation="hadamard"): tf32x3 dots on mma.sync and wgmma
+    # the fused Hadamard KV rotation (kv_rotation="hadamard"), on mma.sync and wgmma
     ("attention_decode", "bf16-d128-rotate", (80, 90)),
     ("attention_prefill", "bf16-d128-rotate", (80, 90)),
 ]

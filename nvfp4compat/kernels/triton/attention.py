@@ -666,8 +666,9 @@ def _decode_kernel(
     (:func:`_attend_tile`), and with ``VARLEN`` the ``qsl`` entries are clamped to ``[0, num_tokens]``
     and every program returns when :func:`_qsl_guard_kernel` found them decreasing (``status_ptr``).
 
-    ``ROTATE``: the cache holds ``K H``, ``V H`` (Hadamard): the query is rotated after its load and
-    the output before it is stored (partials too: the merge is linear), :func:`rotate_planes`.
+    ``ROTATE``: the cache holds ``K H``, ``V H`` (Hadamard): the query is rotated after its load
+    (staged through ``out``, :func:`_rotated_query`) and the output before it is normalized and
+    stored (partials too: the merge is linear), :mod:`~nvfp4compat.kernels.triton.hadamard`.
     """
     # One flat grid, KV heads fastest: neighbouring programs read the same pages (every KV head of a
     # token is in one page row), and every head's chunks are scheduled before the programs past the
@@ -1749,7 +1750,8 @@ def decode(
 
     ``kv_rotation="hadamard"``: the cache holds ``K H`` and ``V H`` (written with the same option,
     :mod:`nvfp4compat.kernels.rotation`); the kernel attends with ``Q H`` and returns the output
-    times ``H``, both fused (no extra launch or allocation); the LSE is unchanged. ``None``: a plain
+    times ``H``, both fused (no extra launch or allocation; the rotated query is staged in ``out``'s
+    rows, so ``out`` must not share memory with ``query``); the LSE is unchanged. ``None``: a plain
     cache.
     """
     debug = metadata_checks_on()
