@@ -202,30 +202,33 @@ def rotated(
     if already is not None:
         raise RotationError(f"{op}: {fn!r} is already rotated ({already}); rotating twice would undo it")
     sig = inspect.signature(fn)
-    fused = fuse and fuses_rotation(fn)
-
-    wrapper: Callable[..., Any]
-    if fused:
+    can_fuse = fuses_rotation(fn)
+    fused = fuse and can_fuse
+    call: Callable[..., Any] = fn
+    if can_fuse:
+        # kv_rotation is the wrapper's business: callers see the op's signature without it
+        sig = sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "kv_rotation"])
+        kernel_rotation = rotation if fused else None
         name = op
 
-        def kernel(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             if "kv_rotation" in kwargs:
                 raise RotationError(
                     f"{name}: this {rotation}-rotated wrapper passes kv_rotation itself, got "
                     f"kv_rotation={kwargs['kv_rotation']!r}; call the unwrapped kernel to choose"
                 )
-            return fn(*args, kv_rotation=rotation, **kwargs)
+            return fn(*args, kv_rotation=kernel_rotation, **kwargs)
 
-        wrapper = kernel
-        # callers see the op's signature: kv_rotation is the wrapper's business
-        sig = sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "kv_rotation"])
+    wrapper: Callable[..., Any]
+    if fused:
+        wrapper = call
     elif op == "write":
 
         def write(
             key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, *args: Any, **kwargs: Any
         ) -> Any:
             _check_head_dim(key.shape[-1], "write")
-            return fn(rotate(key), rotate(value), slot_mapping, *args, **kwargs)
+            return call(rotate(key), rotate(value), slot_mapping, *args, **kwargs)
 
         wrapper = write
     elif op in ("decode", "prefill"):
@@ -238,7 +241,7 @@ def rotated(
             **kwargs: Any,
         ) -> Any:
             _check_head_dim(query.shape[-1], op)
-            result = fn(rotate(query), *args, out=out, return_lse=return_lse, **kwargs)
+            result = call(rotate(query), *args, out=out, return_lse=return_lse, **kwargs)
             return _unrotate_output(result, out, return_lse)
 
         wrapper = read
@@ -249,7 +252,7 @@ def rotated(
             out_k, out_v = bound.arguments["output_k"], bound.arguments["output_v"]
             seq_lens = bound.arguments["seq_lens"]
             _check_head_dim(out_k.shape[-1], "dequant")
-            result = fn(*args, **kwargs)
+            result = call(*args, **kwargs)
             pos = torch.arange(out_k.shape[1], device=out_k.device)
             written = (pos[None, :] < seq_lens.to(out_k.device).long()[:, None])[..., None, None]
             for t in (out_k, out_v):

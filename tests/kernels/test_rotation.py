@@ -295,15 +295,18 @@ def test_rotated_fuses_only_kernels_that_take_kv_rotation():
         w = rotated(op, fn)
         assert w.kv_rotation == "hadamard" and w.kv_rotation_fused and w.__wrapped__ is fn
         assert "kv_rotation" not in __import__("inspect").signature(w).parameters
-        assert not rotated(op, fn, fuse=False).kv_rotation_fused
+        pp = rotated(op, fn, fuse=False)
+        assert not pp.kv_rotation_fused and "kv_rotation" not in __import__("inspect").signature(pp).parameters
         with pytest.raises(RotationError, match="already rotated"):
             rotated(op, w)
     for op, fn in (("write", codec.append_slot_mapping), ("dequant", codec.dequantize_paged),
                    ("decode", _ref_reader("decode"))):
         assert not fuses_rotation(fn) and not rotated(op, fn).kv_rotation_fused, op
-    w = rotated("decode", kernels["decode"])
-    with pytest.raises(RotationError, match="passes kv_rotation itself"):
-        w(None, None, None, None, None, 1.0, 1.0, sm_scale=1.0, kv_rotation=None)
+    for fuse in (True, False):  # a pre/post wrapper would rotate twice
+        w = rotated("decode", kernels["decode"], fuse=fuse)
+        with pytest.raises(RotationError, match="passes kv_rotation itself"):
+            w(torch.zeros(1, 4, 64, dtype=bf16), None, None, None, None, 1.0, 1.0, sm_scale=1.0,
+              kv_rotation="hadamard")
 
 
 def test_triton_entry_points_refuse_bad_rotations():
