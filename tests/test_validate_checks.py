@@ -373,3 +373,14 @@ def test_plan_check_passes_on_the_line_the_plugin_writes_for_its_plan(arch, vllm
         _fill(jobs, preflight=_real_preflight(arch, vllm, flashinfer),
               **{f"nvfp4-eager-fi{flashinfer}-plugin": _engine_result(plugin_line=bad)})
         assert not vc.evaluate(["plan"], jobs)["plan"]["passed"]
+
+
+def test_throughput_runs_its_default_engines_before_the_forced_one():
+    # the verdict needs NVFP4 and bf16 at vLLM's default settings; the forced FULL-decode engine is a
+    # comparison that --budget-s may skip (on 2026-12-03 the bf16 engine, sorted after it, was cut)
+    names = [j.name for j in vc.plan_jobs(["throughput"], "0.6.14") if j.kind == "engine"]
+    assert names == [
+        "nvfp4-default-fi0.6.14-plugin",
+        "auto-default-fi0.6.14-plugin",
+        "nvfp4-full-decode-optin-fi0.6.14-plugin",
+    ]
