@@ -312,6 +312,10 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
             variants.append((f"prefetch {pf}", {"decode": pf}))
             variants.append(("prefetch, 128-key tiles, 2 programs/SM",
                              {"decode": dataclasses.replace(pf, block_n=128, programs_per_sm=2)}))
+            # byte-loaded block scales: the decoded tiles skip the shared-memory round trip
+            # (DecodeConfig.scale_words, docs/attention.md); not the default until timed
+            for bcfg in getattr(att, "BYTE_SCALE_DECODE_CONFIGS", ()):
+                variants.append((f"byte scales {bcfg}", {"decode": bcfg}))
     else:
         def run():
             return att.prefill(case.q, *args, case.qsl, ks, vs, sm_scale=case.sm_scale)
@@ -333,7 +337,8 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
         if s.kind == "decode":
             variants = variants[:1] + [("default tiles, 3 programs/head", {"num_splits": 3}),
                                        ("2 programs/SM", {"knobs": {"SPLIT_TARGET_PROGRAMS_PER_SM": 2}}),
-                                       ("prefetch", {"decode": att.PREFETCH_DECODE_CONFIG})]
+                                       ("prefetch", {"decode": att.PREFETCH_DECODE_CONFIG}),
+                                       ("byte scales", {"decode": att.BYTE_SCALE_DECODE_CONFIGS[0]})]
         else:
             variants = variants[:1] + [(f"{att.PrefillConfig(64, 32, 4, 2)}", {"prefill": att.PrefillConfig(64, 32, 4, 2)})]
     # --knob NAME=V: one row per value, the module constant set for that row (any sweep mode)

@@ -124,6 +124,28 @@ def test_decode_prefetch_matches_reference(splits, features):
     r.check()
 
 
+@pytest.mark.parametrize(
+    "splits,features",
+    [
+        (1, {}),
+        (3, {"sliding_window": 70, "use_sinks": True, "layout": "HND"}),
+        (2, {"q_len_per_req": 3, "logits_soft_cap": 30.0, "dtype": torch.bfloat16}),
+    ],
+)
+def test_decode_byte_scales_match_reference(splits, features):
+    """Block scales loaded as bytes (DecodeConfig.scale_words=False) where the cache's alignment would
+    allow 32-bit words (head_dim 64: 4 scale bytes a row): the same results as the reference."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    kw = {"dtype": fp16, **features}
+    with att.override_configs(decode=att.DecodeConfig(16, 4, 1, scale_words=False), num_splits=splits):
+        r = run_case(
+            "triton", "decode", seq_lens=[300, 3, 17, 130], num_qo_heads=4, num_kv_heads=2,
+            head_dim=64, return_lse=True, seed=splits, **kw,
+        )
+    r.check()
+
+
 @pytest.mark.parametrize("chunk_block", [2, 16])
 def test_decode_merge_over_many_chunk_blocks(monkeypatch, chunk_block):
     """A request cut into more chunks than one merge step holds (39 chunks: 20 steps of 2, 3 steps of

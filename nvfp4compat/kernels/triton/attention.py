@@ -643,6 +643,7 @@ def _decode_kernel(
     K_SCALE_PTR: tl.constexpr, V_SCALE_PTR: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
     DATA_ALIGN: tl.constexpr, SF_ALIGN: tl.constexpr, PAGE_POW2: tl.constexpr,
     num_pages, status_ptr, PREFETCH: tl.constexpr = False, ROTATE: tl.constexpr = False,
+    SCALE_WORDS: tl.constexpr = True,
 ):
     """Length-balanced split-KV decode: program (work chunk ``c``, kv head) over ``G * QMAX`` rows.
 
@@ -767,7 +768,8 @@ def _decode_kernel(
         ks_ptr + kvh * (stride_ksh * SF_ALIGN), vs_ptr + kvh * (stride_vsh * SF_ALIGN),
         stride_kp * DATA_ALIGN, stride_kt * DATA_ALIGN, stride_vp * DATA_ALIGN, stride_vt * DATA_ALIGN,
         stride_ksp * SF_ALIGN, stride_kst * SF_ALIGN, stride_vsp * SF_ALIGN, stride_vst * SF_ALIGN,
-        HEAD_DIM, BLOCK_N, CAUSAL, HAS_WINDOW and (QMAX > 1), HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_ALIGN >= 4,
+        HEAD_DIM, BLOCK_N, CAUSAL, HAS_WINDOW and (QMAX > 1), HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2,
+        (SF_ALIGN >= 4) and SCALE_WORDS,
         PREFETCH,
     )
     if ROTATE:  # (P V H) H = P V: un-rotated before the (linear) normalization and merge
@@ -1058,6 +1060,13 @@ class DecodeConfig:
     # register double buffering of the unmasked tiles (_attend_prefetched; use num_stages=1):
     # opt-in, not yet timed on a GPU
     prefetch: bool = False
+    # block scales loaded as 32-bit words (True, what ships) or as bytes (False). Compiled for sm_90
+    # (triton 3.6.0, head_dim 128), word loads keep the layout conversion of the decoded K/V tiles to
+    # MMA operands after the E2M1 decode: every tile's bf16 planes go to shared memory and back (128 KB
+    # a 128-key tile, against 18 KB read from DRAM). With byte loads Triton moves the conversion
+    # before the decode, onto the bytes (docs/attention.md, "Where the shared-memory traffic goes").
+    # Not yet timed on a GPU: benchmarks/bench_attention.py sweeps it
+    scale_words: bool = True
 
 
 @dataclass(frozen=True)
@@ -1090,6 +1099,18 @@ _DECODE_CONFIGS: dict[int, DecodeConfig] = {
 # registers and 22,528 bytes of shared memory at head_dim 128 (3 programs per SM; 128-key tiles take 244
 # registers). Not yet timed on a GPU: benchmarks/bench_attention.py sweeps it.
 PREFETCH_DECODE_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, prefetch=True)
+# Byte-loaded block scales (DecodeConfig.scale_words=False): no shared-memory round trip of the decoded
+# tiles. Compiled for sm_90 (triton 3.6.0, head_dim 128, bf16; registers, shared memory, programs per
+# SM by registers): 64-key tiles, 4 warps, 2 stages: 146, 14,592 B, 3 (the loads still staged by
+# cp.async); the same with 3 stages: 168, 14,848 B, 3; 32-key tiles, 2 stages: 110, 9,344 B, 4; 64-key
+# tiles on 8 warps: 108, 14,592 B, 2. 128-key tiles take 242 registers (2 per SM). Not yet timed on a
+# GPU: benchmarks/bench_attention.py sweeps them against the default.
+BYTE_SCALE_DECODE_CONFIGS = (
+    DecodeConfig(block_n=64, num_warps=4, num_stages=2, programs_per_sm=3, scale_words=False),
+    DecodeConfig(block_n=64, num_warps=4, num_stages=3, programs_per_sm=3, scale_words=False),
+    DecodeConfig(block_n=32, num_warps=4, num_stages=2, programs_per_sm=4, scale_words=False),
+    DecodeConfig(block_n=64, num_warps=8, num_stages=2, programs_per_sm=2, scale_words=False),
+)
 # Warps of a decode launch whose config has fewer, when (a) BLOCK_M > 16: at 2 warps the
 # accumulators do not fit (SM90, head_dim 128: BLOCK_M 32 spills 8 bytes, BLOCK_M 64 spills 1.5 KB,
 # 4 warps none), or (b) the launch has fewer programs than the GPU has SMs (latency-bound: measured
@@ -1644,6 +1665,7 @@ def _run_decode(
         BATCH_BLOCK=d.batch_block, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr, FAST=d.fast,
         DOT_FP32=d.dot_fp32, DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
         num_pages=d.num_pages, status_ptr=status_arg, PREFETCH=d.cfg.prefetch, ROTATE=d.rotate,
+        SCALE_WORDS=d.cfg.scale_words,
         num_warps=d.cfg.num_warps, num_stages=d.cfg.num_stages, maxnreg=d.cfg.maxnreg,
     )  # fmt: skip
     _decode_reduce_kernel[(batch * qmax, triton.cdiv(d.num_qo_heads, d.merge_block_h))](
@@ -1952,7 +1974,7 @@ def _decode_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
                  "FAST", "DOT_FP32", "DATA_ALIGN", "SF_ALIGN", "PAGE_POW2"):
         sig[name] = "constexpr"
     sig.update({"num_pages": "i32", "status_ptr": "*i32", "PREFETCH": "constexpr",
-                "ROTATE": "constexpr"})  # (num_tokens, max_pages are above)
+                "ROTATE": "constexpr", "SCALE_WORDS": "constexpr"})  # (num_tokens, max_pages are above)
     return sig
 
 
@@ -2013,7 +2035,7 @@ def aot_variants() -> dict[str, list[Any]]:
                              "BATCH_BLOCK": batch_block, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr, "FAST": DECODERS[decoder],
                              "DOT_FP32": False, "DATA_ALIGN": 8 if combined else 16,
                              "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2, "PREFETCH": cfg.prefetch,
-                             "ROTATE": False}
+                             "ROTATE": False, "SCALE_WORDS": cfg.scale_words}
         c.update(_FEATURES_OFF)
         c.update(features)
         sig = _decode_signature(dtype, ptr, ptr)
@@ -2052,6 +2074,10 @@ def aot_variants() -> dict[str, list[Any]]:
     # the opt-in register double-buffered loop (DecodeConfig.prefetch), as benchmarks/bench_attention.py sweeps it
     add_decode("bf16-d128-prefetch", "bf16", 128, config=PREFETCH_DECODE_CONFIG)
     add_decode("fp16-d64-q4-prefetch-all", "fp16", 64, qmax=4, config=PREFETCH_DECODE_CONFIG, **_FEATURES_ON)
+    # byte-loaded block scales (DecodeConfig.scale_words=False), as benchmarks/bench_attention.py sweeps them
+    add_decode("bf16-d128-bytescales", "bf16", 128, config=BYTE_SCALE_DECODE_CONFIGS[0])
+    add_decode("fp16-d64-q4-bytescales-all", "fp16", 64, qmax=4, config=BYTE_SCALE_DECODE_CONFIGS[2],
+               **_FEATURES_ON)
     # the fused Hadamard rotation (kv_rotation="hadamard"): the default build, GQA 8 x q_len 8 with
     # the split merge and every feature, and fp16 at the smallest and largest head_dim
     add_decode("bf16-d128-rotate", "bf16", 128, ROTATE=True)
