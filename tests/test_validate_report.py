@@ -103,3 +103,15 @@ def test_results_json_holds_everything_and_round_trips():
     assert set(back["checks"]) == set(RESULTS) and set(back["jobs"]) == {"preflight-fi0.6.14-plugin", "nvfp4-eager-fi0.6.14-noplugin"}
     assert back["settings"]["max_model_len"] == 8704
     assert results_doc({}, [], [], 0.0, complete=False, settings={})["passed"] is False
+
+
+def test_results_json_leaves_the_top_k_lists_in_the_jobs_own_files():
+    job = Job("engine", "0.6.14", True, "nvfp4")
+    job.tasks, job.checks = ["start", "logprobs"], ["fidelity"]
+    prompt = {"target": [5], "target_logprob": [-1.0], "top1": [5], "top_ids": [[5, 6]], "top_logprobs": [[-1.0, -2.0]]}
+    job.result = {"wall_s": 1.0, "tasks": {"start": {"ok": True}, "logprobs": {"ok": True, "prompts": [prompt]}}}
+    doc = results_doc({}, [job], ["x"], 1.0, complete=True, settings={})
+    lp = doc["jobs"][job.name]["tasks"]["logprobs"]
+    assert lp["prompts"] == [{"target_logprob": [-1.0], "top1": [5]}]
+    assert f"{job.name}.result.json" in lp["top_k_lists"]
+    assert job.result["tasks"]["logprobs"]["prompts"][0]["top_ids"] == [[5, 6]]  # the job's own result is kept

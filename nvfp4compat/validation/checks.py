@@ -53,6 +53,7 @@ CAPACITY_MIN_RATIO = 3.3  # the NVFP4/bf16 token ratio check 3 asks for (3.56 is
 RECALL_MAX_POINTS = 1.0  # recall: NVFP4 at most this many points below bf16 at every trained length
 OPS = ("write", "decode", "prefill")  # the ops the plugin's log line names
 # prompt_logprobs=K of the fidelity engines: the KL of check 4 is taken over bf16's top-K tokens
+# (vLLM's default max_logprobs is 20: a larger K would need the engine's max_logprobs raised)
 LOGPROB_TOPK = 20
 # the rotation the rotated jobs ask the plugin for (NVFP4COMPAT_KV_ROTATION, as a user sets it)
 ROTATION = "hadamard"

@@ -259,5 +259,19 @@ def results_doc(
         "settings": dict(settings),
         "environment": _environment(jobs),
         "checks": dict(results),
-        "jobs": {j.name: j.result for j in jobs if j.result is not None},
+        "jobs": {j.name: _compact(j.name, j.result) for j in jobs if j.result is not None},
     }
+
+
+BULKY = ("target", "top_ids", "top_logprobs")  # per-position top-K lists of check 4's logprobs
+
+
+def _compact(name: str, result: Mapping[str, Any]) -> dict[str, Any]:
+    """A job's result without check 4's per-position top-K lists (megabytes a job): the judged
+    figures are in the checks' results, the lists stay in the job's own ``<name>.result.json``."""
+    lp = (result.get("tasks") or {}).get("logprobs")
+    if not isinstance(lp, dict) or not isinstance(lp.get("prompts"), list):
+        return dict(result)
+    prompts = [{k: v for k, v in p.items() if k not in BULKY} for p in lp["prompts"]]
+    logprobs = {**lp, "prompts": prompts, "top_k_lists": f"in the work folder's {name}.result.json"}
+    return {**result, "tasks": {**result["tasks"], "logprobs": logprobs}}
