@@ -588,3 +588,14 @@ def test_engine_kwargs_serve_a_gguf_file_as_its_own_tokenizer():
             "max_model_len": 4096, "mode": "eager"}
     assert job.engine_kwargs(spec)["tokenizer"] == "/m/SmolLM2.gguf"
     assert job.engine_kwargs({**spec, "tokenizer": "/hf/SmolLM2"})["tokenizer"] == "/hf/SmolLM2"
+
+
+def test_throughput_runs_its_default_engines_before_the_forced_one():
+    # the verdict needs NVFP4 and bf16 at vLLM's default settings; the forced FULL-decode engine is a
+    # comparison that --budget-s may skip (on 2026-12-03 the bf16 engine, sorted after it, was cut)
+    names = [j.name for j in vc.plan_jobs(["throughput"], "0.6.14") if j.kind == "engine"]
+    assert names == [
+        "nvfp4-default-fi0.6.14-plugin",
+        "auto-default-fi0.6.14-plugin",
+        "nvfp4-full-decode-optin-fi0.6.14-plugin",
+    ]

@@ -1,4 +1,4 @@
-"""Hadamard-rotated NVFP4 KV cache: pre/post operations around any bound writer and reader.
+"""Hadamard-rotated NVFP4 KV cache: fused into the Triton kernels, pre/post operations around the rest.
 
 The cache stores ``K @ H`` and ``V @ H`` instead of ``K`` and ``V``, where ``H`` is the normalized
 Sylvester Hadamard matrix over the head dimension (``H = H^T = H^-1``, entries ``+-1/sqrt(D)``). The
@@ -10,11 +10,18 @@ scales fit the E2M1 grid better. Attention is unchanged without quantization:
 * dequant: ``(K H) H = K`` (a dequantized rotated cache is the real KV).
 
 :func:`rotated` wraps one implementation of an op (``write``, ``dequant``, ``decode``, ``prefill``;
-any of ``triton``, ``flashinfer`` or the reference codec) with these pre/post operations, keeping
-its signature (``docs/architecture.md``). :func:`plan_kernel` returns the callable a plan binds,
-wrapped when the plan says ``kv_rotation``; it refuses a plan whose writer and readers disagree (a
-cache written rotated is never read unrotated). The rotation runs as a separate torch matmul in
-float32 (``x.float() @ H``, output in ``x``'s dtype); it is not fused into the kernels.
+any of ``triton``, ``flashinfer`` or the reference codec), keeping its signature
+(``docs/architecture.md``). :func:`plan_kernel` returns the callable a plan binds, wrapped when the
+plan says ``kv_rotation``; it refuses a plan whose writer and readers disagree (a cache written
+rotated is never read unrotated).
+
+* An implementation that takes a keyword-only ``kv_rotation`` (the Triton ``append_slot_mapping``,
+  ``decode``, ``prefill`` and ``dequantize_paged``) is called with it: the rotation is fused into
+  its kernel (the writer rotates each K/V row before quantizing, the readers rotate the query after
+  loading it and the output before storing it, dequant un-rotates the rows it decodes; see
+  :mod:`nvfp4compat.kernels.triton.hadamard`). No extra launch, no extra pass over Q, O, K or V.
+* Any other (FlashInfer's helpers, the reference codec) gets pre/post operations: a separate torch
+  matmul in float32 (``x.float() @ H``, output in ``x``'s dtype) before and/or after the call.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ __all__ = [
     "HEAD_DIMS",
     "KV_ROTATIONS",
     "RotationError",
+    "fused_rotation",
+    "fuses_rotation",
     "hadamard",
     "plan_kernel",
     "rotate",
@@ -105,6 +114,38 @@ def _check_kind(rotation: str) -> None:
         raise RotationError(f"unknown KV rotation {rotation!r}; accepted: {list(KV_ROTATIONS)}")
 
 
+def fused_rotation(op: str, kv_rotation: object, head_dim: int) -> bool:
+    """Whether a kernel entry point's ``kv_rotation`` argument turns its fused rotation on.
+
+    ``None`` is a plain cache (False); ``"hadamard"`` a rotated one (True), for a ``head_dim`` in
+    :data:`HEAD_DIMS`.
+
+    Raises
+    ------
+    RotationError
+        For any other value, or another head_dim.
+    """
+    if kv_rotation is None:
+        return False
+    if not isinstance(kv_rotation, str) or kv_rotation not in KV_ROTATIONS:
+        raise RotationError(
+            f"{op}: kv_rotation must be None (a plain cache) or one of {list(KV_ROTATIONS)}, got "
+            f"{kv_rotation!r}. Way out: pass the plan's rotation (plan.kv_rotation), or None for an "
+            "unrotated cache"
+        )
+    _check_head_dim(int(head_dim), op)
+    return True
+
+
+def fuses_rotation(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` rotates inside its kernel: it takes a keyword-only ``kv_rotation``."""
+    try:
+        param = inspect.signature(fn).parameters.get("kv_rotation")
+    except (TypeError, ValueError):  # no signature (a builtin): not fused
+        return False
+    return param is not None and param.kind is inspect.Parameter.KEYWORD_ONLY
+
+
 def _unrotate_output(
     result: Any, out: torch.Tensor | None, return_lse: bool
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -119,8 +160,14 @@ def _unrotate_output(
     return back
 
 
-def rotated(op: str, fn: Callable[..., Any], rotation: str = "hadamard") -> Callable[..., Any]:
+def rotated(
+    op: str, fn: Callable[..., Any], rotation: str = "hadamard", *, fuse: bool = True
+) -> Callable[..., Any]:
     """Wrap one implementation of ``op`` so that it works on a rotated cache; same signature.
+
+    When ``fn`` takes a keyword-only ``kv_rotation`` (:func:`fuses_rotation`: the Triton kernels) and
+    ``fuse`` is true, the wrapper calls it with ``kv_rotation=rotation``: the rotation is fused into
+    its kernel, with the semantics below. Otherwise the wrapper adds pre/post torch operations:
 
     * ``write``: rotates ``key`` and ``value`` (``[rows, num_kv_heads, head_dim]``) before ``fn``
       quantizes them.
@@ -138,11 +185,15 @@ def rotated(op: str, fn: Callable[..., Any], rotation: str = "hadamard") -> Call
         or the reference codec).
     rotation : str
         One of :data:`KV_ROTATIONS`.
+    fuse : bool
+        False forces the pre/post operations around a kernel that could fuse the rotation (tests,
+        ``benchmarks/bench_rotation.py``).
 
     Returns
     -------
     callable
-        The wrapper; ``wrapper.kv_rotation`` is ``rotation`` and ``wrapper.__wrapped__`` is ``fn``.
+        The wrapper; ``wrapper.kv_rotation`` is ``rotation``, ``wrapper.kv_rotation_fused`` whether
+        the kernel rotates, and ``wrapper.__wrapped__`` is ``fn``.
     """
     _check_kind(rotation)
     if op not in _OPS:
@@ -151,15 +202,33 @@ def rotated(op: str, fn: Callable[..., Any], rotation: str = "hadamard") -> Call
     if already is not None:
         raise RotationError(f"{op}: {fn!r} is already rotated ({already}); rotating twice would undo it")
     sig = inspect.signature(fn)
+    can_fuse = fuses_rotation(fn)
+    fused = fuse and can_fuse
+    call: Callable[..., Any] = fn
+    if can_fuse:
+        # kv_rotation is the wrapper's business: callers see the op's signature without it
+        sig = sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "kv_rotation"])
+        kernel_rotation = rotation if fused else None
+        name = op
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if "kv_rotation" in kwargs:
+                raise RotationError(
+                    f"{name}: this {rotation}-rotated wrapper passes kv_rotation itself, got "
+                    f"kv_rotation={kwargs['kv_rotation']!r}; call the unwrapped kernel to choose"
+                )
+            return fn(*args, kv_rotation=kernel_rotation, **kwargs)
 
     wrapper: Callable[..., Any]
-    if op == "write":
+    if fused:
+        wrapper = call
+    elif op == "write":
 
         def write(
             key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, *args: Any, **kwargs: Any
         ) -> Any:
             _check_head_dim(key.shape[-1], "write")
-            return fn(rotate(key), rotate(value), slot_mapping, *args, **kwargs)
+            return call(rotate(key), rotate(value), slot_mapping, *args, **kwargs)
 
         wrapper = write
     elif op in ("decode", "prefill"):
@@ -172,7 +241,7 @@ def rotated(op: str, fn: Callable[..., Any], rotation: str = "hadamard") -> Call
             **kwargs: Any,
         ) -> Any:
             _check_head_dim(query.shape[-1], op)
-            result = fn(rotate(query), *args, out=out, return_lse=return_lse, **kwargs)
+            result = call(rotate(query), *args, out=out, return_lse=return_lse, **kwargs)
             return _unrotate_output(result, out, return_lse)
 
         wrapper = read
@@ -183,7 +252,7 @@ def rotated(op: str, fn: Callable[..., Any], rotation: str = "hadamard") -> Call
             out_k, out_v = bound.arguments["output_k"], bound.arguments["output_v"]
             seq_lens = bound.arguments["seq_lens"]
             _check_head_dim(out_k.shape[-1], "dequant")
-            result = fn(*args, **kwargs)
+            result = call(*args, **kwargs)
             pos = torch.arange(out_k.shape[1], device=out_k.device)
             written = (pos[None, :] < seq_lens.to(out_k.device).long()[:, None])[..., None, None]
             for t in (out_k, out_v):
@@ -195,6 +264,7 @@ def rotated(op: str, fn: Callable[..., Any], rotation: str = "hadamard") -> Call
     functools.update_wrapper(wrapper, fn)
     setattr(wrapper, "__signature__", sig)  # noqa: B010
     setattr(wrapper, "kv_rotation", rotation)  # noqa: B010
+    setattr(wrapper, "kv_rotation_fused", fused)  # noqa: B010
     return wrapper
 
 

@@ -34,8 +34,9 @@ def test_covering_set():
     (writer,) = tap.aot_kernels()
     c = [v.constexprs for v in writer.variants]
     assert {x["HEAD_DIM"] for x in c} == {64, 128, 256, 512}
-    for flag in ("SCALE_PTR", "FOUR_OVER_SIX", "FAST_MATH"):
+    for flag in ("SCALE_PTR", "FOUR_OVER_SIX", "FAST_MATH", "ROTATE"):
         assert {x[flag] for x in c} == {True, False}, flag
+    assert any(x["ROTATE"] and x["FOUR_OVER_SIX"] for x in c), "the fused rotation with 4over6"
     assert {v.signature["key_ptr"] for v in writer.variants} == {"*fp16", "*bf16"}
     assert {v.signature["slot_ptr"] for v in writer.variants} == {"*i32", "*i64"}
     assert {
@@ -47,6 +48,7 @@ def test_covering_set():
     c = [v.constexprs for v in deq.variants]
     assert {x["HEAD_DIM"] for x in c} == {64, 128, 256, 512}
     assert {x["SCALE_PTR"] for x in c} == {True, False}
+    assert {x["ROTATE"] for x in c} == {True, False}
     assert {v.signature["out_k_ptr"] for v in deq.variants} == {"*fp16", "*bf16"}
     assert {v.signature["bt_ptr"] for v in deq.variants} == {"*i32", "*i64"}
     assert {

@@ -39,6 +39,9 @@ CORE = [
     ("attention_decode", "bf16-d128-prefetch", (80, 90)),
     # prefill's query_start_loc guard
     ("attention_qsl_guard", "bf16-d128-lse", (80, 90)),
+    # the fused Hadamard KV rotation (kv_rotation="hadamard"), on mma.sync and wgmma
+    ("attention_decode", "bf16-d128-rotate", (80, 90)),
+    ("attention_prefill", "bf16-d128-rotate", (80, 90)),
 ]
 
 _CHILD = r"""
@@ -100,8 +103,9 @@ def test_attention_is_an_aot_provider():
     assert {v.constexprs["FAST"] for v in decode} == set(DECODERS.values())
     for vs in (decode, variants["attention_prefill"]):
         assert {v.constexprs["FAST"] for v in vs} == set(DECODERS.values())
-    for flag in ("HAS_WINDOW", "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE", "VARLEN", "PAGE_POW2", "PREFETCH"):
+    for flag in ("HAS_WINDOW", "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE", "VARLEN", "PAGE_POW2", "PREFETCH", "ROTATE"):
         assert {v.constexprs[flag] for v in decode} == {True, False}, flag
+    assert {v.constexprs["ROTATE"] for v in variants["attention_prefill"]} == {True, False}
     for k, vs in variants.items():
         assert len({v.label for v in vs}) == len(vs), k
 

@@ -1,13 +1,17 @@
 """The Hadamard-rotated NVFP4 cache (nvfp4compat.kernels.rotation): math, wrappers, kernels.
 
-The reference codec runs the rotated writer/readers at any size; the Triton kernels run under
-``TRITON_INTERPRET=1`` on small shapes. The oracle is exact float32 attention on the real
-(unquantized) K/V: a rotated write + rotated read must match it within the NVFP4 error, and an
-unrotated read of a rotated cache must not.
+The reference codec runs the rotated writer/readers at any size (pre/post torch ops); the Triton
+kernels run under ``TRITON_INTERPRET=1`` on small shapes, with the rotation fused into them
+(``kv_rotation="hadamard"``) and, for comparison, with the pre/post ops around the same kernel
+(``rotated(..., fuse=False)``). The oracles: exact float32 attention on the real (unquantized) K/V
+(a rotated write + rotated read must match it within the NVFP4 error), and float32 attention on the
+dequantized rotated cache (the fused readers must match it within 1e-2 rel L2); an unrotated read of
+a rotated cache must be far off.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -15,7 +19,15 @@ import torch
 
 from nvfp4compat.kernels import reference as codec
 from nvfp4compat.kernels import reference_attention as ra
-from nvfp4compat.kernels.rotation import HEAD_DIMS, RotationError, hadamard, rotate, rotated
+from nvfp4compat.kernels.rotation import (
+    HEAD_DIMS,
+    RotationError,
+    fused_rotation,
+    fuses_rotation,
+    hadamard,
+    rotate,
+    rotated,
+)
 
 bf16 = torch.bfloat16
 
@@ -104,10 +116,10 @@ def _ref_reader(op):
     return read
 
 
-def _case(seq_lens, hq=4, hkv=2, head_dim=64, page_size=16, seed=0, layout="NHD"):
+def _case(seq_lens, hq=4, hkv=2, head_dim=64, page_size=16, seed=0, layout="NHD", dtype=bf16):
     """Real K/V (with outlier channels), a paged cache geometry and the exact decode/prefill oracle."""
     g = torch.Generator().manual_seed(seed)
-    case = ra.make_paged_cache(seq_lens, hkv, head_dim, page_size, layout=layout, dtype=bf16, generator=g)
+    case = ra.make_paged_cache(seq_lens, hkv, head_dim, page_size, layout=layout, dtype=dtype, generator=g)
     slots = []
     for b, n in enumerate(seq_lens):
         pos = torch.arange(n)
@@ -115,10 +127,10 @@ def _case(seq_lens, hq=4, hkv=2, head_dim=64, page_size=16, seed=0, layout="NHD"
     return case, torch.cat(slots), g
 
 
-def _write(case, slots, writer):
+def _write(case, slots, writer, **kwargs):
     writer(
         torch.cat(case.keys), torch.cat(case.values), slots, case.paged_kv_cache, case.kv_cache_sf,
-        case.k_scale, case.v_scale, case.kv_layout,
+        case.k_scale, case.v_scale, case.kv_layout, **kwargs,
     )
 
 
@@ -179,9 +191,9 @@ def test_rotated_cache_matches_exact_attention_reference_codec(head_dim):
     assert lse_err < 2 * float((plain_lse - exact_lse).abs().max()), "the LSE is not rotated"
 
 
-def _dequant(case, fn, extra=5):
+def _dequant(case, fn, extra=5, dtype=bf16, outputs=None):
     shape = (len(case.keys), max(k.shape[0] for k in case.keys) + extra, *case.keys[0].shape[1:])
-    out_k = torch.full(shape, float("nan"), dtype=bf16)
+    out_k = torch.full(shape, float("nan"), dtype=dtype)
     out_v = torch.full_like(out_k, float("nan"))
     fn(case.paged_kv_cache, case.kv_cache_sf, case.block_table, case.seq_lens, case.k_scale,
        case.v_scale, out_k, out_v, kv_layout=case.kv_layout)
@@ -189,6 +201,8 @@ def _dequant(case, fn, extra=5):
     v_err = ra.relative_l2(torch.cat([out_v[b, : v.shape[0]] for b, v in enumerate(case.values)]), torch.cat(case.values))
     for b, k in enumerate(case.keys):
         assert torch.isnan(out_k[b, k.shape[0]:]).all() and torch.isnan(out_v[b, k.shape[0]:]).all(), "unwritten rows untouched"
+    if outputs is not None:
+        outputs.extend([out_k, out_v])
     return k_err, v_err
 
 
@@ -218,21 +232,28 @@ def test_rotated_prefill_and_dequant_reference_codec():
 # ----------------------------------------------------------------------------- Triton kernels
 
 
-def test_rotated_triton_kernels_interpreter():
-    """Triton writer + decode + prefill + dequant, rotated, against the rotated reference codec."""
+def _triton_kernels():
     from nvfp4compat.kernels import get_kernel
 
     try:
-        kernels = {op: get_kernel(op, "triton") for op in ("write", "decode", "prefill", "dequant")}
+        return {op: get_kernel(op, "triton") for op in ("write", "decode", "prefill", "dequant")}
     except ImportError as exc:
         pytest.skip(f"triton implementation unavailable: {exc}")
+
+
+def test_rotated_triton_kernels_interpreter():
+    """Triton writer + decode + prefill + dequant, rotated (fused), against the rotated reference codec."""
+    kernels = _triton_kernels()
+    assert all(rotated(op, fn).kv_rotation_fused for op, fn in kernels.items()), "the Triton kernels fuse"
     seq_lens, hq, d = [5, 33], 4, 64
     case, slots, g = _case(seq_lens, hq=hq, head_dim=d, seed=5)
     _write(case, slots, rotated("write", codec.append_slot_mapping))
     ref_bytes = [t.clone() for t in case.paged_kv_cache]
     _write(case, slots, rotated("write", kernels["write"]))
     for a, b in zip(case.paged_kv_cache, ref_bytes, strict=True):
-        assert torch.equal(a, b), "the rotated Triton writer stores the rotated reference bytes"
+        # the fused butterflies and torch's matmul sum in another order: a float32 rounding apart,
+        # which can move a bf16 rounding (none does on this data)
+        assert torch.equal(a, b), "the fused rotated Triton writer stores the rotated reference bytes"
 
     query = torch.randn(len(seq_lens), hq, d, generator=g).to(bf16)
     qsl = ra.decode_query_start_loc(len(seq_lens), 1, "cpu")
@@ -251,3 +272,177 @@ def test_rotated_triton_kernels_interpreter():
     assert _dequant(case, rotated("dequant", kernels["dequant"])) == pytest.approx(
         _dequant(case, rotated("dequant", codec.dequantize_paged)), rel=1e-3
     )
+
+
+# ------------------------------------------------------------- fused rotation in the Triton kernels
+
+
+def test_fused_rotation_argument_checks():
+    assert fused_rotation("decode", None, 96) is False, "None is a plain cache, any head_dim"
+    assert fused_rotation("decode", "hadamard", 128) is True
+    with pytest.raises(RotationError, match=r"kv_rotation must be None .* \['hadamard'\], got 'givens'.*Way out"):
+        fused_rotation("write", "givens", 128)
+    with pytest.raises(RotationError, match="got True"):
+        fused_rotation("write", True, 128)
+    with pytest.raises(RotationError, match=r"prefill: .*head_dim in \[64, 128, 256, 512\].*got 96"):
+        fused_rotation("prefill", "hadamard", 96)
+
+
+def test_rotated_fuses_only_kernels_that_take_kv_rotation():
+    kernels = _triton_kernels()
+    for op, fn in kernels.items():
+        assert fuses_rotation(fn), op
+        w = rotated(op, fn)
+        assert w.kv_rotation == "hadamard" and w.kv_rotation_fused and w.__wrapped__ is fn
+        assert "kv_rotation" not in __import__("inspect").signature(w).parameters
+        pp = rotated(op, fn, fuse=False)
+        assert not pp.kv_rotation_fused and "kv_rotation" not in __import__("inspect").signature(pp).parameters
+        with pytest.raises(RotationError, match="already rotated"):
+            rotated(op, w)
+    for op, fn in (("write", codec.append_slot_mapping), ("dequant", codec.dequantize_paged),
+                   ("decode", _ref_reader("decode"))):
+        assert not fuses_rotation(fn) and not rotated(op, fn).kv_rotation_fused, op
+    for fuse in (True, False):  # a pre/post wrapper would rotate twice
+        w = rotated("decode", kernels["decode"], fuse=fuse)
+        with pytest.raises(RotationError, match="passes kv_rotation itself"):
+            w(torch.zeros(1, 4, 64, dtype=bf16), None, None, None, None, 1.0, 1.0, sm_scale=1.0,
+              kv_rotation="hadamard")
+
+
+def test_triton_entry_points_refuse_bad_rotations():
+    kernels = _triton_kernels()
+    seq_lens, hq, d = [5], 4, 64
+    case, slots, g = _case(seq_lens, hq=hq, head_dim=d, seed=2)
+    query = torch.randn(1, hq, d, generator=g).to(bf16)
+    with pytest.raises(RotationError, match=r"write: kv_rotation must be None .*'hadamard'"):
+        _write(case, slots, kernels["write"], kv_rotation="walsh")
+    with pytest.raises(RotationError, match=r"decode: kv_rotation must be None"):
+        _decode(case, functools.partial(kernels["decode"], kv_rotation="walsh"), query, 1)
+    with pytest.raises(RotationError, match=r"prefill: kv_rotation must be None"):
+        _prefill(case, functools.partial(kernels["prefill"], kv_rotation=["hadamard"]), query,
+                 torch.tensor([0, 1], dtype=torch.int32))
+    with pytest.raises(RotationError, match=r"dequant: kv_rotation must be None"):
+        _dequant(case, functools.partial(kernels["dequant"], kv_rotation="Hadamard"))
+    # the rotated readers stage the rotated query in `out`: an out aliasing the query is refused,
+    # on the validating path and on decode's cached one (first call with a separate out)
+    _write(case, slots, rotated("write", kernels["write"]))
+    dec = rotated("decode", kernels["decode"])
+    args = (case.paged_kv_cache, case.kv_cache_sf, case.block_table, case.seq_lens, case.k_scale, case.v_scale)
+    for _ in range(2):
+        q = query.clone()
+        dec(q, *args, sm_scale=0.125, out=torch.empty_like(q))
+        with pytest.raises(ValueError, match="out must not share memory with query"):
+            dec(q, *args, sm_scale=0.125, out=q)
+        torch.testing.assert_close(q, query, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="prefill: with kv_rotation, out must not share memory"):
+        rotated("prefill", kernels["prefill"])(
+            q, *args[:4], torch.tensor([0, 1], dtype=torch.int32), *args[4:], sm_scale=0.125, out=q
+        )
+
+
+def _bytes_close(a, b, what):
+    """Fused and pre/post writers round the rotated rows to the input dtype from float32 sums taken
+    in another order: at most a rare code differs."""
+    for x, y in zip(a, b, strict=True):
+        frac = (x.view(torch.uint8) != y.view(torch.uint8)).float().mean().item()
+        assert frac <= 2e-3, f"{what}: {frac:.4%} of the bytes differ"
+
+
+@pytest.mark.parametrize("head_dim,dtype,four", [(64, bf16, False), (128, torch.float16, True), (128, bf16, True)])
+def test_fused_writer_matches_prepost_writer(head_dim, dtype, four):
+    kernels = _triton_kernels()
+    seq_lens = [7, 20]
+    case, slots, _ = _case(seq_lens, hq=4, hkv=2, head_dim=head_dim, seed=11, dtype=dtype)
+    kw = {"nvfp4_4over6": four}
+    _write(case, slots, rotated("write", kernels["write"], fuse=False), **kw)
+    pp = [t.clone() for t in (*case.paged_kv_cache, *case.kv_cache_sf)]
+    pp_deq: list[torch.Tensor] = []
+    _dequant(case, rotated("dequant", codec.dequantize_paged), dtype=dtype, outputs=pp_deq)
+    _write(case, slots, rotated("write", kernels["write"]), **kw)
+    fused = [t.clone() for t in (*case.paged_kv_cache, *case.kv_cache_sf)]
+    _bytes_close(fused, pp, f"D={head_dim} {dtype} 4over6={four}")
+    fu_deq: list[torch.Tensor] = []
+    errs = _dequant(case, rotated("dequant", codec.dequantize_paged), dtype=dtype, outputs=fu_deq)
+    for a, b in zip(fu_deq, pp_deq, strict=True):
+        valid = ~torch.isnan(b)
+        assert ra.relative_l2(a[valid], b[valid]) < 2e-3, "the fused rotated cache decodes as the pre/post one"
+    # and it is a rotated cache: the real K/V within the NVFP4 error, un-rotated; far off without
+    plain = _dequant(case, codec.dequantize_paged, dtype=dtype)
+    assert max(errs) < 0.2 and plain[0] > 5 * errs[0], (errs, plain)
+    # the plain writer call with the same signature (the host path's cache) stays plain
+    _write(case, slots, kernels["write"], **kw)
+    assert _dequant(case, codec.dequantize_paged, dtype=dtype)[0] < 0.2
+
+
+DECODE_CASES = [
+    # head_dim, dtype, hq, hkv, q_len, seq_lens, forced programs per KV head (split into chunks)
+    pytest.param(64, bf16, 8, 2, 2, [70, 600], 4, id="d64-bf16-gqa4-q2-split"),
+    pytest.param(128, torch.float16, 4, 2, 1, [33, 300], 3, id="d128-fp16-gqa2-split"),
+]
+
+
+@pytest.mark.parametrize("head_dim,dtype,hq,hkv,q_len,seq_lens,splits", DECODE_CASES)
+def test_fused_decode_matches_prepost_and_reference(head_dim, dtype, hq, hkv, q_len, seq_lens, splits):
+    from nvfp4compat.kernels.triton.attention import override_configs
+
+    kernels = _triton_kernels()
+    case, slots, g = _case(seq_lens, hq=hq, hkv=hkv, head_dim=head_dim, seed=7, dtype=dtype)
+    _write(case, slots, rotated("write", kernels["write"]))
+    query = torch.randn(len(seq_lens) * q_len, hq, head_dim, generator=g).to(dtype)
+    ref, ref_lse = _decode(case, rotated("decode", _ref_reader("decode")), query, q_len)
+    with override_configs(num_splits=splits):  # several chunks per request: partials + merge
+        fused, fused_lse = _decode(case, rotated("decode", kernels["decode"]), query, q_len)
+        pp, pp_lse = _decode(case, rotated("decode", kernels["decode"], fuse=False), query, q_len)
+        again, _ = _decode(case, rotated("decode", kernels["decode"]), query, q_len)  # cached host path
+        plain, _ = _decode(case, kernels["decode"], query, q_len)  # same signature, no rotation
+    err_ref, err_pp = ra.relative_l2(fused, ref), ra.relative_l2(fused, pp)
+    print(f"decode fused: rel L2 vs reference {err_ref:.2e}, vs pre/post {err_pp:.2e}")
+    assert err_ref < 1e-2 and err_pp < 1e-2
+    assert torch.equal(again, fused)
+    torch.testing.assert_close(fused_lse, pp_lse, atol=1e-4, rtol=0)
+    torch.testing.assert_close(fused_lse, ref_lse, atol=1e-2, rtol=0)
+    assert ra.relative_l2(plain, ref) > 20 * err_ref, "an unrotated read of the rotated cache is far off"
+
+
+PREFILL_CASES = [
+    # q_lens: a decode-sized request (the decode kernel inside prefill) and a prefill one
+    pytest.param(64, bf16, 4, 2, [1, 19], [40, 19], id="d64-bf16-mixed"),
+    pytest.param(128, torch.float16, 2, 1, [12, 3], [12, 70], id="d128-fp16-mixed"),
+]
+
+
+@pytest.mark.parametrize("head_dim,dtype,hq,hkv,q_lens,seq_lens", PREFILL_CASES)
+def test_fused_prefill_matches_prepost_and_reference(head_dim, dtype, hq, hkv, q_lens, seq_lens):
+    kernels = _triton_kernels()
+    case, slots, g = _case(seq_lens, hq=hq, hkv=hkv, head_dim=head_dim, seed=9, dtype=dtype)
+    _write(case, slots, rotated("write", kernels["write"]))
+    query = torch.randn(sum(q_lens), hq, head_dim, generator=g).to(dtype)
+    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    ref, ref_lse = _prefill(case, rotated("prefill", _ref_reader("prefill")), query, qsl)
+    fused, fused_lse = _prefill(case, rotated("prefill", kernels["prefill"]), query, qsl)
+    pp, pp_lse = _prefill(case, rotated("prefill", kernels["prefill"], fuse=False), query, qsl)
+    plain, _ = _prefill(case, kernels["prefill"], query, qsl)
+    err_ref, err_pp = ra.relative_l2(fused, ref), ra.relative_l2(fused, pp)
+    print(f"prefill fused: rel L2 vs reference {err_ref:.2e}, vs pre/post {err_pp:.2e}")
+    assert err_ref < 1e-2 and err_pp < 1e-2
+    torch.testing.assert_close(fused_lse, pp_lse, atol=1e-4, rtol=0)
+    torch.testing.assert_close(fused_lse, ref_lse, atol=1e-2, rtol=0)
+    assert ra.relative_l2(plain, ref) > 20 * err_ref, "an unrotated read of the rotated cache is far off"
+
+
+@pytest.mark.parametrize("head_dim,dtype", [(64, torch.float16), (128, bf16)])
+def test_fused_dequant_matches_prepost_and_reference(head_dim, dtype):
+    kernels = _triton_kernels()
+    case, slots, _ = _case([9, 26], hq=4, hkv=2, head_dim=head_dim, seed=13, dtype=dtype, layout="HND")
+    _write(case, slots, rotated("write", kernels["write"]))
+    outs: dict[str, list[torch.Tensor]] = {k: [] for k in ("fused", "pp", "ref")}
+    errs = _dequant(case, rotated("dequant", kernels["dequant"]), dtype=dtype, outputs=outs["fused"])
+    _dequant(case, rotated("dequant", kernels["dequant"], fuse=False), dtype=dtype, outputs=outs["pp"])
+    _dequant(case, rotated("dequant", codec.dequantize_paged), dtype=dtype, outputs=outs["ref"])
+    for other in ("pp", "ref"):
+        for a, b in zip(outs["fused"], outs[other], strict=True):
+            valid = ~torch.isnan(b)
+            # one rounding (fused) against two (dequant, then rotate): a dtype ulp apart at most
+            assert ra.relative_l2(a[valid], b[valid]) < 5e-3, other
+    raw = _dequant(case, kernels["dequant"], dtype=dtype)
+    assert max(errs) < 0.2 and raw[0] > 5 * errs[0], (errs, raw)

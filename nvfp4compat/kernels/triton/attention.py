@@ -44,7 +44,9 @@ from nvfp4compat.kernels.checks import (
 )
 from nvfp4compat.kernels.errors import error_flag
 from nvfp4compat.kernels.layout import FP32_MAX, CacheViews, normalize_cache
+from nvfp4compat.kernels.rotation import fused_rotation
 from nvfp4compat.kernels.triton import attention_nvfp4 as fp4
+from nvfp4compat.kernels.triton.hadamard import rotate_planes, rotate_query
 
 __all__ = [
     "decode",
@@ -473,6 +475,45 @@ def _load_query(q_ptr, tok, head, row_ok, stride_qt, stride_qh, HEAD_DIM: tl.con
 
 
 @triton.jit
+def _rotated_query(
+    q_ptr, o_ptr, kvh, group, tok0, t_lim, stride_qt, stride_qh, stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """The query planes of rows ``m < BLOCK_M`` (token ``tok0 + m // group``, head
+    ``kvh * group + m % group``, present while ``m // group < t_lim``) times ``H``
+    (:func:`~nvfp4compat.kernels.triton.hadamard.rotate_query`), staged through the rows' output
+    memory: rotated 16 rows at a time, stored there, then loaded back as the plain query is.
+
+    Used straight from registers, the rotated query stayed in registers as an MMA operand through
+    the key loop (sm_90, triton 3.6.0, head_dim 128 decode: 255 registers against 152 unrotated;
+    staged: 158). The head_dim-128 prefill kernel is at 255 registers either way (ptxas reports
+    1,064 bytes of spill stores staged, 1,164 not, 436 unrotated; not timed yet). The output rows are
+    this program's or, for a request split into chunks, its chunks' (each stores the same values;
+    the merge kernel writes the output later), so nothing else reads them before they are
+    overwritten; the host refuses an ``out`` that shares memory with ``query``.
+    """
+    RB: tl.constexpr = 16 if BLOCK_M > 16 else BLOCK_M
+    offs = tl.arange(0, HEAD_DIM // 2)
+    for r0 in tl.static_range(0, BLOCK_M, RB):
+        m = r0 + tl.arange(0, RB)
+        t = m // group
+        ok = t < t_lim
+        tok = tok0 + t
+        head = kvh * group + m % group
+        q_lo, q_hi = _load_query(q_ptr, tok, head, ok, stride_qt, stride_qh, HEAD_DIM)
+        q_lo, q_hi = rotate_query(q_lo, q_hi, HEAD_DIM)
+        row = o_ptr + tok.to(tl.int64) * stride_ot + head.to(tl.int64) * stride_oh
+        tl.store(row[:, None] + 2 * offs[None, :], q_lo, mask=ok[:, None])
+        tl.store(row[:, None] + 2 * offs[None, :] + 1, q_hi, mask=ok[:, None])
+    tl.debug_barrier()  # the block's stores are visible to all its threads
+    m = tl.arange(0, BLOCK_M)
+    ok = m // group < t_lim
+    return _load_query(
+        o_ptr, tok0 + m // group, kvh * group + m % group, ok, stride_ot, stride_oh, HEAD_DIM
+    )
+
+
+@triton.jit
 def _finish(
     acc_lo, acc_hi, m_i, l_i, vs, head, row_ok, tok, o_ptr, lse_ptr, sinks_ptr,
     stride_ot, stride_oh, stride_lt,
@@ -601,7 +642,7 @@ def _decode_kernel(
     HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr, BATCH_BLOCK: tl.constexpr,
     K_SCALE_PTR: tl.constexpr, V_SCALE_PTR: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
     DATA_ALIGN: tl.constexpr, SF_ALIGN: tl.constexpr, PAGE_POW2: tl.constexpr,
-    num_pages, status_ptr, PREFETCH: tl.constexpr = False,
+    num_pages, status_ptr, PREFETCH: tl.constexpr = False, ROTATE: tl.constexpr = False,
 ):
     """Length-balanced split-KV decode: program (work chunk ``c``, kv head) over ``G * QMAX`` rows.
 
@@ -624,6 +665,10 @@ def _decode_kernel(
     the block-table row covers), page ids outside ``[0, num_pages)`` read nothing
     (:func:`_attend_tile`), and with ``VARLEN`` the ``qsl`` entries are clamped to ``[0, num_tokens]``
     and every program returns when :func:`_qsl_guard_kernel` found them decreasing (``status_ptr``).
+
+    ``ROTATE``: the cache holds ``K H``, ``V H`` (Hadamard): the query is rotated after its load
+    (staged through ``out``, :func:`_rotated_query`) and the output before it is normalized and
+    stored (partials too: the merge is linear), :mod:`~nvfp4compat.kernels.triton.hadamard`.
     """
     # One flat grid, KV heads fastest: neighbouring programs read the same pages (every KV head of a
     # token is in one page row), and every head's chunks are scheduled before the programs past the
@@ -675,7 +720,13 @@ def _decode_kernel(
     row_ok = t < q_len
     tok = q_start + t
     qpos = seq_len - q_len + t
-    q_lo, q_hi = _load_query(q_ptr, tok, head, row_ok, stride_qt, stride_qh, HEAD_DIM)
+    if ROTATE:  # Q H, rounded to the query's dtype as the unfused path rounds it
+        q_lo, q_hi = _rotated_query(
+            q_ptr, o_ptr, kvh, group, q_start, q_len, stride_qt, stride_qh, stride_ot, stride_oh,
+            HEAD_DIM, BLOCK_M,
+        )
+    else:
+        q_lo, q_hi = _load_query(q_ptr, tok, head, row_ok, stride_qt, stride_qh, HEAD_DIM)
     qk_scale2, softcap_pre, softcap_post, vs = _scales(
         k_scale, v_scale, sm_scale_log2, softcap, q_ptr, K_SCALE_PTR, V_SCALE_PTR, FAST
     )
@@ -719,6 +770,8 @@ def _decode_kernel(
         HEAD_DIM, BLOCK_N, CAUSAL, HAS_WINDOW and (QMAX > 1), HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_ALIGN >= 4,
         PREFETCH,
     )
+    if ROTATE:  # (P V H) H = P V: un-rotated before the (linear) normalization and merge
+        acc_lo, acc_hi = rotate_planes(acc_lo, acc_hi, HEAD_DIM)
 
     if n_chunks == 1:
         _finish(
@@ -896,7 +949,7 @@ def _prefill_kernel(
     HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
     K_SCALE_PTR: tl.constexpr, V_SCALE_PTR: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
     DATA_ALIGN: tl.constexpr, SF_ALIGN: tl.constexpr, PAGE_POW2: tl.constexpr,
-    num_pages, max_kv, num_tokens, status_ptr,
+    num_pages, max_kv, num_tokens, status_ptr, ROTATE: tl.constexpr = False,
 ):
     """Varlen prefill: program (query tile, kv head); tile = ``block_q`` tokens x ``group`` heads.
 
@@ -905,6 +958,7 @@ def _prefill_kernel(
     are left to the decode kernel. Metadata is clamped as in :func:`_decode_kernel`: ``qsl`` entries
     to ``[0, num_tokens]`` (nothing runs when :func:`_qsl_guard_kernel` found them decreasing),
     ``seq_lens`` to ``[0, max_kv]``, page ids outside ``[0, num_pages)`` read nothing.
+    ``ROTATE``: a Hadamard-rotated cache, as in :func:`_decode_kernel`.
     """
     if tl.load(status_ptr) != 0:  # decreasing qsl: the guard kernel zeroed every row
         return
@@ -932,7 +986,13 @@ def _prefill_kernel(
     row_ok = (t < block_q) & (q0 + t < q_len)
     tok = q_start + q0 + t
     qpos = seq_len - q_len + q0 + t
-    q_lo, q_hi = _load_query(q_ptr, tok, head, row_ok, stride_qt, stride_qh, HEAD_DIM)
+    if ROTATE:
+        q_lo, q_hi = _rotated_query(
+            q_ptr, o_ptr, kvh, group, q_start + q0, tl.minimum(block_q, q_len - q0),
+            stride_qt, stride_qh, stride_ot, stride_oh, HEAD_DIM, BLOCK_M,
+        )
+    else:
+        q_lo, q_hi = _load_query(q_ptr, tok, head, row_ok, stride_qt, stride_qh, HEAD_DIM)
     qk_scale2, softcap_pre, softcap_post, vs = _scales(
         k_scale, v_scale, sm_scale_log2, softcap, q_ptr, K_SCALE_PTR, V_SCALE_PTR, FAST
     )
@@ -970,6 +1030,8 @@ def _prefill_kernel(
         stride_ksp * SF_ALIGN, stride_kst * SF_ALIGN, stride_vsp * SF_ALIGN, stride_vst * SF_ALIGN,
         HEAD_DIM, BLOCK_N, CAUSAL, HAS_WINDOW, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_ALIGN >= 4,
     )
+    if ROTATE:
+        acc_lo, acc_hi = rotate_planes(acc_lo, acc_hi, HEAD_DIM)
     _finish(
         acc_lo, acc_hi, m_i, l_i, vs, head, row_ok, tok, o_ptr, lse_ptr, sinks_ptr,
         stride_ot, stride_oh, stride_lt, HEAD_DIM, HAS_SINKS, RETURN_LSE,
@@ -1469,10 +1531,12 @@ class _DecodeLaunch:
     data_align: int
     sf_align: int
     num_pages: int  # page ids outside [0, num_pages) read nothing
+    rotate: bool = False  # a Hadamard-rotated cache (kv_rotation="hadamard"): the ROTATE constexpr
 
 
 def _decode_launch(
-    a: _Args, query: torch.Tensor, block_table: torch.Tensor, qmax: int, cl: _CacheLaunch
+    a: _Args, query: torch.Tensor, block_table: torch.Tensor, qmax: int, cl: _CacheLaunch,
+    rotate: bool = False,
 ) -> _DecodeLaunch:
     views = a.views
     device = views.device
@@ -1494,7 +1558,7 @@ def _decode_launch(
         sm_scale_log2=a.sm_scale_log2, softcap=a.softcap, window=a.window,
         has_sinks=a.sinks is not None, return_lse=a.lse is not None,
         strides=tuple(cl.strides), data_align=cl.data_align, sf_align=cl.sf_align,
-        num_pages=views.num_pages,
+        num_pages=views.num_pages, rotate=rotate,
     )  # fmt: skip
 
 
@@ -1507,12 +1571,13 @@ def _launch_decode_path(
     qmax: int,
     causal: bool,
     status: torch.Tensor | None = None,
+    rotate: bool = False,
 ) -> _DecodeLaunch:
     """Launch the split-KV decode kernel (+ merge) for ``batch`` requests of at most ``qmax`` rows;
     returns what the launch derived (``decode()`` caches it). ``status``: the guard kernel's word
-    (with ``qsl``)."""
+    (with ``qsl``); ``rotate``: a Hadamard-rotated cache."""
     cl = _cache_launch(a.views)
-    d = _decode_launch(a, query, block_table, qmax, cl)
+    d = _decode_launch(a, query, block_table, qmax, cl, rotate)
     _run_decode(
         d, query, a.out, a.lse, cl.tensors, block_table, seq_lens, qsl, a.sinks, a.k_scale,
         a.v_scale, causal, status,
@@ -1578,7 +1643,7 @@ def _run_decode(
         HAS_SOFTCAP=d.softcap > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse,
         BATCH_BLOCK=d.batch_block, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr, FAST=d.fast,
         DOT_FP32=d.dot_fp32, DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
-        num_pages=d.num_pages, status_ptr=status_arg, PREFETCH=d.cfg.prefetch,
+        num_pages=d.num_pages, status_ptr=status_arg, PREFETCH=d.cfg.prefetch, ROTATE=d.rotate,
         num_warps=d.cfg.num_warps, num_stages=d.cfg.num_stages, maxnreg=d.cfg.maxnreg,
     )  # fmt: skip
     _decode_reduce_kernel[(batch * qmax, triton.cdiv(d.num_qo_heads, d.merge_block_h))](
@@ -1638,6 +1703,21 @@ def _float_scales_fit(k_scale: object, v_scale: object, sm_scale_log2: float) ->
     )
 
 
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors are views of one storage (the rotated readers stage the rotated query in
+    ``out``: ``out`` must not alias ``query``)."""
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _check_rotation_out(name: str, query: torch.Tensor, out: torch.Tensor | None) -> None:
+    if out is not None and _shares_memory(out, query):
+        raise ValueError(
+            f"{name}: with kv_rotation, out must not share memory with query (the kernel stages the "
+            "rotated query in out's rows, which other programs of the call may still read as the "
+            "query); pass a separate out buffer, or out=None"
+        )
+
+
 def _result(a: _Args) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     if a.lse is not None:
         return a.out, a.lse
@@ -1661,11 +1741,18 @@ def decode(
     sinks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    kv_rotation: str | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The ``decode`` op (:class:`~nvfp4compat.kernels.contract.DecodeArgs`): split-KV flash-decoding
     with the E2M1 decode fused. Runs on any CUDA GPU Triton supports (SM80+; no FP8/FP4 hardware
     instruction is used) and under ``TRITON_INTERPRET=1`` on the CPU. ``q_len_per_req`` up to 64;
     ``seq_lens`` are clamped on the device; a device-tensor scale is read on the device.
+
+    ``kv_rotation="hadamard"``: the cache holds ``K H`` and ``V H`` (written with the same option,
+    :mod:`nvfp4compat.kernels.rotation`); the kernel attends with ``Q H`` and returns the output
+    times ``H``, both fused (no extra launch or allocation; the rotated query is staged in ``out``'s
+    rows, so ``out`` must not share memory with ``query``); the LSE is unchanged. ``None``: a plain
+    cache.
     """
     debug = metadata_checks_on()
     kc, sc = _cache_pair(paged_kv_cache), _cache_pair(kv_cache_sf)
@@ -1679,12 +1766,15 @@ def decode(
                 # with their types: True == 1 and 1 == 1.0 hash alike, and bools are refused
                 type(sm_scale), sm_scale, kv_layout, type(q_len_per_req), q_len_per_req,
                 type(sliding_window), sliding_window, type(logits_soft_cap), logits_soft_cap,
-                _opt_meta(sinks), _opt_meta(out), bool(return_lse), _knobs(),
+                _opt_meta(sinks), _opt_meta(out), bool(return_lse), type(kv_rotation), kv_rotation,
+                _knobs(),
             )  # fmt: skip
             try:
                 d = _decode_cache.get(key)
             except TypeError:  # an unhashable argument: the validating path reports it
                 key = d = None
+            if d is not None and d.rotate and out is not None and _shares_memory(out, query):
+                d = None  # the validating path refuses it
             if d is not None and _float_scales_fit(k_scale, v_scale, d.sm_scale_log2):
                 # validated before: same metadata, other tensors
                 o = torch.empty_like(query, memory_format=torch.contiguous_format) if out is None else out
@@ -1709,6 +1799,9 @@ def decode(
         "decode", query, views, block_table, seq_lens, k_scale, v_scale, sm_scale, sliding_window,
         logits_soft_cap, sinks, out, return_lse,
     )
+    rotate = fused_rotation("decode", kv_rotation, views.head_dim)
+    if rotate:
+        _check_rotation_out("decode", query, out)
     batch = block_table.shape[0]
     if query.shape[0] != batch * q_len_per_req:
         raise ValueError(
@@ -1722,7 +1815,7 @@ def decode(
             "decode", num_pages=views.num_pages, page_size=views.page_size, block_table=block_table,
             seq_lens=seq_lens, min_seq_len=q_len_per_req,
         )  # fmt: skip
-    d = _launch_decode_path(a, query, block_table, seq_lens, None, q_len_per_req, True)
+    d = _launch_decode_path(a, query, block_table, seq_lens, None, q_len_per_req, True, rotate=rotate)
     if key is not None and not any(
         isinstance(sc, torch.Tensor) and sc.device != views.device for sc in (k_scale, v_scale)
     ):  # (a host tensor scale is read on the host every call: never cached)
@@ -1750,18 +1843,23 @@ def prefill(
     sinks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    kv_rotation: str | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The ``prefill`` op (:class:`~nvfp4compat.kernels.contract.PrefillArgs`). Requests with at most
     ``16 // (num_qo_heads // num_kv_heads)`` queries (decode rows) run through the split-KV decode
     kernel in the same call. ``query_start_loc`` is checked on the device without a sync: bad
     entries, and ``seq_lens`` past their rows, set the device error flag that
-    :func:`nvfp4compat.kernels.errors.check_errors` reports.
+    :func:`nvfp4compat.kernels.errors.check_errors` reports. ``kv_rotation``: as in :func:`decode`
+    (both kernels rotate, fused).
     """
     views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
     a = _check_common(
         "prefill", query, views, block_table, seq_lens, k_scale, v_scale, sm_scale, sliding_window,
         logits_soft_cap, sinks, out, return_lse,
     )
+    rotate = fused_rotation("prefill", kv_rotation, views.head_dim)
+    if rotate:
+        _check_rotation_out("prefill", query, out)
     batch = block_table.shape[0]
     qsl = check_query_start_loc("prefill", query_start_loc, batch, views.device)
     num_tokens = query.shape[0]
@@ -1812,10 +1910,10 @@ def prefill(
             DOT_FP32=interpreting() and query.dtype == torch.bfloat16,
             DATA_ALIGN=cl.data_align, SF_ALIGN=cl.sf_align, PAGE_POW2=_page_shift(views.page_size) >= 0,
             num_pages=views.num_pages, max_kv=max_kv, num_tokens=num_tokens, status_ptr=status,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            ROTATE=rotate, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     if not only_prefill:
-        _launch_decode_path(a, query, block_table, seq_lens, qsl, qmax, bool(causal), status)
+        _launch_decode_path(a, query, block_table, seq_lens, qsl, qmax, bool(causal), status, rotate)
     return _result(a)
 
 
@@ -1853,7 +1951,8 @@ def _decode_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
                  "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE", "BATCH_BLOCK", "K_SCALE_PTR", "V_SCALE_PTR",
                  "FAST", "DOT_FP32", "DATA_ALIGN", "SF_ALIGN", "PAGE_POW2"):
         sig[name] = "constexpr"
-    sig.update({"num_pages": "i32", "status_ptr": "*i32", "PREFETCH": "constexpr"})  # (num_tokens, max_pages are above)
+    sig.update({"num_pages": "i32", "status_ptr": "*i32", "PREFETCH": "constexpr",
+                "ROTATE": "constexpr"})  # (num_tokens, max_pages are above)
     return sig
 
 
@@ -1873,6 +1972,7 @@ def _prefill_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
                  "RETURN_LSE", "K_SCALE_PTR", "V_SCALE_PTR", "FAST", "DOT_FP32", "DATA_ALIGN", "SF_ALIGN", "PAGE_POW2"):
         sig[name] = "constexpr"
     sig.update(_guard_sig())
+    sig["ROTATE"] = "constexpr"
     return sig
 
 
@@ -1912,7 +2012,8 @@ def aot_variants() -> dict[str, list[Any]]:
                              "BLOCK_N": cfg.block_n, "QMAX": qmax, "VARLEN": varlen, "CAUSAL": qmax > 1,
                              "BATCH_BLOCK": batch_block, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr, "FAST": DECODERS[decoder],
                              "DOT_FP32": False, "DATA_ALIGN": 8 if combined else 16,
-                             "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2, "PREFETCH": cfg.prefetch}
+                             "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2, "PREFETCH": cfg.prefetch,
+                             "ROTATE": False}
         c.update(_FEATURES_OFF)
         c.update(features)
         sig = _decode_signature(dtype, ptr, ptr)
@@ -1924,7 +2025,7 @@ def aot_variants() -> dict[str, list[Any]]:
         c: dict[str, Any] = {"HEAD_DIM": hd, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                              "CAUSAL": causal, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr, "FAST": DECODERS[decoder],
                              "DOT_FP32": False, "DATA_ALIGN": 8 if combined else 16,
-                             "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2}
+                             "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2, "ROTATE": False}
         c.update(_FEATURES_OFF)
         c.update(features)
         sig = _prefill_signature(dtype, ptr, ptr)
@@ -1951,6 +2052,15 @@ def aot_variants() -> dict[str, list[Any]]:
     # the opt-in register double-buffered loop (DecodeConfig.prefetch), as benchmarks/bench_attention.py sweeps it
     add_decode("bf16-d128-prefetch", "bf16", 128, config=PREFETCH_DECODE_CONFIG)
     add_decode("fp16-d64-q4-prefetch-all", "fp16", 64, qmax=4, config=PREFETCH_DECODE_CONFIG, **_FEATURES_ON)
+    # the fused Hadamard rotation (kv_rotation="hadamard"): the default build, GQA 8 x q_len 8 with
+    # the split merge and every feature, and fp16 at the smallest and largest head_dim
+    add_decode("bf16-d128-rotate", "bf16", 128, ROTATE=True)
+    add_decode("bf16-d128-q8-g8-rotate-all", "bf16", 128, qmax=8, group=8, ROTATE=True, **_FEATURES_ON)
+    add_decode("fp16-d64-rotate", "fp16", 64, ROTATE=True)
+    add_decode("fp16-d512-rotate", "fp16", 512, ROTATE=True)
+    add_prefill("bf16-d128-rotate", "bf16", 128, ROTATE=True)
+    add_prefill("fp16-d64-rotate-all", "fp16", 64, ROTATE=True, **_FEATURES_ON)
+    add_prefill("bf16-d512-rotate", "bf16", 512, ROTATE=True)
     for feat in ("HAS_WINDOW", "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE"):
         on: dict[str, Any] = {feat: True}
         add_prefill(f"bf16-d128-{feat.lower()}", "bf16", 128, **on)

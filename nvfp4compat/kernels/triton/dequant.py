@@ -30,7 +30,8 @@ from nvfp4compat.kernels.checks import (
     resolve_scale,
 )
 from nvfp4compat.kernels.layout import normalize_cache
-from nvfp4compat.kernels.triton import nvfp4
+from nvfp4compat.kernels.rotation import fused_rotation
+from nvfp4compat.kernels.triton import hadamard, nvfp4
 
 __all__ = [
     "DequantConfig",
@@ -59,6 +60,7 @@ def _dequant_side(
     data_ptr, d_sp, d_st, d_sh, sf_ptr, f_sp, f_st, f_sh, scale_ptr, scale_val, out_ptr,
     out_base, r, head, page, offset, blk, valid,
     HEAD_DIM: tl.constexpr, BLOCKS: tl.constexpr, SCALE_PTR: tl.constexpr, SOFT_BF16: tl.constexpr,
+    ROTATE: tl.constexpr,
 ):  # fmt: skip
     if SCALE_PTR:
         gs = tl.load(scale_ptr)
@@ -81,6 +83,9 @@ def _dequant_side(
     sf = tl.where(is_nan, nan, nvfp4.e4m3_decode(sfb))
     codes = tl.reshape(tl.join(packed & 15, packed >> 4), (BLOCKS, 16))
     vals = nvfp4.e2m1_decode(codes) * sf[:, None] * gs
+    if ROTATE:  # the cache holds rows x H: un-rotate each (token, head) row, (x H) H = x
+        ROWS: tl.constexpr = BLOCKS // (HEAD_DIM // 16)
+        vals = tl.reshape(hadamard.fwht_rows(tl.reshape(vals, (ROWS, HEAD_DIM)), HEAD_DIM), (BLOCKS, 16))
     dst = out_base + r.to(tl.int64) * HEAD_DIM + blk * 16
     if SOFT_BF16:
         out = _bf16_rne(vals)
@@ -97,9 +102,11 @@ def _dequant_kernel(
     kd_sp, kd_st, kd_sh, vd_sp, vd_st, vd_sh,
     ks_sp, ks_st, ks_sh, vs_sp, vs_st, vs_sh,
     HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SCALE_PTR: tl.constexpr, SOFT_BF16: tl.constexpr,
+    ROTATE: tl.constexpr = False,
 ):  # fmt: skip
     """Program ``(p, side)``: request ``p // tiles_per_req``, rows ``[tile*ROWS, (tile+1)*ROWS)`` of its
-    ``max_seq_len * heads`` (token-major) rows; side 0 = K, 1 = V."""
+    ``max_seq_len * heads`` (token-major) rows; side 0 = K, 1 = V. ``ROTATE``: a Hadamard-rotated
+    cache, each decoded row is multiplied by ``H`` (exact float32 butterflies) before it is rounded."""
     NB: tl.constexpr = HEAD_DIM // 16
     BLOCKS: tl.constexpr = ROWS * NB
     pid = tl.program_id(0)
@@ -123,11 +130,13 @@ def _dequant_kernel(
         _dequant_side(
             k_data_ptr, kd_sp, kd_st, kd_sh, k_sf_ptr, ks_sp, ks_st, ks_sh, k_scale_ptr, k_scale_val,
             out_k_ptr, out_base, r, head, page32, offset, blk, valid, HEAD_DIM, BLOCKS, SCALE_PTR, SOFT_BF16,
+            ROTATE,
         )  # fmt: skip
     else:
         _dequant_side(
             v_data_ptr, vd_sp, vd_st, vd_sh, v_sf_ptr, vs_sp, vs_st, vs_sh, v_scale_ptr, v_scale_val,
             out_v_ptr, out_base, r, head, page32, offset, blk, valid, HEAD_DIM, BLOCKS, SCALE_PTR, SOFT_BF16,
+            ROTATE,
         )  # fmt: skip
 
 
@@ -188,14 +197,19 @@ def dequantize_paged(
     kv_layout: str = "NHD",
     *,
     config: DequantConfig | None = None,
+    kv_rotation: str | None = None,
 ) -> None:
     """The ``dequant`` op (:class:`~nvfp4compat.kernels.contract.DequantArgs`) with the Triton kernel.
 
     No host sync; a device-tensor scale is read on the device and not checked. ``config`` picks the
     tile configuration (tests and benchmarks); None means :func:`pick_config`.
+    ``kv_rotation="hadamard"``: the cache holds ``K H`` and ``V H``; each decoded row is multiplied
+    by ``H`` in the kernel (float32, before the rounding to the output dtype), so the outputs are
+    the real K and V. ``None``: a plain cache.
     """
     views = normalize_cache(paged_kv_cache, kv_cache_sf, kv_layout)
     check_dequant_inputs(views, block_table, seq_lens, output_k, output_v)
+    rotate = fused_rotation("dequant", kv_rotation, views.head_dim)
     if metadata_checks_on():
         check_metadata_values(
             "dequant", num_pages=views.num_pages, page_size=views.page_size, block_table=block_table,
@@ -239,7 +253,7 @@ def dequantize_paged(
         max_seq_len, heads, views.page_size, views.num_pages, block_table.stride(0), tiles,
         *views.strides(kd), *views.strides(vd), *views.strides(kf), *views.strides(vf),
         HEAD_DIM=head_dim, ROWS=rows, SCALE_PTR=scale_ptr,
-        SOFT_BF16=interpreting() and output_k.dtype == torch.bfloat16,
+        SOFT_BF16=interpreting() and output_k.dtype == torch.bfloat16, ROTATE=rotate,
         num_warps=config.num_warps,
     )  # fmt: skip
 
@@ -259,7 +273,7 @@ def aot_kernels() -> list:
         "vs_sp", "vs_st", "vs_sh",
     ):  # fmt: skip
         sig[name] = "i32"
-    for name in ("HEAD_DIM", "ROWS", "SCALE_PTR", "SOFT_BF16"):
+    for name in ("HEAD_DIM", "ROWS", "SCALE_PTR", "SOFT_BF16", "ROTATE"):
         sig[name] = "constexpr"
     variants = []
     # The tile configs with a dense tuple cache's JIT-time alignment (what a GPU launch builds); the
@@ -270,18 +284,21 @@ def aot_kernels() -> list:
         + ["bt_stride", "kd_sp", "kd_st", "kd_sh", "vd_sp", "vd_st", "vd_sh"],
     )
     for cfg in CONFIGS:
-        c = {"HEAD_DIM": 128, "ROWS": cfg.rows(128), "SCALE_PTR": True, "SOFT_BF16": False}
+        c = {"HEAD_DIM": 128, "ROWS": cfg.rows(128), "SCALE_PTR": True, "SOFT_BF16": False, "ROTATE": False}
         variants.append(
             AotVariant(f"{cfg.name}-d128-bf16-i32-ptr", dict(sig), c, cfg.num_warps, attrs=dense)
         )
-    for hd, dt, it, ptr in (
-        (64, "*fp16", "*i64", False),
-        (256, "*bf16", "*i64", True),
-        (512, "*fp16", "*i32", True),
+    # ... and the fused Hadamard un-rotation (kv_rotation) on the small and the large tile
+    for hd, dt, it, ptr, rot, tile in (
+        (64, "*fp16", "*i64", False, False, None),
+        (256, "*bf16", "*i64", True, False, None),
+        (512, "*fp16", "*i32", True, False, None),
+        (128, "*bf16", "*i32", True, True, CONFIG_BY_NAME["b64w2"]),
+        (64, "*fp16", "*i64", False, True, None),
     ):
-        cfg = pick_config(1 << 22, hd)
+        cfg = tile or pick_config(1 << 22, hd)
         s = dict(sig, out_k_ptr=dt, out_v_ptr=dt, bt_ptr=it)
-        c = {"HEAD_DIM": hd, "ROWS": cfg.rows(hd), "SCALE_PTR": ptr, "SOFT_BF16": False}
-        label = f"{cfg.name}-d{hd}-{dt[1:]}-{it[1:]}-{'ptr' if ptr else 'val'}"
+        c = {"HEAD_DIM": hd, "ROWS": cfg.rows(hd), "SCALE_PTR": ptr, "SOFT_BF16": False, "ROTATE": rot}
+        label = f"{cfg.name}-d{hd}-{dt[1:]}-{it[1:]}-{'ptr' if ptr else 'val'}{'-rotate' if rot else ''}"
         variants.append(AotVariant(label, s, c, cfg.num_warps))
     return [AotKernel("dequantize_paged", _dequant_kernel, variants)]

@@ -55,7 +55,8 @@ from nvfp4compat.kernels.checks import (
 )
 from nvfp4compat.kernels.errors import SCALE_BITS, KernelInputError, error_flag, read_errors
 from nvfp4compat.kernels.layout import normalize_cache, split_combined_page
-from nvfp4compat.kernels.triton import nvfp4
+from nvfp4compat.kernels.rotation import fused_rotation
+from nvfp4compat.kernels.triton import hadamard, nvfp4
 
 __all__ = [
     "WriteConfig",
@@ -122,8 +123,14 @@ def _quantize_store(
     data_ptr, d_sp: tl.constexpr, d_st: tl.constexpr, d_sh: tl.constexpr,
     sf_ptr, f_sp: tl.constexpr, f_st: tl.constexpr, f_sh: tl.constexpr,
     ROWS: tl.constexpr, NB: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, FAST_MATH: tl.constexpr, FP8_CVT: tl.constexpr,
+    ROTATE: tl.constexpr = False,
 ):  # fmt: skip
-    """Quantize one loaded tile (``x`` as stored, ``slot`` per block) and store codes and scales."""
+    """Quantize one loaded tile (``x`` as stored, ``slot`` per block) and store codes and scales.
+
+    ``ROTATE``: each (token, head) row is multiplied by the normalized Hadamard matrix first (exact
+    float32 butterflies, :func:`~nvfp4compat.kernels.triton.hadamard.fwht_rows`) and rounded to the
+    source dtype, as the unfused ``rotate(key)`` before the writer does.
+    """
     BLOCKS: tl.constexpr = ROWS * NB
     token, head, blk, in_range = _tile_rows(tile, NUM_HEADS, n_rows, ROWS, NB)
     valid = in_range & (slot >= 0) & (slot < num_slots)
@@ -134,7 +141,11 @@ def _quantize_store(
     # fast math without 4over6: no explicit flush; the scale division and the scaling multiply are
     # .ftz (subnormal inputs count as zero there, as FlashInfer's -use_fast_math build has it)
     LEAN: tl.constexpr = FAST_MATH and not FOUR_OVER_SIX
+    SRC: tl.constexpr = x.dtype
     x = x.to(tl.float32)
+    if ROTATE:
+        rows = hadamard.fwht_rows(tl.reshape(x, (ROWS, NB * 16)), NB * 16)
+        x = tl.reshape(hadamard.round_to(rows, SRC), (BLOCKS, 16))
     if not LEAN:
         x = nvfp4.flush_denormal(x)
     absx = tl.abs(x)
@@ -194,7 +205,7 @@ def _side(
     scale_ptr, scale_val, err_ptr, err_bit,
     slot_ptr, n_rows, NUM_HEADS: tl.constexpr, PAGE_SIZE: tl.constexpr, num_slots,
     HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SCALE_PTR: tl.constexpr,
-    FOUR_OVER_SIX: tl.constexpr, FAST_MATH: tl.constexpr, FP8_CVT: tl.constexpr,
+    FOUR_OVER_SIX: tl.constexpr, FAST_MATH: tl.constexpr, FP8_CVT: tl.constexpr, ROTATE: tl.constexpr,
 ):  # fmt: skip
     """One side (K or V): tiles ``pid, pid + nprog, ...``, each tile's loads issued one tile ahead."""
     NB: tl.constexpr = HEAD_DIM // 16
@@ -219,7 +230,7 @@ def _side(
         _quantize_store(
             x, slot, gs, gs_bad, tile, NUM_HEADS, n_rows, PAGE_SIZE, num_slots,
             data_ptr, d_sp, d_st, d_sh, sf_ptr, f_sp, f_st, f_sh,
-            ROWS, NB, FOUR_OVER_SIX, FAST_MATH, FP8_CVT,
+            ROWS, NB, FOUR_OVER_SIX, FAST_MATH, FP8_CVT, ROTATE,
         )  # fmt: skip
         slot = slot_next
         x = x_next
@@ -238,20 +249,21 @@ def _write_kernel(
     VS_SP: tl.constexpr, VS_ST: tl.constexpr, VS_SH: tl.constexpr,
     HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SCALE_PTR: tl.constexpr,
     FOUR_OVER_SIX: tl.constexpr, FAST_MATH: tl.constexpr, FP8_CVT: tl.constexpr,
+    ROTATE: tl.constexpr = False,
 ):  # fmt: skip
     """Program ``(p, side)`` of ``(nprog, 2)``: tiles ``p, p + nprog, ...`` of ``ROWS`` rows of
-    ``nnz*heads`` (token-major); side 0 = K, 1 = V."""
+    ``nnz*heads`` (token-major); side 0 = K, 1 = V. ``ROTATE``: Hadamard-rotate the rows first."""
     if tl.program_id(1) == 0:
         _side(
             key_ptr, key_sn, key_sh, k_data_ptr, KD_SP, KD_ST, KD_SH, k_sf_ptr, KS_SP, KS_ST, KS_SH,
             k_scale_ptr, k_scale_val, err_ptr, 1, slot_ptr, n_rows, NUM_HEADS, PAGE_SIZE, num_slots,
-            HEAD_DIM, ROWS, SCALE_PTR, FOUR_OVER_SIX, FAST_MATH, FP8_CVT,
+            HEAD_DIM, ROWS, SCALE_PTR, FOUR_OVER_SIX, FAST_MATH, FP8_CVT, ROTATE,
         )  # fmt: skip
     else:
         _side(
             value_ptr, value_sn, value_sh, v_data_ptr, VD_SP, VD_ST, VD_SH, v_sf_ptr, VS_SP, VS_ST, VS_SH,
             v_scale_ptr, v_scale_val, err_ptr, 2, slot_ptr, n_rows, NUM_HEADS, PAGE_SIZE, num_slots,
-            HEAD_DIM, ROWS, SCALE_PTR, FOUR_OVER_SIX, FAST_MATH, FP8_CVT,
+            HEAD_DIM, ROWS, SCALE_PTR, FOUR_OVER_SIX, FAST_MATH, FP8_CVT, ROTATE,
         )  # fmt: skip
 
 
@@ -481,12 +493,14 @@ def _pair_key(arg) -> tuple | None:
 
 
 def _fast_key(
-    key, value, slot_mapping, cache, sf, k_scale, v_scale, kv_layout, four
+    key, value, slot_mapping, cache, sf, k_scale, v_scale, kv_layout, four, rotation=None
 ) -> tuple | None:
     """A flat signature of every argument property the launch depends on, built with plain attribute
     reads (row counts excluded), or None for argument forms the fast path does not take."""
     if type(key) is not torch.Tensor or type(value) is not torch.Tensor:
         return None
+    if rotation is not None and type(rotation) is not str:
+        return None  # the validating path rejects it
     if type(slot_mapping) is not torch.Tensor:
         return None
     ksh, vsh = key.shape, value.shape
@@ -503,7 +517,7 @@ def _fast_key(
         key.dtype, ksh[1], ksh[2], key.stride(), key.device,
         value.dtype, vsh[1], vsh[2], value.stride(), value.device,
         slot_mapping.dtype, slot_mapping.dim(), slot_mapping.stride(), slot_mapping.device,
-        tc, ck, tf, fk, sk, sv, kv_layout, four, interpreting(),
+        tc, ck, tf, fk, sk, sv, kv_layout, four, type(rotation), rotation, interpreting(),
     )  # fmt: skip
 
 
@@ -518,12 +532,14 @@ def _check_flag(nvfp4_4over6: object) -> None:
 def _write_checked(
     key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout: str,
     nvfp4_4over6: bool, fast_math: bool | None, config: WriteConfig | None,
+    kv_rotation: str | None = None,
 ) -> None:  # fmt: skip
     """:func:`append_slot_mapping`'s validating path: every argument checked, then the launch."""
     _check_flag(nvfp4_4over6)
     plan = _plan_for(
         key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout
     )
+    rotate = fused_rotation("write", kv_rotation, plan.head_dim)
     device = plan.device
     nnz = slot_mapping.shape[0]
     if key.shape[0] < nnz or value.shape[0] < nnz:
@@ -553,14 +569,14 @@ def _write_checked(
     _launch(
         plan, key, value, slot_mapping, paged_kv_cache, kv_cache_sf, ks, vs, n_rows,
         bool(nvfp4_4over6), default_fast_math(device) if fast_math is None else bool(fast_math),
-        config, _fp8_cvt(device), _num_sms(device), scale_error_flag(device), interpreting(),
+        config, _fp8_cvt(device), _num_sms(device), scale_error_flag(device), interpreting(), rotate,
     )  # fmt: skip
 
 
 def _launch(
     plan: _Plan, key, value, slot_mapping, cache, sf, ks, vs, n_rows: int, four: bool,
     fast_math: bool, config: WriteConfig | None, fp8_cvt: bool, num_sms: int, err: torch.Tensor,
-    interp: bool,
+    interp: bool, rotate: bool = False,
 ) -> None:  # fmt: skip
     """Launch on validated arguments (``ks``/``vs``: floats or float32 tensors on the cache's device)."""
     if config is None:
@@ -592,7 +608,7 @@ def _launch(
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         *plan.cache_strides,
         HEAD_DIM=plan.head_dim, ROWS=rows, SCALE_PTR=kt or vt,
-        FOUR_OVER_SIX=four, FAST_MATH=fast_math, FP8_CVT=fp8_cvt,
+        FOUR_OVER_SIX=four, FAST_MATH=fast_math, FP8_CVT=fp8_cvt, ROTATE=rotate,
         num_warps=config.num_warps,
     )  # fmt: skip
 
@@ -610,6 +626,7 @@ def append_slot_mapping(
     nvfp4_4over6: bool = False,
     fast_math: bool | None = None,
     config: WriteConfig | None = None,
+    kv_rotation: str | None = None,
 ) -> None:
     """The ``write`` op (:class:`~nvfp4compat.kernels.contract.WriteArgs`) with the Triton kernel.
 
@@ -624,6 +641,11 @@ def append_slot_mapping(
     Host overhead: the arguments are validated in full the first time their signature (dtypes,
     shapes except the row count, strides, devices, scale kinds) is seen; later calls with the same
     signature only check the row count and the values of Python-number scales, then launch.
+
+    ``kv_rotation="hadamard"``: each K and V row is multiplied by the normalized Hadamard matrix
+    (float32, rounded to the input dtype) inside the kernel before it is quantized, so the cache
+    holds ``K H`` and ``V H`` (:mod:`nvfp4compat.kernels.rotation`); ``head_dim`` must be one of
+    ``rotation.HEAD_DIMS``. Works with ``nvfp4_4over6``. ``None``: a plain cache.
     """
     if type(nvfp4_4over6) is not bool:
         _check_flag(nvfp4_4over6)
@@ -632,7 +654,7 @@ def append_slot_mapping(
     else:
         fk = _fast_key(
             key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout,
-            nvfp4_4over6,
+            nvfp4_4over6, kv_rotation,
         )  # fmt: skip
     ln = _launches.get(fk) if fk is not None else None
     if ln is not None:  # a signature validated before: check the row counts, launch
@@ -643,13 +665,13 @@ def append_slot_mapping(
                 _launch(
                     ln.plan, key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale,
                     n_rows, bool(nvfp4_4over6), ln.fast_math, None, ln.fp8_cvt, ln.num_sms, ln.err,
-                    ln.interp,
+                    ln.interp, kv_rotation is not None,  # (a rotation in the key was validated)
                 )  # fmt: skip
             return
     # First call with this signature, or a bad row count: full validation (raises on bad input).
     _write_checked(
         key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout,
-        nvfp4_4over6, fast_math, config,
+        nvfp4_4over6, fast_math, config, kv_rotation,
     )  # fmt: skip
     if fk is None:
         return
@@ -714,7 +736,7 @@ def aot_kernels() -> list:
         "n_rows", "NUM_HEADS", "PAGE_SIZE", "num_slots", "key_sn", "key_sh", "value_sn", "value_sh",
         "KD_SP", "KD_ST", "KD_SH", "VD_SP", "VD_ST", "VD_SH", "KS_SP", "KS_ST", "KS_SH",
         "VS_SP", "VS_ST", "VS_SH",
-        "HEAD_DIM", "ROWS", "SCALE_PTR", "FOUR_OVER_SIX", "FAST_MATH", "FP8_CVT",
+        "HEAD_DIM", "ROWS", "SCALE_PTR", "FOUR_OVER_SIX", "FAST_MATH", "FP8_CVT", "ROTATE",
     ):  # fmt: skip
         sig[name] = "constexpr" if name.isupper() else "i32"
     assert list(sig) == list(_write_kernel.arg_names), "AOT signature out of the kernel's order"
@@ -738,6 +760,7 @@ def aot_kernels() -> list:
             "SCALE_PTR": True,
             "FOUR_OVER_SIX": False,
             "FAST_MATH": True,
+            "ROTATE": False,
         }
         variants.append(
             AotVariant(
@@ -750,14 +773,19 @@ def aot_kernels() -> list:
             )
         )
     # Every head_dim, fp16/bf16, int32/int64 slots, float/device scales, 4over6 on/off, exact/fast;
-    # head counts and page sizes powers of two and not; HND, and vLLM's combined page (both layouts).
+    # head counts and page sizes powers of two and not; HND, and vLLM's combined page (both layouts);
+    # the fused Hadamard rotation (kv_rotation) with and without 4over6, on the decode-sized tile
+    # (4 rows) and the large one.
     extra = [
-        (64, "*fp16", "*i32", False, True, True, 1, 32, "HND", True),
-        (256, "*bf16", "*i32", True, True, False, 6, 24, "NHD", True),
-        (512, "*fp16", "*i64", False, False, False, 2, 16, "HND", False),
+        (64, "*fp16", "*i32", False, True, True, 1, 32, "HND", True, False, None),
+        (256, "*bf16", "*i32", True, True, False, 6, 24, "NHD", True, False, None),
+        (512, "*fp16", "*i64", False, False, False, 2, 16, "HND", False, False, None),
+        (128, "*bf16", "*i64", True, False, True, 8, 16, "NHD", False, True, CONFIG_BY_NAME["b32w1"]),
+        (128, "*fp16", "*i64", True, True, True, 8, 16, "NHD", True, True, None),
+        (512, "*bf16", "*i32", False, True, False, 2, 16, "HND", False, True, None),
     ]
-    for hd, dt, it, ptr, fours, fast, heads, page, layout, combined in extra:
-        cfg = pick_config(1 << 20, hd)
+    for hd, dt, it, ptr, fours, fast, heads, page, layout, combined, rot, tile in extra:
+        cfg = tile or pick_config(1 << 20, hd)
         s = dict(sig, key_ptr=dt, value_ptr=dt, slot_ptr=it)
         c = {
             "NUM_HEADS": heads,
@@ -768,10 +796,11 @@ def aot_kernels() -> list:
             "SCALE_PTR": ptr,
             "FOUR_OVER_SIX": fours,
             "FAST_MATH": fast,
+            "ROTATE": rot,
         }
         label = (
             f"{cfg.name}-d{hd}-{dt[1:]}-{it[1:]}-{'ptr' if ptr else 'val'}{'-4o6' if fours else ''}"
-            f"-{'fast' if fast else 'exact'}-{layout}{'-combined' if combined else ''}"
+            f"-{'fast' if fast else 'exact'}-{layout}{'-combined' if combined else ''}{'-rotate' if rot else ''}"
         )
         variants.append(AotVariant(label, s, c, cfg.num_warps, by_cc=_aot_arch))
     return [AotKernel("append_slot_mapping", _write_kernel, variants)]
