@@ -85,7 +85,8 @@ def test_default_checks_share_engines_and_run_the_preflight_first():
     # the plan, capacity and fidelity checks share one NVFP4 eager engine; nothing runs twice
     shared = next(j for j in jobs if j.name == "nvfp4-eager-fi0.6.14-plugin")
     assert shared.checks == ["plan", "capacity", "fidelity"] and shared.tasks == ["start", "logprobs"]
-    assert len(names) == len(set(names)) == 8
+    # 8 engines for the plain formats, 3 NVFP4 variants for fidelity (rotated, 4over6, both)
+    assert len(names) == len(set(names)) == 11
     assert [j for j in jobs if not j.plugin and j.kind == "engine"][0].name == "nvfp4-eager-fi0.6.14-noplugin"
 
 
@@ -203,9 +204,12 @@ def test_fidelity_compares_target_logprobs_and_top1():
         "fp8-eager-fi0.6.14-plugin": lp([-1.0, -2.0, -3.0, -4.05], [1, 2, 3, 4]),
     }
     for j in jobs:
-        j.result = _preflight() if j.kind == "preflight" else {"tasks": {"start": {"ok": True}, "logprobs": by[j.name]}}
+        if j.kind == "preflight":
+            j.result = _preflight()
+        elif j.name in by:
+            j.result = {"tasks": {"start": {"ok": True}, "logprobs": by[j.name]}}
     r = vc.evaluate(["fidelity"], jobs)["fidelity"]
-    assert r["passed"]
+    assert r["passed"]  # the variants not run yet: nothing failed
     assert r["nvfp4_vs_bf16"]["mean_abs_diff"] == pytest.approx(0.1) and r["nvfp4_vs_bf16"]["max_abs_diff"] == pytest.approx(0.3)
     assert r["nvfp4_vs_bf16"]["top1_agreement"] == 0.75 and r["fp8_vs_bf16"]["top1_agreement"] == 1.0
     by["fp8-eager-fi0.6.14-plugin"] = {"ok": False, "error": "RuntimeError: boom"}
@@ -253,8 +257,9 @@ def test_recall_check_needs_every_nvfp4_binding_within_one_point():
     jobs = vc.plan_jobs(["recall"], "0.6.14")
     engines = [j for j in jobs if j.kind == "engine"]
     # bf16 and fp8 references, the plan's NVFP4 bindings in eager and with FULL decode graphs
-    assert sorted((j.kv, j.mode) for j in engines) == [
-        ("auto", "eager"), ("fp8", "eager"), ("nvfp4", "eager"), ("nvfp4", "full-decode-optin"),
+    assert sorted((j.kv, j.mode, j.rotation) for j in engines) == [
+        ("auto", "eager", ""), ("fp8", "eager", ""), ("nvfp4", "eager", ""),
+        ("nvfp4", "eager", "hadamard"), ("nvfp4", "full-decode-optin", ""),
     ]
     assert all(not j.impl and j.model == "recall" for j in engines)
 
@@ -373,6 +378,216 @@ def test_plan_check_passes_on_the_line_the_plugin_writes_for_its_plan(arch, vllm
         _fill(jobs, preflight=_real_preflight(arch, vllm, flashinfer),
               **{f"nvfp4-eager-fi{flashinfer}-plugin": _engine_result(plugin_line=bad)})
         assert not vc.evaluate(["plan"], jobs)["plan"]["passed"]
+
+
+# ------------------------------------------------------------------------------------------------
+# check 4's NVFP4 variants (rotation, 4over6) and its KL over bf16's top-K
+
+
+def test_fidelity_plans_the_rotated_and_4over6_variants_after_the_plain_formats():
+    jobs = [j for j in vc.plan_jobs(["fidelity"], "0.6.14") if j.kind == "engine"]
+    names = [j.name for j in jobs]
+    assert names == [
+        "nvfp4-eager-fi0.6.14-plugin", "auto-eager-fi0.6.14-plugin", "fp8-eager-fi0.6.14-plugin",
+        "nvfp4-eager-fi0.6.14-plugin-rot-hadamard", "nvfp4_4over6-eager-fi0.6.14-plugin",
+        "nvfp4_4over6-eager-fi0.6.14-plugin-rot-hadamard",
+    ]
+    by = {j.name: j for j in jobs}
+    env = base_job_env(by["nvfp4_4over6-eager-fi0.6.14-plugin-rot-hadamard"], {}, {})
+    assert env["NVFP4COMPAT_KV_ROTATION"] == "hadamard"
+    # a plain job stays plain even where the caller's environment asks for the rotation
+    plain = base_job_env(by["nvfp4-eager-fi0.6.14-plugin"], {"NVFP4COMPAT_KV_ROTATION": "hadamard"}, {})
+    assert "NVFP4COMPAT_KV_ROTATION" not in plain
+    assert by["nvfp4_4over6-eager-fi0.6.14-plugin"].kv == "nvfp4_4over6"  # vLLM's dtype name
+
+
+def test_kl_top_k_is_exact_when_both_engines_return_the_whole_support():
+    import math
+
+    p = [(1, math.log(0.5)), (2, math.log(0.3)), (3, math.log(0.2))]
+    q = [(1, math.log(0.4)), (2, math.log(0.4)), (3, math.log(0.2))]
+    want = 0.5 * math.log(0.5 / 0.4) + 0.3 * math.log(0.3 / 0.4)
+    assert vc.kl_top_k(p, q) == pytest.approx(want)
+    assert vc.kl_top_k(p, p) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_kl_top_k_estimates_a_missing_entry_from_the_others_leftover_mass():
+    import math
+
+    # bf16's top-2 is {1, 2} (0.9 of the mass, 0.1 elsewhere); the other returned {1, 3} only,
+    # holding 0.7: token 2 gets the 0.3 left over, capped at the other's smallest returned 0.2
+    p = [(1, math.log(0.6)), (2, math.log(0.3))]
+    q = [(1, math.log(0.5)), (3, math.log(0.2))]
+    q2 = 0.2
+    want = 0.6 * math.log(0.6 / 0.5) + 0.3 * math.log(0.3 / q2) + 0.1 * math.log(0.1 / (1 - 0.5 - q2))
+    assert vc.kl_top_k(p, q) == pytest.approx(want)
+    # the prompt token vLLM adds outside the top-K is used when it is one of bf16's top-K
+    got = vc.kl_top_k(p, q, [(2, math.log(0.05))])
+    assert got == pytest.approx(0.6 * math.log(0.6 / 0.5) + 0.3 * math.log(0.3 / 0.05) + 0.1 * math.log(0.1 / 0.45))
+    # fewer entries than K (vLLM may return fewer), even a single one, still give a finite KL
+    assert math.isfinite(vc.kl_top_k(p, [(3, 0.0)]))
+    with pytest.raises(ValueError, match="no logprob"):
+        vc.kl_top_k([], q)
+
+
+def _topk_prompt(tops, targets):
+    """A logprobs prompt from per-position top lists ``[(token, prob), ...]`` and target ids."""
+    import math
+
+    probs = {t: pr for top in tops for t, pr in top}
+    return {
+        "target": targets,
+        "target_logprob": [math.log(dict(top).get(t, probs.get(t, 1e-3))) for top, t in zip(tops, targets, strict=True)],
+        "top1": [top[0][0] for top in tops],
+        "top_ids": [[t for t, _ in top] for top in tops],
+        "top_logprobs": [[math.log(pr) for _, pr in top] for top in tops],
+    }
+
+
+def _logprobs(*prompts):
+    return {"ok": True, "source": "prose", "top_k": 2, "prompts": list(prompts)}
+
+
+def test_fidelity_reports_kl_per_prompt_and_the_rotation_verdict():
+    jobs = vc.plan_jobs(["fidelity"], "0.6.14")
+    ref = [[(1, 0.7), (2, 0.2)], [(3, 0.6), (4, 0.3)]]
+    plain = [[(1, 0.5), (2, 0.3)], [(4, 0.5), (3, 0.4)]]  # flips the second position's top-1
+    better = [[(1, 0.65), (2, 0.25)], [(3, 0.55), (4, 0.35)]]
+    worse = [[(1, 0.5), (2, 0.3)], [(4, 0.55), (3, 0.35)]]  # above plain's KL
+    tg = [2, 3]
+
+    def result(tops_a, tops_b):
+        return {"tasks": {"start": {"ok": True}, "logprobs": _logprobs(_topk_prompt(tops_a, tg), _topk_prompt(tops_b, tg))}}
+
+    by = {
+        "auto-eager-fi0.6.14-plugin": result(ref, ref),
+        "nvfp4-eager-fi0.6.14-plugin": result(plain, plain),
+        "fp8-eager-fi0.6.14-plugin": result(ref, ref),
+        "nvfp4-eager-fi0.6.14-plugin-rot-hadamard": result(better, better),
+        "nvfp4_4over6-eager-fi0.6.14-plugin": result(plain, better),
+        # below plain on average, not in every prompt
+        "nvfp4_4over6-eager-fi0.6.14-plugin-rot-hadamard": result(better, worse),
+    }
+    for j in jobs:
+        j.result = _preflight() if j.kind == "preflight" else by[j.name]
+    r = vc.evaluate(["fidelity"], jobs)["fidelity"]
+    assert r["passed"] and r["fp8_vs_bf16"]["kl"] == pytest.approx(0.0, abs=1e-9)
+    n = r["nvfp4_vs_bf16"]
+    assert n["kl"] > 0 and len(n["prompt_kl"]) == 2 and n["kl_spread"] == [min(n["prompt_kl"]), max(n["prompt_kl"])]
+    assert n["top1_agreement"] == 0.5 and n["prompt_source"] == "prose"
+    rot = r["rotation"]
+    assert rot["rotated_below_plain"] is True and set(rot["variants"]) == {
+        "nvfp4-eager-fi0.6.14-plugin-rot-hadamard", "nvfp4_4over6-eager-fi0.6.14-plugin-rot-hadamard"
+    }
+    assert rot["variants"]["nvfp4-eager-fi0.6.14-plugin-rot-hadamard"]["below_plain_every_prompt"]
+    assert not rot["variants"]["nvfp4_4over6-eager-fi0.6.14-plugin-rot-hadamard"]["below_plain_every_prompt"]
+    assert "nvfp4_4over6-eager-fi0.6.14-plugin" in r["variants"]  # reported, outside the rotation verdict
+    # a rotated cache worse than plain: the verdict says so (the check still reports numbers)
+    by["nvfp4-eager-fi0.6.14-plugin-rot-hadamard"] = result(plain, [[(2, 0.9), (1, 0.05)], [(4, 0.9), (3, 0.05)]])
+    for j in jobs:
+        if j.name in by:
+            j.result = by[j.name]
+    r = vc.evaluate(["fidelity"], jobs)["fidelity"]
+    assert r["rotation"]["rotated_below_plain"] is False and r["passed"]
+    # a rotated engine that failed to start fails the check and is named
+    by["nvfp4-eager-fi0.6.14-plugin-rot-hadamard"] = {"tasks": {"start": {"ok": False, "error": "ValueError: rot"}}}
+    for j in jobs:
+        if j.name in by:
+            j.result = by[j.name]
+    r = vc.evaluate(["fidelity"], jobs)["fidelity"]
+    assert not r["passed"] and r["variant_jobs_failed"] == ["nvfp4-eager-fi0.6.14-plugin-rot-hadamard"]
+    assert "engine did not start: ValueError: rot" in r["variants"]["nvfp4-eager-fi0.6.14-plugin-rot-hadamard"]["reason"]
+
+
+def test_4over6_is_skipped_where_the_plan_has_no_such_dtype():
+    jobs = vc.plan_jobs(["fidelity"], "0.6.14")
+    pre = next(j for j in jobs if j.kind == "preflight")
+    pre.result = _preflight()
+    four = next(j for j in jobs if j.kv == "nvfp4_4over6" and not j.rotation)
+    plain = next(j for j in jobs if j.kv == "nvfp4" and not j.rotation)
+    assert vc.unavailable(four, jobs) is None  # no vLLM plan recorded: run it and see
+    pre.result["tasks"]["preflight"]["plan"]["json"]["vllm"] = {"version": "0.26.0", "kv_cache_dtypes": ["nvfp4"]}
+    why = vc.unavailable(four, jobs)
+    assert why and "nvfp4_4over6" in why and "0.26.0" in why and ">= 0.28" in why
+    assert vc.unavailable(plain, jobs) is None
+    pre.result["tasks"]["preflight"]["plan"]["json"]["vllm"]["kv_cache_dtypes"] = ["nvfp4", "nvfp4_4over6"]
+    assert vc.unavailable(four, jobs) is None
+
+
+def test_recall_counts_the_rotated_cache_against_the_same_target():
+    jobs = vc.plan_jobs(["recall"], "0.6.14")
+    for j in jobs:
+        rec = {"2048": 1.0, "4096": 1.0, "8192": 1.0}
+        if j.rotation:
+            rec["8192"] = 0.97
+        j.result = _engine_result(recall=rec)
+    r = vc.evaluate(["recall"], jobs)["recall"]
+    row = r["table"]["nvfp4-eager-fi0.6.14-plugin-recall-rot-hadamard"]
+    assert row["rotation"] == "hadamard" and row["points_below_bf16"]["8192"] == pytest.approx(3.0)
+    assert not r["passed"] and r["worst_points_below_bf16"] == pytest.approx(3.0)
+
+
+class _FakeTokenizer:
+    """Whitespace tokens -> ids: enough to cut windows the way the job cuts them."""
+
+    def encode(self, text, add_special_tokens=True):
+        assert add_special_tokens is False  # windows of plain text, no BOS in the middle of prose
+        return [len(w) for w in text.split()]
+
+
+def test_prose_windows_cut_consecutive_windows_with_the_engines_tokenizer():
+    from nvfp4compat.validation import job
+
+    tok = _FakeTokenizer()
+    text = " ".join("a" * (i % 7 + 1) for i in range(25))
+    wins = job.prose_windows(lambda t: tok.encode(t, add_special_tokens=False), text, 8, 10)
+    assert len(wins) == 2 and wins[0] == [i % 7 + 1 for i in range(10)]
+    assert wins[1] == [i % 7 + 1 for i in range(10, 20)]
+    with pytest.raises(ValueError, match="fewer than one --logprob-prompt-len window of 30"):
+        job.prose_windows(lambda t: tok.encode(t, add_special_tokens=False), text, 8, 30)
+    # the bundled prose holds several 2K windows even at ~4 characters a token
+    prose = job.Path(vc.__file__).resolve().parents[1] / "accuracy" / "data" / "prose.txt"
+    from nvfp4compat.validation.runner import PROSE
+
+    assert prose == PROSE and len(PROSE.read_text(encoding="utf-8")) // 4 >= 2 * 2048
+
+
+def test_real_models_score_prose_and_the_tiny_model_random_ids(tmp_path):
+    from nvfp4compat.validation import job
+
+    class FakeLLM:
+        def get_tokenizer(self):
+            return _FakeTokenizer()
+
+    prose = tmp_path / "prose.txt"
+    prose.write_text("one two three four five six seven eight nine ten eleven twelve")
+    real = tmp_path / "real"
+    real.mkdir()
+    spec = {"model": str(real), "logprob_prompts": 3, "logprob_prompt_len": 4, "prose_path": str(prose)}
+    source, prompts = job.logprob_prompts(FakeLLM(), spec)
+    assert source == "prose" and prompts == [[3, 3, 5, 4], [4, 3, 5, 5], [4, 3, 6, 6]]
+    (real / "tiny_model.json").write_text('{"regular_token_range": [10, 20]}')
+    source, prompts = job.logprob_prompts(FakeLLM(), {**spec, "logprob_prompt_len": 256})
+    assert source == "random" and len(prompts) == 3 and all(10 <= t < 20 for p in prompts for t in p)
+
+
+def test_ranked_keeps_the_top_k_and_drops_the_prompt_token_outside_it():
+    from types import SimpleNamespace as NS
+
+    from nvfp4compat.validation import job
+
+    entries = {5: NS(logprob=-0.1, rank=1), 9: NS(logprob=-2.0, rank=2), 7: NS(logprob=-6.0, rank=40)}
+    assert job.ranked(entries, 2) == [(5, -0.1), (9, -2.0)]
+    assert job.ranked({5: NS(logprob=-0.1, rank=1)}, 20) == [(5, -0.1)]  # fewer than K
+
+
+def test_engine_kwargs_serve_a_gguf_file_as_its_own_tokenizer():
+    from nvfp4compat.validation import job
+
+    spec = {"model": "/m/SmolLM2.gguf", "kv_cache_dtype": "nvfp4", "gpu_memory_utilization": 0.3,
+            "max_model_len": 4096, "mode": "eager"}
+    assert job.engine_kwargs(spec)["tokenizer"] == "/m/SmolLM2.gguf"
+    assert job.engine_kwargs({**spec, "tokenizer": "/hf/SmolLM2"})["tokenizer"] == "/hf/SmolLM2"
 
 
 def test_throughput_runs_its_default_engines_before_the_forced_one():

@@ -69,6 +69,8 @@ def test_validate_without_cuda_says_so_in_one_line(capsys, monkeypatch, tmp_path
         (["--model", "m/x", "--env", "NOVALUE"], "expected KEY=VALUE"),
         (["--model", "./no-such-model"], "no model folder there"),
         (["--model", "tests"], "the folder has no config.json"),
+        (["--model", "./no-such-model.gguf"], "no GGUF file there"),
+        (["--model", "m/x", "--tokenizer", "./no-such-tokenizer"], "--tokenizer ./no-such-tokenizer: nothing there"),
         (["--model", "m/x", "--recall", "tests"], "tests lacks config.json, model.safetensors, tokenizer.json"),
     ],
 )
@@ -98,12 +100,31 @@ def test_arguments_reach_the_settings(tmp_path, monkeypatch):
     assert hub.model == "Qwen/Qwen3-0.6B" and hub.checks == list(DEFAULT_CHECKS) and hub.recall_model is None
 
 
+def test_a_gguf_file_is_served_with_its_own_tokenizer_unless_told(tmp_path, monkeypatch):
+    gguf = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF")
+    s = command.build_settings(command.parser().parse_args(["--model", str(gguf)]), [])
+    assert s.model == str(gguf.resolve()) and s.tokenizer is None and s.spec()["tokenizer"] is None
+    s = command.build_settings(command.parser().parse_args(["--model", str(gguf), "--tokenizer", "HuggingFaceTB/SmolLM2-135M-Instruct"]), [])
+    assert s.spec()["tokenizer"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert s.spec()["prose_path"].endswith("accuracy/data/prose.txt")
+    # without the gguf package the command says so in one line, with the way out
+    monkeypatch.setattr(command.importlib.util, "find_spec", lambda name: None)
+    why = command.gguf_refusal(s.model)
+    assert why and "the gguf package is not installed" in why and "pip install gguf" in why
+    assert command.gguf_refusal("Qwen/Qwen3-0.6B") is None
+
+
 def test_dry_run_lists_the_jobs_and_starts_nothing(capsys, tmp_path):
     rc = cli_main(["validate", "--model", "Qwen/Qwen3-0.6B", "--out", str(tmp_path / "o"), "--dry-run"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "checks plan, negative, capacity, fidelity, throughput: 8 jobs" in out
+    assert "checks plan, negative, capacity, fidelity, throughput: 11 jobs" in out
     assert "-noplugin: start (for negative)" in out and not (tmp_path / "o").exists()
+    # check 4's NVFP4 variants: the rotated cache, 4over6 (vLLM's dtype name) and both
+    for name in ("nvfp4-eager-finone-plugin-rot-hadamard", "nvfp4_4over6-eager-finone-plugin",
+                 "nvfp4_4over6-eager-finone-plugin-rot-hadamard"):
+        assert f"  {name}: start, logprobs (for fidelity)" in out
 
 
 FAKE_JOB = textwrap.dedent(
@@ -113,7 +134,9 @@ FAKE_JOB = textwrap.dedent(
     res = {"kind": spec["kind"], "tasks": {}, "error": None, "env_plugins": os.environ.get("VLLM_PLUGINS")}
     if spec["kind"] == "preflight":
         b = {op: {"impl": "triton"} for op in ("write", "decode", "prefill")}
-        plan = {"supported": True, "text": "plan: write=triton", "json": {"supported": True, "bindings": b}}
+        vllm = {"version": "0.26.0", "kv_cache_dtypes": ["nvfp4"]}
+        plan = {"supported": True, "text": "plan: write=triton",
+                "json": {"supported": True, "bindings": b, "vllm": vllm}}
         res["tasks"]["preflight"] = {"ok": True, "gpu": "Stand-in GPU", "vllm": "0.26.0", "plan": plan}
     elif os.environ.get("VLLM_PLUGINS") == "":
         err = "ValueError: Selected backend ... Reason: ['kv_cache_dtype not supported']"
@@ -122,10 +145,11 @@ FAKE_JOB = textwrap.dedent(
     else:
         print("INFO nvfp4compat: vLLM 0.26.0 on sm_90: backport; write=triton, decode=triton, prefill=triton [pid 1]")
         kv = spec["kv_cache_dtype"]
+        res["rotation"] = os.environ.get("NVFP4COMPAT_KV_ROTATION")
         res["tasks"]["start"] = {"ok": True, "kv_cache_tokens": {"nvfp4": 35600, "auto": 10000, "fp8": 20000}[kv]}
         res["spec_model"] = spec["model"]
         if "logprobs" in spec["tasks"]:
-            d = {"nvfp4": 0.05, "auto": 0.0, "fp8": 0.01}[kv]
+            d = {"nvfp4": 0.05, "auto": 0.0, "fp8": 0.01}[kv] * (0.5 if res["rotation"] else 1.0)
             res["tasks"]["logprobs"] = {"ok": True, "prompts": [{"target_logprob": [-1.0 - d, -2.0], "top1": [3, 4]}]}
         if "throughput" in spec["tasks"]:
             rate = {"nvfp4": 900.0, "auto": 1000.0}[kv]
@@ -157,7 +181,16 @@ def test_runner_runs_each_job_in_its_process_and_writes_the_report(tmp_path, mon
     assert "**5 of 5 checks pass**" in md and "PARTIAL" not in md
     assert "| 3. capacity | PASS | 35,600 NVFP4 tokens / 10,000 bf16 = 3.56x" in md
     assert "kv_cache_dtype not supported" in (tmp_path / "out" / "jobs.log").read_text()
-    assert any(ln.startswith("[1/8] preflight-fi0.6.14-plugin") for ln in lines)
+    assert any(ln.startswith("[1/11] preflight-fi0.6.14-plugin") for ln in lines)
+    # the rotated job ran with the rotation on, the plain one without; 4over6 is skipped where the
+    # recorded plan (vLLM 0.26.0) accepts only nvfp4, and the check still passes
+    assert doc["jobs"]["nvfp4-eager-fi0.6.14-plugin-rot-hadamard"]["rotation"] == "hadamard"
+    assert doc["jobs"]["nvfp4-eager-fi0.6.14-plugin"]["rotation"] is None
+    skipped = doc["jobs"]["nvfp4_4over6-eager-fi0.6.14-plugin"]
+    assert skipped["skipped"] and "not 'nvfp4_4over6'" in skipped["error"]
+    fid = results["fidelity"]
+    assert fid["variants"]["nvfp4-eager-fi0.6.14-plugin-rot-hadamard"]["mean_abs_diff"] == pytest.approx(0.0125)
+    assert fid["variants"]["nvfp4_4over6-eager-fi0.6.14-plugin"]["skipped"]
     assert any("noplugin: " in ln and "did not start without the plugin: ValueError" in ln for ln in lines), lines
 
 

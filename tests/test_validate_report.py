@@ -19,8 +19,20 @@ RESULTS = {
                  "bf16_tokens": 10_000, "ratio": 3.0},
     "fidelity": {"check": "4", "name": "fidelity", "passed": True, "note": "numbers only",
                  "nvfp4_vs_bf16": {"ok": True, "positions": 16376, "mean_abs_diff": 0.0123,
-                                   "p99_abs_diff": 0.08, "max_abs_diff": 0.3, "top1_agreement": 0.987},
-                 "fp8_vs_bf16": {"ok": False, "reason": "logprobs missing: other RuntimeError: x"}},
+                                   "p99_abs_diff": 0.08, "max_abs_diff": 0.3, "top1_agreement": 0.987,
+                                   "kl": 0.072, "kl_spread": [0.07, 0.074]},
+                 "fp8_vs_bf16": {"ok": False, "reason": "logprobs missing: other RuntimeError: x"},
+                 "variants": {
+                     "nvfp4-eager-fi0.6.14-plugin-rot-hadamard": {
+                         "ok": True, "positions": 16376, "mean_abs_diff": 0.01, "p99_abs_diff": 0.07,
+                         "max_abs_diff": 0.2, "top1_agreement": 0.99, "kl": 0.053, "kl_spread": [0.05, 0.056],
+                         "kv_cache_dtype": "nvfp4", "rotation": "hadamard"},
+                     "nvfp4_4over6-eager-fi0.6.14-plugin": {
+                         "ok": False, "skipped": True, "kv_cache_dtype": "nvfp4_4over6", "rotation": None,
+                         "reason": "logprobs missing: other skipped: the plan accepts ['nvfp4']"}},
+                 "rotation": {"rotated_below_plain": True, "variants": {
+                     "nvfp4-eager-fi0.6.14-plugin-rot-hadamard": {
+                         "measured": True, "kl": 0.053, "below_plain": True, "below_plain_every_prompt": True}}}},
     "throughput": {"check": "6", "name": "throughput", "passed": True, "ratio_nvfp4_over_bf16": 0.93,
                    "nvfp4": {"ok": True, "requests": 32, "context": 8192, "decode_tok_s": 930.0,
                              "prefill_only_s": 1.2, "prefill_plus_decode_s": 10.0},
@@ -28,8 +40,10 @@ RESULTS = {
                             "prefill_only_s": 1.1, "prefill_plus_decode_s": 9.1}},
     "recall": {"check": "8", "name": "recall", "passed": True, "worst_points_below_bf16": 1.0,
                "note": "target", "table": {
-                   "auto-eager-fi0.6.14-plugin-recall": {"recall": {"2048": 1.0, "8192": 0.99}, "error": None},
-                   "nvfp4-eager-fi0.6.14-plugin-recall": {"recall": {"2048": 1.0, "8192": 0.98}, "error": None}}},
+                   "auto-eager-fi0.6.14-plugin-recall": {"kv": "auto", "recall": {"2048": 1.0, "8192": 0.99}, "error": None},
+                   "nvfp4-eager-fi0.6.14-plugin-recall": {"kv": "nvfp4", "recall": {"2048": 1.0, "8192": 0.98}, "error": None},
+                   "nvfp4-eager-fi0.6.14-plugin-recall-rot-hadamard": {
+                       "kv": "nvfp4", "rotation": "hadamard", "recall": {"2048": 1.0, "8192": 0.99}, "error": None}}},
 }
 
 
@@ -51,9 +65,14 @@ def test_summary_shows_each_verdict_with_its_figure():
     assert "**5 of 6 checks pass**" in md and "wall time 1234 s" in md
     assert "| 3. capacity | FAIL | 30,000 NVFP4 tokens / 10,000 bf16 = 3.00x (needs >= 3.3) |" in md
     assert "| 6. throughput | PASS | NVFP4 930.0 tok/s, bf16 1,000.0 tok/s (0.93x) |" in md
-    assert "| NVFP4 | 16,376 | 0.0123 | 0.0800 | 0.3000 | 98.70% |" in md
+    assert "| NVFP4 | 16,376 | 0.0720 (0.0700-0.0740) | 0.0123 | 0.0800 | 0.3000 | 98.70% |" in md
     assert "| fp8 | logprobs missing: other RuntimeError: x |" in md
-    assert "| nvfp4-eager-fi0.6.14-plugin-recall | 100% | 98% |" in md
+    assert "| nvfp4, hadamard rotation | 16,376 | 0.0530 (0.0500-0.0560) | 0.0100 |" in md
+    assert "| nvfp4_4over6 | logprobs missing: other skipped: the plan accepts ['nvfp4'] |" in md
+    assert "Rotated KL below plain NVFP4's: **yes**" in md
+    assert "| nvfp4-eager-fi0.6.14-plugin-rot-hadamard | 0.0530 | yes | yes |" in md
+    assert "| nvfp4-eager-fi0.6.14-plugin-recall | nvfp4 | 100% | 98% |" in md
+    assert "| nvfp4-eager-fi0.6.14-plugin-recall-rot-hadamard | nvfp4, hadamard rotation | 100% | 99% |" in md
     assert "## Plan (`nvfp4compat doctor`)\n\n```text\nnvfp4compat plan for sm_90" in md
     assert "| gpu | NVIDIA H200 |" in md
     # a cell never breaks the table: '|' in an error becomes '/'
@@ -68,7 +87,10 @@ def test_partial_summary_says_how_many_jobs_ran():
 def test_headlines_name_what_went_wrong():
     assert headline("negative", {"engine_started": True}).startswith("the engine started without the plugin")
     assert "not supported here (SM75 is not supported)" in headline("plan", {"supported": False, "reason": "SM75 is not supported"})
-    assert headline("fidelity", RESULTS["fidelity"]).endswith("fp8: logprobs missing: other RuntimeError: x")
+    assert headline("fidelity", RESULTS["fidelity"]).endswith(
+        "fp8: logprobs missing: other RuntimeError: x; rotated KL below plain NVFP4's"
+    )
+    assert headline("fidelity", RESULTS["fidelity"]).startswith("NVFP4: KL 0.0720, mean abs")
 
 
 def test_results_json_holds_everything_and_round_trips():
@@ -81,3 +103,15 @@ def test_results_json_holds_everything_and_round_trips():
     assert set(back["checks"]) == set(RESULTS) and set(back["jobs"]) == {"preflight-fi0.6.14-plugin", "nvfp4-eager-fi0.6.14-noplugin"}
     assert back["settings"]["max_model_len"] == 8704
     assert results_doc({}, [], [], 0.0, complete=False, settings={})["passed"] is False
+
+
+def test_results_json_leaves_the_top_k_lists_in_the_jobs_own_files():
+    job = Job("engine", "0.6.14", True, "nvfp4")
+    job.tasks, job.checks = ["start", "logprobs"], ["fidelity"]
+    prompt = {"target": [5], "target_logprob": [-1.0], "top1": [5], "top_ids": [[5, 6]], "top_logprobs": [[-1.0, -2.0]]}
+    job.result = {"wall_s": 1.0, "tasks": {"start": {"ok": True}, "logprobs": {"ok": True, "prompts": [prompt]}}}
+    doc = results_doc({}, [job], ["x"], 1.0, complete=True, settings={})
+    lp = doc["jobs"][job.name]["tasks"]["logprobs"]
+    assert lp["prompts"] == [{"target_logprob": [-1.0], "top1": [5]}]
+    assert f"{job.name}.result.json" in lp["top_k_lists"]
+    assert job.result["tasks"]["logprobs"]["prompts"][0]["top_ids"] == [[5, 6]]  # the job's own result is kept

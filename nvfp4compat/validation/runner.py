@@ -24,12 +24,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from nvfp4compat.validation.checks import Job, evaluate, kv_reservation, plan_jobs, scan_log
+from nvfp4compat.validation.checks import (
+    LOGPROB_TOPK,
+    Job,
+    evaluate,
+    kv_reservation,
+    plan_jobs,
+    scan_log,
+    unavailable,
+)
 from nvfp4compat.validation.report import results_doc, summary_md
 
 __all__ = ["JOB_SCRIPT", "Settings", "base_job_env", "run_checks", "run_job"]
 
 JOB_SCRIPT = Path(__file__).resolve().parent / "job.py"
+# the English prose check 4 scores a real model on (the kernel-level accuracy check's text)
+PROSE = Path(__file__).resolve().parents[1] / "accuracy" / "data" / "prose.txt"
 PLUGIN = "nvfp4compat"  # the plugin's name in vllm.general_plugins
 
 
@@ -47,6 +57,7 @@ class Settings:
     max_cudagraph_capture_size: int = 64
     logprob_prompts: int = 8
     logprob_prompt_len: int = 2048
+    tokenizer: str | None = None  # vLLM's tokenizer= (None: the model's own; a GGUF file's)
     throughput_requests: int = 32
     throughput_context: int = 8192
     throughput_new_tokens: int = 256
@@ -71,6 +82,9 @@ class Settings:
             "max_cudagraph_capture_size": self.max_cudagraph_capture_size,
             "logprob_prompts": self.logprob_prompts,
             "logprob_prompt_len": self.logprob_prompt_len,
+            "logprob_top_k": LOGPROB_TOPK,
+            "prose_path": str(PROSE),
+            "tokenizer": self.tokenizer,
             "throughput_requests": self.throughput_requests,
             "throughput_context": self.throughput_context,
             "throughput_new_tokens": self.throughput_new_tokens,
@@ -98,6 +112,10 @@ def base_job_env(job: Job, environ: Mapping[str, str], extra: Mapping[str, str])
         env["VLLM_PLUGINS"] = ""
     if job.impl:
         env["NVFP4COMPAT_IMPL"] = job.impl
+    if job.rotation:
+        env["NVFP4COMPAT_KV_ROTATION"] = job.rotation  # the rotated cache, as a user turns it on
+    elif job.kind == "engine":
+        env.pop("NVFP4COMPAT_KV_ROTATION", None)  # a plain job stays plain whatever the caller set
     if job.mode == "full-decode-optin":
         env["NVFP4COMPAT_CUDAGRAPH_DECODE"] = "1"  # FULL decode graphs forced on (the plan's switch)
     env["PYTHONUNBUFFERED"] = "1"
@@ -120,7 +138,11 @@ def run_job(
     result_path = workdir / f"{job.name}.result.json"
     log_path = workdir / f"{job.name}.log"
     result_path.unlink(missing_ok=True)
-    recall = {"model": spec["recall_model"], "max_model_len": spec["recall_max_model_len"]}
+    recall = {
+        "model": spec["recall_model"],
+        "tokenizer": None,
+        "max_model_len": spec["recall_max_model_len"],
+    }
     spec_path.write_text(
         json.dumps(
             {
@@ -221,7 +243,11 @@ def run_checks(
     with (settings.out / "jobs.log").open("w") as sink:
         for i, j in enumerate(jobs, 1):
             left = None if settings.budget_s is None else settings.budget_s - (time.time() - t_run)
-            if left is not None and left < 30:
+            why = unavailable(j, jobs)
+            if why is not None:
+                j.result = {"error": why, "skipped": True, "tasks": {}, "log_lines": scan_log("")}
+                say(f"  [{i}/{len(jobs)}] {j.name}: {why}")
+            elif left is not None and left < 30:
                 j.result = {
                     "error": f"skipped: the run's budget of {settings.budget_s:.0f} s is spent",
                     "skipped": True,

@@ -411,6 +411,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     extra = dict(kv.split("=", 1) for kv in args.env)
     settings = Settings(
         model=str(model),
+        tokenizer=args.tokenizer,
         checks=checks,
         out=out,
         work=work,
@@ -438,7 +439,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         say(f"  job {j.name}: tasks {j.tasks} (checks {j.checks})")
     if args.dry_run:
         return 0
-    if not (model / "config.json").exists():
+    if model.suffix == ".gguf":
+        if not model.is_file():
+            raise RunnerError(f"--model {model}: no GGUF file there")
+    elif not (model / "config.json").exists():
         make_tiny_model(model, args.site, fi)
     if recall_model is not None:
         shutil.copytree(args.recall_model.resolve(), recall_model, dirs_exist_ok=True)
@@ -503,8 +507,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "nvfp4-out")),
                    help="report folder (default: $OUT, else ./nvfp4-out)")
     r.add_argument("--model", type=Path, default=REPO / ".bundle" / "tiny-qwen3",
-                   help="model folder; made with scripts/make_tiny_model.py when it has no config.json "
-                        "(default: <repo>/.bundle/tiny-qwen3)")
+                   help="model folder or .gguf file; a folder is made with scripts/make_tiny_model.py "
+                        "when it has no config.json (default: <repo>/.bundle/tiny-qwen3)")
+    r.add_argument("--tokenizer", default=None,
+                   help="vLLM's tokenizer (default: the model's own; a .gguf file's embedded one)")
     r.add_argument("--recall-model", type=Path, default=REPO / "tests" / "data" / "recall-model",
                    help="the trained recall model the recall check serves (default: tests/data/recall-model)")
     r.add_argument("--recall-lengths", default="2048,4096,8192", help="recall context lengths (default 2048,4096,8192)")
