@@ -136,6 +136,10 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
             ("k_scale 1e-45", [0, 1, 2, 3, 4, 5], {"k_scale": 1e-45}, ValueError, 0),
             ("4over6 'no'", [0, 1, 2, 3, 4, 5], {"nvfp4_4over6": "no"}, TypeError, 0),
             ("numpy scales", [7, 8, 9, 10, 11, 12], {"k_scale": np.float32(0.01)}, None, 0),
+            ("rotated", [0, 1, 2, 17, 33, 50], {"kv_rotation": "hadamard"}, None, 0),
+            ("rotated hostile slots", [-1, n * page, n * page + 100000, 2**31 - 1, -(2**31), 5],
+             {"kv_rotation": "hadamard"}, None, 0),
+            ("rotated 4over6", [0, 1, 2, 17, 33, 50], {"kv_rotation": "hadamard", "nvfp4_4over6": True}, None, 0),
         ):
             dt = torch.int64 if "int64" in sname else torch.int32
             slot_t = torch.tensor(slots, dtype=torch.int64).clamp(-(2**31), 2**31 - 1) if dt == torch.int32 \
@@ -146,10 +150,11 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
             args = dict(k_scale=0.01, v_scale=0.02)
             args.update(kw)
             four = args.pop("nvfp4_4over6", False)
+            wrot = args.pop("kv_rotation", None)
             cases.append(Case(
                 "write", f"{dname} {sname}",
-                lambda s=slot_t, c=wc, f=wsf, a=args, fo=four: tap.append_slot_mapping(
-                    rows, rows.flip(0), s, c, f, a["k_scale"], a["v_scale"], nvfp4_4over6=fo),
+                lambda s=slot_t, c=wc, f=wsf, a=args, fo=four, r=wrot: tap.append_slot_mapping(
+                    rows, rows.flip(0), s, c, f, a["k_scale"], a["v_scale"], nvfp4_4over6=fo, kv_rotation=r),
                 exc, bits,
             ))
 
@@ -161,19 +166,24 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
              sl, None),
             ("seq_lens huge and negative", bt, lens(10_000_000, -5, 2**31 - 1), None),
             ("k_scale 3.5e38", bt, sl, ValueError),
+            ("rotated page -1 / num_pages", table(b0_1=-1, b1_0=n), sl, None),
+            ("rotated seq_lens huge and negative", bt, lens(10_000_000, -5, 2**31 - 1), None),
         ):
             outk = torch.zeros(3, msl, hkv, d, dtype=dtype, device=device)
             kscale = 3.5e38 if exc else ks
+            drot = "hadamard" if sname.startswith("rotated") else None
             cases.append(Case(
                 "dequant", f"{dname} {sname}",
-                lambda t=t, s=s, o=outk, k=kscale: tdq.dequantize_paged(cache, sf, t, s, k, vs, o, o.clone()),
+                lambda t=t, s=s, o=outk, k=kscale, r=drot: tdq.dequantize_paged(
+                    cache, sf, t, s, k, vs, o, o.clone(), kv_rotation=r),
                 exc,
             ))
 
         # -- decode
         for q_len in (1, 4):
             q = torch.randn(3 * q_len, hq, d, generator=gen).to(dtype).to(device)
-            for splits, cfg in ((1, None), (3, None), (3, att.PREFETCH_DECODE_CONFIG)):
+            for splits, cfg, rot in ((1, None, None), (3, None, None), (3, att.PREFETCH_DECODE_CONFIG, None),
+                                     (3, att.BYTE_SCALE_DECODE_CONFIGS[0], None), (3, None, "hadamard")):
                 for sname, t, s, kw, exc in (
                     ("valid", bt, sl, {}, None),
                     ("bad pages", table(b0_1=-1, b1_0=n, b2_2=n + 100000, b2_3=2**31 - 1), sl, {}, None),
@@ -185,12 +195,13 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
                     a = dict(k_scale=ks, v_scale=vs, sm_scale=sm)
                     a.update(kw)
 
-                    def dec(out, t=t, s=s, a=a, q=q, q_len=q_len, splits=splits, cfg=cfg):
+                    def dec(out, t=t, s=s, a=a, q=q, q_len=q_len, splits=splits, cfg=cfg, rot=rot):
                         with att.override_configs(num_splits=splits, decode=cfg):
                             return att.decode(q, cache, sf, t, s, a["k_scale"], a["v_scale"], sm_scale=a["sm_scale"],
-                                              q_len_per_req=q_len, out=out, return_lse=True)
+                                              q_len_per_req=q_len, out=out, return_lse=True, kv_rotation=rot)
 
-                    pf = " prefetch" if cfg is not None else ""
+                    pf = "" if cfg is None else " prefetch" if cfg.prefetch else " byte scales"
+                    pf += " rotated" if rot else ""
                     cases.append(Case("decode", f"{dname} q{q_len} splits{splits}{pf} {sname}",
                                       checked(dec, q) if exc is None else (lambda f=dec: f(None)), exc))
 
@@ -199,6 +210,8 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
         q = torch.randn(qn, hq, d, generator=gen).to(dtype).to(device)
         for sname, t, s, qsl, bits in (
             ("valid mixed batch", bt, sl, [0, 30, 32, 40], 0),
+            ("rotated valid mixed batch", bt, sl, [0, 30, 32, 40], 0),
+            ("rotated bad pages", table(b0_1=-1, b1_0=n, b2_2=n + 100000, b2_4=2**31 - 1), sl, [0, 30, 32, 40], 0),
             ("padded tail", bt, sl, [0, 20, 22, 30], 0),
             ("qsl past num_tokens", bt, sl, [0, 30, 32, 400], 8),
             ("qsl decreasing", bt, sl, [0, 30, 10, 40], 4),
@@ -208,8 +221,9 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
         ):
             qsl_t = torch.tensor(qsl, dtype=torch.int32, device=device)
 
-            def pre(out, t=t, s=s, qsl_t=qsl_t):
-                return att.prefill(q, cache, sf, t, s, qsl_t, ks, vs, sm_scale=sm, out=out, return_lse=True)
+            def pre(out, t=t, s=s, qsl_t=qsl_t, rot="hadamard" if sname.startswith("rotated") else None):
+                return att.prefill(q, cache, sf, t, s, qsl_t, ks, vs, sm_scale=sm, out=out, return_lse=True,
+                                   kv_rotation=rot)
 
             cases.append(Case("prefill", f"{dname} {sname}", checked(pre, q), None, bits))
         cases.append(Case(
