@@ -220,8 +220,9 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
             ("seq_lens 1e7 / -5", bt, lens(10_000_000, -5, 70), [0, 30, 32, 40], 16),
         ):
             qsl_t = torch.tensor(qsl, dtype=torch.int32, device=device)
+            prot = "hadamard" if sname.startswith("rotated") else None
 
-            def pre(out, t=t, s=s, qsl_t=qsl_t, rot="hadamard" if sname.startswith("rotated") else None):
+            def pre(out, t=t, s=s, qsl_t=qsl_t, rot=prot):
                 return att.prefill(q, cache, sf, t, s, qsl_t, ks, vs, sm_scale=sm, out=out, return_lse=True,
                                    kv_rotation=rot)
 
