@@ -183,7 +183,8 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
         for q_len in (1, 4):
             q = torch.randn(3 * q_len, hq, d, generator=gen).to(dtype).to(device)
             for splits, cfg, rot in ((1, None, None), (3, None, None), (3, att.PREFETCH_DECODE_CONFIG, None),
-                                     (3, att.BYTE_SCALE_DECODE_CONFIGS[0], None), (3, None, "hadamard")):
+                                     (3, att.BYTE_SCALE_DECODE_CONFIGS[0], None), (3, None, "hadamard"),
+                                     (3, "fused merge", None)):
                 for sname, t, s, kw, exc in (
                     ("valid", bt, sl, {}, None),
                     ("bad pages", table(b0_1=-1, b1_0=n, b2_2=n + 100000, b2_3=2**31 - 1), sl, {}, None),
@@ -196,11 +197,19 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
                     a.update(kw)
 
                     def dec(out, t=t, s=s, a=a, q=q, q_len=q_len, splits=splits, cfg=cfg, rot=rot):
-                        with att.override_configs(num_splits=splits, decode=cfg):
-                            return att.decode(q, cache, sf, t, s, a["k_scale"], a["v_scale"], sm_scale=a["sm_scale"],
-                                              q_len_per_req=q_len, out=out, return_lse=True, kv_rotation=rot)
+                        fused = cfg == "fused merge"
+                        before = att.FUSED_MERGE
+                        att.FUSED_MERGE = fused or before
+                        try:
+                            with att.override_configs(num_splits=splits, decode=None if fused else cfg):
+                                return att.decode(q, cache, sf, t, s, a["k_scale"], a["v_scale"],
+                                                  sm_scale=a["sm_scale"], q_len_per_req=q_len, out=out,
+                                                  return_lse=True, kv_rotation=rot)
+                        finally:
+                            att.FUSED_MERGE = before
 
-                    pf = "" if cfg is None else " prefetch" if cfg.prefetch else " byte scales"
+                    pf = ("" if cfg is None else f" {cfg}" if isinstance(cfg, str)
+                          else " prefetch" if cfg.prefetch else " byte scales")
                     pf += " rotated" if rot else ""
                     cases.append(Case("decode", f"{dname} q{q_len} splits{splits}{pf} {sname}",
                                       checked(dec, q) if exc is None else (lambda f=dec: f(None)), exc))

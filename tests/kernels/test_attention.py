@@ -146,6 +146,45 @@ def test_decode_byte_scales_match_reference(splits, features):
     r.check()
 
 
+@pytest.mark.parametrize(
+    "op,splits,seq_lens,features",
+    [
+        ("decode", 3, [1, 150, 64], {"q_len_per_req": 2, "use_sinks": True, "sliding_window": 70}),
+        ("decode", 7, [0, 150, 300], {"use_sinks": True}),
+        ("decode", 40, [300, 5, 17], {"logits_soft_cap": 30.0, "layout": "HND"}),
+        # a mixed batch: requests 0 and 2 are decode rows (varlen), request 1 is the prefill kernel's
+        ("prefill", 5, [130, 45, 200], {"q_lens": [1, 40, 2], "use_sinks": True}),
+    ],
+)
+def test_decode_fused_merge_matches_reference(monkeypatch, op, splits, seq_lens, features):
+    """FUSED_MERGE: the last chunk of each request merges the partials inside the decode kernel (no
+    merge launch); requests with no key get a chunk that writes their zero rows. Same results as the
+    reference, and every counter is back at 0 afterwards (the next launch starts from zeros)."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    monkeypatch.setattr(att, "FUSED_MERGE", True)
+    launched = []
+    monkeypatch.setattr(att, "_decode_reduce_kernel", _Recorder(launched))
+    with att.override_configs(decode=att.DecodeConfig(16, 4, 1), num_splits=splits):
+        r = run_case(
+            "triton", op, seq_lens=seq_lens, num_qo_heads=4, num_kv_heads=2, head_dim=64,
+            dtype=fp16, return_lse=True, seed=splits, **features,
+        )
+    r.check()
+    assert launched == [], "the merge kernel ran although the decode kernel merges"
+    assert att._merge_counter_bufs and all(int(t.abs().sum()) == 0 for t in att._merge_counter_bufs.values())
+
+
+class _Recorder:
+    """Stands in for a kernel: records that it was launched (``kernel[grid](...)``), runs nothing."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def __getitem__(self, grid):
+        return lambda *a, **k: self.calls.append(grid)
+
+
 @pytest.mark.parametrize("chunk_block", [2, 16])
 def test_decode_merge_over_many_chunk_blocks(monkeypatch, chunk_block):
     """A request cut into more chunks than one merge step holds (39 chunks: 20 steps of 2, 3 steps of

@@ -605,14 +605,28 @@ def _total_tiles(
 def _block_chunks(
     b0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
     BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    BATCH_BLOCK: tl.constexpr,
+    BATCH_BLOCK: tl.constexpr, EMPTY_CHUNK: tl.constexpr = False,
 ):
     """Requests ``bs = b0 + [0, BATCH_BLOCK)`` and their chunk counts (0 past ``batch``): one step of
-    the decode and merge kernels' scan over the batch, which must agree chunk for chunk."""
+    the decode and merge kernels' scan over the batch, which must agree chunk for chunk.
+
+    ``EMPTY_CHUNK`` (the decode kernel's fused merge, no merge kernel): a request the decode kernel
+    serves that has no visible key gets one chunk too, whose program writes its zero rows (the sinks
+    alone in the LSE), as the merge kernel does for it otherwise."""
     bs = b0 + tl.arange(0, BATCH_BLOCK)
     tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                            BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
-    return bs, _request_chunks(tiles, total, programs, min_tiles)
+    ch = _request_chunks(tiles, total, programs, min_tiles)
+    if EMPTY_CHUNK:
+        live = bs < batch
+        if VARLEN:  # the rows _request_tiles counts as the decode kernel's
+            _, q_len = _query_span(
+                tl.load(qsl_ptr + bs, mask=live, other=0), tl.load(qsl_ptr + bs + 1, mask=live, other=0),
+                num_tokens,
+            )
+            live = live & (q_len > 0) & (q_len <= QMAX)
+        ch = tl.where((tiles == 0) & live, 1, ch)
+    return bs, ch
 
 
 @triton.jit
@@ -643,7 +657,8 @@ def _decode_kernel(
     K_SCALE_PTR: tl.constexpr, V_SCALE_PTR: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
     DATA_ALIGN: tl.constexpr, SF_ALIGN: tl.constexpr, PAGE_POW2: tl.constexpr,
     num_pages, status_ptr, PREFETCH: tl.constexpr = False, ROTATE: tl.constexpr = False,
-    SCALE_WORDS: tl.constexpr = True,
+    SCALE_WORDS: tl.constexpr = True, counter_ptr=None, FUSED_MERGE: tl.constexpr = False,
+    MERGE_CB: tl.constexpr = 1,
 ):
     """Length-balanced split-KV decode: program (work chunk ``c``, kv head) over ``G * QMAX`` rows.
 
@@ -693,7 +708,7 @@ def _decode_kernel(
     slot0 = tl.zeros((), tl.int32)
     for b0 in range(0, batch, BATCH_BLOCK):
         bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv,
-                               num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
+                               num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, FUSED_MERGE)
         lo = base + tl.cumsum(ch, 0) - ch
         multi = tl.where(ch > 1, ch, 0)
         lo_m = base_m + tl.cumsum(multi, 0) - multi
@@ -793,6 +808,72 @@ def _decode_kernel(
         offs_d = tl.arange(0, HEAD_DIM)
         tl.store(part_o_ptr + prow[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
         tl.store(part_lse_ptr + prow, lse2, mask=row_ok)
+        if FUSED_MERGE:
+            _merge_if_last(
+                part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, sinks_ptr,
+                counter_ptr + b.to(tl.int64) * num_kv_heads + kvh, slot0, n_chunks,
+                head, t, tok, row_ok, num_qo_heads, stride_ot, stride_oh, stride_lt,
+                HEAD_DIM, BLOCK_M, QMAX, HAS_SINKS, RETURN_LSE, MERGE_CB,
+            )
+
+
+@triton.jit
+def _merge_if_last(
+    part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, sinks_ptr, cnt_ptr, slot0, n_chunks,
+    head, t, tok, row_ok, num_qo_heads, stride_ot, stride_oh, stride_lt,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, QMAX: tl.constexpr, HAS_SINKS: tl.constexpr,
+    RETURN_LSE: tl.constexpr, MERGE_CB: tl.constexpr,
+):
+    """The decode kernel's fused merge (``FUSED_MERGE``): the last of a request's chunks to finish,
+    for one KV head, merges the ``n_chunks`` partials of its rows as :func:`_decode_reduce_kernel`
+    does, and writes the output; there is no merge launch.
+
+    Each chunk counts itself in at ``cnt_ptr`` after its partials are stored (a barrier, then one
+    acquire-release atomic: the stores of the whole program happen before it). The program that
+    sees ``n_chunks - 1`` is the last; it sets the counter back to 0 for the next launch and loads
+    the partials past L1 (``.cg``: another request's merge on this SM may have cached a line that
+    holds these LSEs before their chunks stored them).
+    """
+    tl.debug_barrier()
+    done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
+    if done == n_chunks - 1:
+        tl.store(cnt_ptr, 0)
+        offs_d = tl.arange(0, HEAD_DIM)
+        offs_c = tl.arange(0, MERGE_CB)
+        row = head.to(tl.int64) * QMAX + t
+        m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        l_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+        for s0 in range(0, n_chunks, MERGE_CB):
+            cs = s0 + offs_c
+            ok = (cs < n_chunks)[:, None] & row_ok[None, :]
+            prow = (slot0 + cs).to(tl.int64)[:, None] * (num_qo_heads * QMAX) + row[None, :]
+            lse_s = tl.load(part_lse_ptr + prow, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            o_s = tl.load(part_o_ptr + prow[:, :, None] * HEAD_DIM + offs_d[None, None, :], mask=ok[:, :, None],
+                          other=0.0, cache_modifier=".cg")
+            m_new = tl.maximum(m, tl.max(lse_s, 0))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m - m_safe)
+            w = tl.exp2(lse_s - m_safe[None, :])
+            acc = acc * alpha[:, None] + tl.sum(o_s * w[:, :, None], 0)
+            l_sum = l_sum * alpha + tl.sum(w, 0)
+            m = m_new
+        if HAS_SINKS:
+            sink2 = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634
+            m_fin = tl.maximum(m, sink2)
+            w_fin = tl.exp2(m - m_fin)
+            l_tot = l_sum * w_fin + tl.exp2(sink2 - m_fin)
+        else:
+            m_fin = m
+            w_fin = tl.full((BLOCK_M,), 1.0, tl.float32)
+            l_tot = l_sum
+        l_safe = tl.where(l_tot > 0.0, l_tot, 1.0)
+        o = acc * (w_fin / l_safe)[:, None]
+        o_row = o_ptr + tok.to(tl.int64) * stride_ot + head.to(tl.int64) * stride_oh
+        tl.store(o_row[:, None] + offs_d[None, :], o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+        if RETURN_LSE:
+            lse = tl.where(l_tot > 0.0, (m_fin + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+            tl.store(lse_ptr + tok.to(tl.int64) * stride_lt + head, lse, mask=row_ok)
 
 
 @triton.jit
@@ -1103,8 +1184,9 @@ PREFETCH_DECODE_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=1, pro
 # tiles. Compiled for sm_90 (triton 3.6.0, head_dim 128, bf16; registers, shared memory, programs per
 # SM by registers): 64-key tiles, 4 warps, 2 stages: 146, 14,592 B, 3 (the loads still staged by
 # cp.async); the same with 3 stages: 168, 14,848 B, 3; 32-key tiles, 2 stages: 110, 9,344 B, 4; 64-key
-# tiles on 8 warps: 108, 14,592 B, 2. 128-key tiles take 242 registers (2 per SM). Not yet timed on a
-# GPU: benchmarks/bench_attention.py sweeps them against the default.
+# tiles on 8 warps: 108, 14,592 B, 2. 128-key tiles take 242 registers (2 per SM). Those counts assume
+# 2-byte aligned scale rows; at the cache's usual 8 bytes the first config takes 186 registers (2 per SM).
+# Not yet timed on a GPU: benchmarks/bench_attention.py sweeps them against the default.
 BYTE_SCALE_DECODE_CONFIGS = (
     DecodeConfig(block_n=64, num_warps=4, num_stages=2, programs_per_sm=3, scale_words=False),
     DecodeConfig(block_n=64, num_warps=4, num_stages=3, programs_per_sm=3, scale_words=False),
@@ -1139,6 +1221,14 @@ SPLIT_WAVE_GAIN = 0.10
 # The merge kernel (merge_blocks): partial outputs per step, and chunks per step.
 MERGE_STEP_ELEMENTS = 8192
 MERGE_CHUNK_BLOCK = 16
+# The merge inside the decode kernel (_merge_if_last): the last chunk of a request to finish merges its
+# partials, and no merge kernel is launched. Opt-in, not yet timed on a GPU: on an H200 one 8K request
+# spent 5.5 of 28 us (under ncu) in the merge kernel's launch, 8 programs (BENCHMARKS.md, decode run F).
+# Needs one int32 counter per (request, KV head), zero between launches (kept per device and stream).
+# Compiled for sm_90 (triton 3.6.0, head_dim 128) the merge tail raises the decode kernel from 152 to 250
+# registers (2 programs per SM instead of 3): a candidate for launches smaller than the GPU (one
+# request), where occupancy does not bind, not for full batches.
+FUSED_MERGE = False
 # Requests scanned per step of the kernels' on-device prefix over the batch: 128 for batches up to
 # 128, else 1024 (two compiled variants for every batch size; one step up to 1024 requests).
 BATCH_BLOCK_SMALL = 128
@@ -1553,6 +1643,8 @@ class _DecodeLaunch:
     sf_align: int
     num_pages: int  # page ids outside [0, num_pages) read nothing
     rotate: bool = False  # a Hadamard-rotated cache (kv_rotation="hadamard"): the ROTATE constexpr
+    fused_merge: bool = False  # FUSED_MERGE: the decode kernel merges the split partials itself
+    merge_cb: int = 1  # its chunks per merge step (MERGE_STEP_ELEMENTS // (BLOCK_M x head_dim))
 
 
 def _decode_launch(
@@ -1579,7 +1671,8 @@ def _decode_launch(
         sm_scale_log2=a.sm_scale_log2, softcap=a.softcap, window=a.window,
         has_sinks=a.sinks is not None, return_lse=a.lse is not None,
         strides=tuple(cl.strides), data_align=cl.data_align, sf_align=cl.sf_align,
-        num_pages=views.num_pages, rotate=rotate,
+        num_pages=views.num_pages, rotate=rotate, fused_merge=bool(FUSED_MERGE),
+        merge_cb=_pow2_floor(max(1, MERGE_STEP_ELEMENTS // (block_m * views.head_dim))),
     )  # fmt: skip
 
 
@@ -1607,6 +1700,32 @@ def _launch_decode_path(
 
 
 _zero_statuses: dict[torch.device, torch.Tensor] = {}
+# FUSED_MERGE's counters, one buffer per (device, stream): launches on one stream run one after the
+# other, so each starts with the zeros the previous one left. A buffer that grows is replaced, and
+# the old one is kept alive: a captured CUDA graph may still point at it.
+_merge_counter_bufs: dict[tuple[torch.device, int], torch.Tensor] = {}
+_merge_counter_kept: list[torch.Tensor] = []
+MERGE_COUNTERS_MIN = 4096
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def _merge_counters(device: torch.device, n: int) -> torch.Tensor | None:
+    """At least ``n`` zeroed int32 counters for a fused-merge launch on the current stream of
+    ``device``; None where none can be made now (a CUDA graph is being captured and the buffer is too
+    small: that launch takes the merge kernel instead)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    t = _merge_counter_bufs.get(key)
+    if t is None or t.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        if t is not None:
+            _merge_counter_kept.append(t)
+        t = _merge_counter_bufs[key] = torch.zeros(max(n, MERGE_COUNTERS_MIN), dtype=torch.int32, device=device)
+    return t
 
 
 def _zero_status(device: torch.device) -> torch.Tensor:
@@ -1651,6 +1770,8 @@ def _run_decode(
     num_tokens = query.shape[0]
     page_shift = _page_shift(d.page_size)
     softcap = d.softcap if d.softcap else 1.0
+    counters = _merge_counters(device, batch * d.num_kv_heads) if d.fused_merge else None
+    fused = counters is not None
     _decode_kernel[(d.chunks * d.num_kv_heads,)](
         query, out, lse_arg, part_o, part_lse,
         *cache, block_table, seq_lens, qsl_arg, sinks_arg,
@@ -1665,9 +1786,12 @@ def _run_decode(
         BATCH_BLOCK=d.batch_block, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr, FAST=d.fast,
         DOT_FP32=d.dot_fp32, DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
         num_pages=d.num_pages, status_ptr=status_arg, PREFETCH=d.cfg.prefetch, ROTATE=d.rotate,
-        SCALE_WORDS=d.cfg.scale_words,
+        SCALE_WORDS=d.cfg.scale_words, counter_ptr=counters if fused else seq_lens, FUSED_MERGE=fused,
+        MERGE_CB=d.merge_cb if fused else 1,
         num_warps=d.cfg.num_warps, num_stages=d.cfg.num_stages, maxnreg=d.cfg.maxnreg,
     )  # fmt: skip
+    if fused:
+        return
     _decode_reduce_kernel[(batch * qmax, triton.cdiv(d.num_qo_heads, d.merge_block_h))](
         part_o, part_lse, out, lse_arg, seq_lens, qsl_arg, sinks_arg,
         batch, d.programs, d.min_tiles, d.window, d.max_pages, d.page_size, query.shape[0],
@@ -1711,7 +1835,7 @@ def _knobs() -> tuple:
     """Everything besides the arguments that a launch depends on (tuning constants, overrides)."""
     return (
         SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, SPLIT_WAVES, SPLIT_MAX_WAVES, SPLIT_WAVE_GAIN, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
-        MERGE_STEP_ELEMENTS, MERGE_CHUNK_BLOCK, tuple(_DECODE_CONFIGS.items()), tuple(sorted(_overrides.items())), interpreting(),
+        MERGE_STEP_ELEMENTS, MERGE_CHUNK_BLOCK, FUSED_MERGE, tuple(_DECODE_CONFIGS.items()), tuple(sorted(_overrides.items())), interpreting(),
     )  # fmt: skip
 
 
@@ -1974,7 +2098,8 @@ def _decode_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
                  "FAST", "DOT_FP32", "DATA_ALIGN", "SF_ALIGN", "PAGE_POW2"):
         sig[name] = "constexpr"
     sig.update({"num_pages": "i32", "status_ptr": "*i32", "PREFETCH": "constexpr",
-                "ROTATE": "constexpr", "SCALE_WORDS": "constexpr"})  # (num_tokens, max_pages are above)
+                "ROTATE": "constexpr", "SCALE_WORDS": "constexpr", "counter_ptr": "*i32",
+                "FUSED_MERGE": "constexpr", "MERGE_CB": "constexpr"})  # (num_tokens, max_pages are above)
     return sig
 
 
@@ -2035,7 +2160,7 @@ def aot_variants() -> dict[str, list[Any]]:
                              "BATCH_BLOCK": batch_block, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr, "FAST": DECODERS[decoder],
                              "DOT_FP32": False, "DATA_ALIGN": 8 if combined else 16,
                              "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2, "PREFETCH": cfg.prefetch,
-                             "ROTATE": False, "SCALE_WORDS": cfg.scale_words}
+                             "ROTATE": False, "SCALE_WORDS": cfg.scale_words, "FUSED_MERGE": False, "MERGE_CB": 1}
         c.update(_FEATURES_OFF)
         c.update(features)
         sig = _decode_signature(dtype, ptr, ptr)
@@ -2074,6 +2199,11 @@ def aot_variants() -> dict[str, list[Any]]:
     # the opt-in register double-buffered loop (DecodeConfig.prefetch), as benchmarks/bench_attention.py sweeps it
     add_decode("bf16-d128-prefetch", "bf16", 128, config=PREFETCH_DECODE_CONFIG)
     add_decode("fp16-d64-q4-prefetch-all", "fp16", 64, qmax=4, config=PREFETCH_DECODE_CONFIG, **_FEATURES_ON)
+    # the merge inside the decode kernel (FUSED_MERGE): one request of 16 rows, and GQA 8 x q_len 8 with
+    # every feature
+    add_decode("bf16-d128-fused-merge", "bf16", 128, FUSED_MERGE=True, MERGE_CB=1)
+    add_decode("fp16-d64-q8-g8-fused-merge-all", "fp16", 64, qmax=8, group=8, FUSED_MERGE=True, MERGE_CB=1,
+               **_FEATURES_ON)
     # byte-loaded block scales (DecodeConfig.scale_words=False), as benchmarks/bench_attention.py sweeps them
     add_decode("bf16-d128-bytescales", "bf16", 128, config=BYTE_SCALE_DECODE_CONFIGS[0])
     add_decode("fp16-d64-q4-bytescales-all", "fp16", 64, qmax=4, config=BYTE_SCALE_DECODE_CONFIGS[2],
