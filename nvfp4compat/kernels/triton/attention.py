@@ -556,9 +556,11 @@ def _query_span(q0, q1, num_tokens):
 def _request_tiles(
     bs, ok, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
     BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    MARK_EMPTY: tl.constexpr = False,
 ):
     """KV tiles of requests ``bs`` (masked by ``ok``): ``cdiv(kv_hi - kv_lo, BLOCK_N)``, 0 for requests
     the decode kernel does not serve (varlen rows with no or more than ``QMAX`` query tokens).
+    ``MARK_EMPTY``: a request it serves that has no visible key counts -1 (not 0).
 
     Every bound is clamped the way the kernel body clamps it (``seq_len`` to ``[0, max_kv]``, the
     row's pages; ``query_start_loc`` to ``[0, num_tokens]`` and non-decreasing), in int64 so that no
@@ -581,6 +583,8 @@ def _request_tiles(
     else:
         kv_lo = seq_len * 0
     tiles = (tl.maximum(kv_hi - kv_lo, 0) + BLOCK_N - 1) // BLOCK_N
+    if MARK_EMPTY:
+        tiles = tl.where(tiles == 0, -1, tiles)
     return tl.where(live, tiles, 0).to(tl.int32)
 
 
@@ -615,18 +619,10 @@ def _block_chunks(
     alone in the LSE), as the merge kernel does for it otherwise."""
     bs = b0 + tl.arange(0, BATCH_BLOCK)
     tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                           BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
-    ch = _request_chunks(tiles, total, programs, min_tiles)
+                           BLOCK_N, QMAX, VARLEN, HAS_WINDOW, EMPTY_CHUNK)
     if EMPTY_CHUNK:
-        live = bs < batch
-        if VARLEN:  # the rows _request_tiles counts as the decode kernel's
-            _, q_len = _query_span(
-                tl.load(qsl_ptr + bs, mask=live, other=0), tl.load(qsl_ptr + bs + 1, mask=live, other=0),
-                num_tokens,
-            )
-            live = live & (q_len > 0) & (q_len <= QMAX)
-        ch = tl.where((tiles == 0) & live, 1, ch)
-    return bs, ch
+        return bs, tl.where(tiles < 0, 1, _request_chunks(tl.maximum(tiles, 0), total, programs, min_tiles))
+    return bs, _request_chunks(tiles, total, programs, min_tiles)
 
 
 @triton.jit
@@ -838,42 +834,65 @@ def _merge_if_last(
     done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
     if done == n_chunks - 1:
         tl.store(cnt_ptr, 0)
-        offs_d = tl.arange(0, HEAD_DIM)
-        offs_c = tl.arange(0, MERGE_CB)
-        row = head.to(tl.int64) * QMAX + t
-        m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        l_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
-        for s0 in range(0, n_chunks, MERGE_CB):
-            cs = s0 + offs_c
-            ok = (cs < n_chunks)[:, None] & row_ok[None, :]
-            prow = (slot0 + cs).to(tl.int64)[:, None] * (num_qo_heads * QMAX) + row[None, :]
-            lse_s = tl.load(part_lse_ptr + prow, mask=ok, other=float("-inf"), cache_modifier=".cg")
-            o_s = tl.load(part_o_ptr + prow[:, :, None] * HEAD_DIM + offs_d[None, None, :], mask=ok[:, :, None],
-                          other=0.0, cache_modifier=".cg")
-            m_new = tl.maximum(m, tl.max(lse_s, 0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m - m_safe)
-            w = tl.exp2(lse_s - m_safe[None, :])
-            acc = acc * alpha[:, None] + tl.sum(o_s * w[:, :, None], 0)
-            l_sum = l_sum * alpha + tl.sum(w, 0)
-            m = m_new
-        if HAS_SINKS:
-            sink2 = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634
-            m_fin = tl.maximum(m, sink2)
-            w_fin = tl.exp2(m - m_fin)
-            l_tot = l_sum * w_fin + tl.exp2(sink2 - m_fin)
-        else:
-            m_fin = m
-            w_fin = tl.full((BLOCK_M,), 1.0, tl.float32)
-            l_tot = l_sum
-        l_safe = tl.where(l_tot > 0.0, l_tot, 1.0)
-        o = acc * (w_fin / l_safe)[:, None]
-        o_row = o_ptr + tok.to(tl.int64) * stride_ot + head.to(tl.int64) * stride_oh
-        tl.store(o_row[:, None] + offs_d[None, :], o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
-        if RETURN_LSE:
-            lse = tl.where(l_tot > 0.0, (m_fin + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-            tl.store(lse_ptr + tok.to(tl.int64) * stride_lt + head, lse, mask=row_ok)
+        _merge_rows(
+            part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, sinks_ptr, slot0, n_chunks,
+            head.to(tl.int64) * QMAX + t, head, tok, row_ok, num_qo_heads * QMAX, stride_ot, stride_oh, stride_lt,
+            BLOCK_M, HEAD_DIM, MERGE_CB, HAS_SINKS, RETURN_LSE, ".cg",
+        )
+
+
+@triton.jit
+def _merge_rows(
+    part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, sinks_ptr, slot0, n_chunks,
+    row, head, tok, row_ok, slot_rows, stride_ot, stride_oh, stride_lt,
+    ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, CHUNK_BLOCK: tl.constexpr, HAS_SINKS: tl.constexpr,
+    RETURN_LSE: tl.constexpr, CACHE: tl.constexpr,
+):
+    """Merge ``n_chunks`` partials of ``ROWS`` output rows and store the output (and LSE).
+
+    Row ``r`` (query ``head[r]`` of token ``tok[r]``, present where ``row_ok``) has its partial of
+    chunk ``c`` at ``(slot0 + c) * slot_rows + row[r]``; ``CHUNK_BLOCK`` chunks are loaded per step,
+    with ``cache_modifier=CACHE``. The partials already carry ``v_scale`` (and any decoder scale, see
+    :func:`_scales`): the merge only weighs them by their LSEs and adds the sinks. No chunk gives zeros
+    (the sinks alone in the LSE). Shared by :func:`_decode_reduce_kernel` and the fused merge.
+    """
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_c = tl.arange(0, CHUNK_BLOCK)
+    m = tl.full((ROWS,), float("-inf"), tl.float32)
+    l_sum = tl.zeros((ROWS,), dtype=tl.float32)
+    acc = tl.zeros((ROWS, HEAD_DIM), dtype=tl.float32)
+    # CHUNK_BLOCK chunks per step, loaded at once: a request split into many chunks costs one
+    # round trip to memory per CHUNK_BLOCK of them, not one per chunk.
+    for s0 in range(0, n_chunks, CHUNK_BLOCK):
+        cs = s0 + offs_c
+        ok = (cs < n_chunks)[:, None] & row_ok[None, :]
+        prow = (slot0 + cs).to(tl.int64)[:, None] * slot_rows + row[None, :]
+        lse_s = tl.load(part_lse_ptr + prow, mask=ok, other=float("-inf"), cache_modifier=CACHE)
+        o_s = tl.load(part_o_ptr + prow[:, :, None] * HEAD_DIM + offs_d[None, None, :], mask=ok[:, :, None],
+                      other=0.0, cache_modifier=CACHE)
+        m_new = tl.maximum(m, tl.max(lse_s, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        w = tl.exp2(lse_s - m_safe[None, :])
+        acc = acc * alpha[:, None] + tl.sum(o_s * w[:, :, None], 0)
+        l_sum = l_sum * alpha + tl.sum(w, 0)
+        m = m_new
+    if HAS_SINKS:
+        sink2 = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634
+        m_fin = tl.maximum(m, sink2)
+        w_fin = tl.exp2(m - m_fin)
+        l_tot = l_sum * w_fin + tl.exp2(sink2 - m_fin)
+    else:
+        m_fin = m
+        w_fin = tl.full((ROWS,), 1.0, tl.float32)
+        l_tot = l_sum
+    l_safe = tl.where(l_tot > 0.0, l_tot, 1.0)
+    o = acc * (w_fin / l_safe)[:, None]
+    o_row = o_ptr + tok.to(tl.int64) * stride_ot + head.to(tl.int64) * stride_oh
+    tl.store(o_row[:, None] + offs_d[None, :], o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+    if RETURN_LSE:
+        lse = tl.where(l_tot > 0.0, (m_fin + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+        tl.store(lse_ptr + tok.to(tl.int64) * stride_lt + head, lse, mask=row_ok)
 
 
 @triton.jit
@@ -887,13 +906,11 @@ def _decode_reduce_kernel(
     status_ptr,
 ):
     """Merge the chunks of rows ``(b * QMAX + t)`` for ``BLOCK_H`` query heads per program,
-    ``CHUNK_BLOCK`` chunks at a time.
+    ``CHUNK_BLOCK`` chunks at a time (:func:`_merge_rows`).
 
     It recomputes the decode kernel's chunking (same arguments, same integer arithmetic) to find
     request ``b``'s chunk count and first partial slot. A request of one chunk was written by the
     decode kernel itself; one of no chunk (no visible key) gets zeros (the sinks alone in the LSE).
-    The partial outputs already carry ``v_scale`` (and any decoder scale, see :func:`_scales`): the
-    merge only weighs them by their LSEs and adds the sinks.
     """
     row = tl.program_id(0)
     hb = tl.program_id(1)
@@ -920,45 +937,12 @@ def _decode_reduce_kernel(
         n_chunks += tl.sum(tl.where(bs == b, ch, 0), 0)
     if n_chunks == 1:
         return
-    tok = q_start + t
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_ok = heads < num_qo_heads
-    offs_d = tl.arange(0, HEAD_DIM)
-    offs_c = tl.arange(0, CHUNK_BLOCK)
-    m = tl.full((BLOCK_H,), float("-inf"), tl.float32)
-    l_sum = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_H, HEAD_DIM), dtype=tl.float32)
-    # CHUNK_BLOCK chunks per step, loaded at once: a request split into many chunks costs one
-    # round trip to memory per CHUNK_BLOCK of them, not one per chunk.
-    for s0 in range(0, n_chunks, CHUNK_BLOCK):
-        cs = s0 + offs_c
-        ok = (cs < n_chunks)[:, None] & h_ok[None, :]
-        prow = ((slot0 + cs).to(tl.int64)[:, None] * num_qo_heads + heads[None, :]) * QMAX + t
-        lse_s = tl.load(part_lse_ptr + prow, mask=ok, other=float("-inf"))
-        o_s = tl.load(part_o_ptr + prow[:, :, None] * HEAD_DIM + offs_d[None, None, :], mask=ok[:, :, None], other=0.0)
-        m_new = tl.maximum(m, tl.max(lse_s, 0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_safe)
-        w = tl.exp2(lse_s - m_safe[None, :])
-        acc = acc * alpha[:, None] + tl.sum(o_s * w[:, :, None], 0)
-        l_sum = l_sum * alpha + tl.sum(w, 0)
-        m = m_new
-    if HAS_SINKS:
-        sink2 = tl.load(sinks_ptr + heads, mask=h_ok, other=0.0) * 1.4426950408889634
-        m_fin = tl.maximum(m, sink2)
-        w_fin = tl.exp2(m - m_fin)
-        l_tot = l_sum * w_fin + tl.exp2(sink2 - m_fin)
-    else:
-        m_fin = m
-        w_fin = tl.full((BLOCK_H,), 1.0, tl.float32)
-        l_tot = l_sum
-    l_safe = tl.where(l_tot > 0.0, l_tot, 1.0)
-    o = acc * (w_fin / l_safe)[:, None]
-    o_row = o_ptr + tok.to(tl.int64) * stride_ot + heads.to(tl.int64) * stride_oh
-    tl.store(o_row[:, None] + offs_d[None, :], o.to(o_ptr.dtype.element_ty), mask=h_ok[:, None])
-    if RETURN_LSE:
-        lse = tl.where(l_tot > 0.0, (m_fin + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-        tl.store(lse_ptr + tok.to(tl.int64) * stride_lt + heads, lse, mask=h_ok)
+    _merge_rows(
+        part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, sinks_ptr, slot0, n_chunks,
+        heads.to(tl.int64) * QMAX + t, heads, q_start + t, heads < num_qo_heads, num_qo_heads * QMAX,
+        stride_ot, stride_oh, stride_lt, BLOCK_H, HEAD_DIM, CHUNK_BLOCK, HAS_SINKS, RETURN_LSE, "",
+    )
 
 
 @triton.jit
