@@ -180,7 +180,9 @@ def _table(rows: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--quick", action="store_true", help="CPU smoke run under the Triton interpreter")
-    p.add_argument("--json", type=Path, help="write the rows as JSON here")
+    p.add_argument("--json", type=Path, help="write the rows as JSON here (rewritten after every shape)")
+    p.add_argument("--shapes", default=None,
+                   help="comma-separated substrings selecting shapes of bench_attention.py (e.g. 'decode 1 x,prefill')")
     args = p.parse_args(argv)
     import torch
 
@@ -192,17 +194,27 @@ def main(argv: list[str] | None = None) -> int:
             print("error: no CUDA GPU; run with --quick for the CPU smoke run", file=sys.stderr)
             return 2
         device, shapes = torch.device("cuda"), _full_shapes()
+    if args.shapes:
+        wanted = [w.strip() for w in args.shapes.split(",") if w.strip()]
+        names = [s.name for s in shapes]
+        shapes = [s for s in shapes if any(w in s.name for w in wanted)]
+        if not shapes:
+            print(f"error: --shapes {args.shapes!r} selects none of {names}", file=sys.stderr)
+            return 2
+    dev = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (Triton interpreter)"
+    print(f"device: {dev}; torch {torch.__version__}", flush=True)
     rows: list[Row] = []
     for shape in shapes:
-        rows.extend(_rows(shape, device, args.quick))
-    dev = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (Triton interpreter)"
-    print(f"device: {dev}; torch {torch.__version__}")
+        new = _rows(shape, device, args.quick)
+        rows.extend(new)
+        # each shape's rows as soon as they exist: a run cut short by a time limit keeps them
+        print("\n".join(_table(new).splitlines()[2:]), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(
+                [asdict(r) | {"fused_overhead": r.overhead(r.fused_ms), "prepost_overhead": r.overhead(r.prepost_ms)}
+                 for r in rows], indent=2,
+            ))  # fmt: skip
     print(_table(rows))
-    if args.json:
-        args.json.write_text(json.dumps(
-            [asdict(r) | {"fused_overhead": r.overhead(r.fused_ms), "prepost_overhead": r.overhead(r.prepost_ms)}
-             for r in rows], indent=2,
-        ))  # fmt: skip
     if args.quick:
         bad = []
         for r in rows:

@@ -7,8 +7,8 @@ and DRAM figures)::
         --section SpeedOfLight --section Occupancy --section LaunchStats \\
         python3 benchmarks/profile_attention.py --shape "decode 16 x 16K"
 
-``--decode-config BLOCK_N,WARPS,STAGES[,MAXNREG]`` and ``--programs-per-sm W`` select a variant of
-the Triton decode; ``--impl baseline --baseline FILE`` runs an earlier attention.py instead.
+``--decode-config BLOCK_N,WARPS,STAGES[,MAXNREG]``, ``--byte-scales I`` (config I of
+``BYTE_SCALE_DECODE_CONFIGS``) and ``--programs-per-sm W`` select a variant of the Triton decode; ``--impl baseline --baseline FILE`` runs an earlier attention.py instead.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", required=True, help="a shape name of bench_attention.py (substring)")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--decode-config", default=None)
+    ap.add_argument("--byte-scales", type=int, default=None, metavar="I",
+                    help="run config I of BYTE_SCALE_DECODE_CONFIGS (block scales loaded as bytes)")
     ap.add_argument("--programs-per-sm", type=int, default=None)
     ap.add_argument("--baseline", default=None, help="an earlier attention.py to run instead")
     args = ap.parse_args(argv)
@@ -50,6 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.decode_config:
         parts = [int(x) for x in args.decode_config.split(",")]
         over["decode"] = att.DecodeConfig(*parts)
+    if args.byte_scales is not None:
+        configs = att.BYTE_SCALE_DECODE_CONFIGS
+        if not 0 <= args.byte_scales < len(configs) or args.decode_config:
+            sys.stderr.write(f"profile_attention: --byte-scales {args.byte_scales}: need an index below "
+                             f"{len(configs)} and no --decode-config\n")
+            return 2
+        over["decode"] = configs[args.byte_scales]
     if args.programs_per_sm:
         over["knobs"] = {"SPLIT_TARGET_PROGRAMS_PER_SM": args.programs_per_sm}
     case = ba.Case(shape, torch.device("cuda"), 0, fp8=False)

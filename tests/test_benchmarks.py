@@ -74,3 +74,22 @@ def test_bench_serving_refuses_an_unknown_mode():
     )  # fmt: skip
     assert proc.returncode == 2
     assert "--modes: unknown ['decode']" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bench_timing_spots_an_empty_cuda_graph_capture(monkeypatch):
+    """A call that launches off the capturing stream gives torch's "CUDA Graph is empty" warning;
+    the benchmarks' timer must spot it (and report eager time only) rather than time an empty replay."""
+    import importlib
+    import warnings
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    mod = importlib.import_module("bench_attention")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted to be "
+                      "captured on wrong device or stream.", UserWarning, stacklevel=1)
+    assert mod.empty_graph_capture(caught)
+    with warnings.catch_warnings(record=True) as other:
+        warnings.simplefilter("always")
+        warnings.warn("some other warning", UserWarning, stacklevel=1)
+    assert not mod.empty_graph_capture(other)

@@ -599,3 +599,27 @@ def test_throughput_runs_its_default_engines_before_the_forced_one():
         "auto-default-fi0.6.14-plugin",
         "nvfp4-full-decode-optin-fi0.6.14-plugin",
     ]
+
+
+def test_recall_check_states_the_resolution_of_its_verdict():
+    """At 5 needles a depth (50 a length) one needle is 2 points: the check says so, in its note and
+    in the summary figure, so a single miss reads as what it is; at 100 a length it says nothing."""
+    from nvfp4compat.validation.report import headline
+
+    jobs = vc.plan_jobs(["recall"], "0.6.14")
+
+    def run(per_length, nv_8k):
+        for j in jobs:
+            rec = {"2048": 1.0, "4096": 1.0, "8192": 1.0 if j.kv in ("auto", "fp8") else nv_8k}
+            j.result = _engine_result(recall=rec)
+            j.result["tasks"]["recall"]["prompts"] = 3 * per_length
+        return vc.evaluate(["recall"], jobs)["recall"]
+
+    coarse = run(50, 0.98)
+    assert not coarse["passed"] and coarse["worst_points_below_bf16"] == pytest.approx(2.0)
+    assert coarse["needles_per_length"] == 50 and coarse["points_per_needle"] == pytest.approx(2.0)
+    assert "one needle is 2 points" in coarse["note"] and "--recall-per-depth 10" in coarse["note"]
+    assert "one needle = 2 points" in headline("recall", coarse)
+    fine = run(100, 0.99)
+    assert fine["passed"] and fine["points_per_needle"] == pytest.approx(1.0)
+    assert "one needle is" not in fine["note"]

@@ -64,6 +64,8 @@ class AotVariant:
     # constexprs that depend on the target, as the launcher picks them per device (e.g. hardware
     # FP8 conversions from SM89 on): ``by_cc(cc) -> {name: value}``, merged over ``constexprs``
     by_cc: Callable[[int], dict[str, Any]] | None = None
+    # a register cap per thread, as the launch passes it (``DecodeConfig.maxnreg``); None: none
+    maxnreg: int | None = None
 
     def constexprs_for(self, cc: int) -> dict[str, Any]:
         return {**self.constexprs, **(self.by_cc(cc) if self.by_cc else {})}
@@ -221,6 +223,7 @@ def build(kernel: AotKernel, variant: AotVariant, cc: int) -> Any:
             "num_warps": variant.num_warps,
             "num_stages": variant.num_stages,
             "enable_fp_fusion": True,
+            **({"maxnreg": variant.maxnreg} if variant.maxnreg else {}),
         },
     )
 

@@ -90,8 +90,9 @@ def headline(name: str, r: Mapping[str, Any]) -> str:
         w = r.get("writer_bytes") or {}
         return "identical bytes" if w.get("identical") else (w.get("error") or "bytes differ")
     if name == "recall":
-        worst = r.get("worst_points_below_bf16")
-        return f"worst NVFP4 gap {_num(worst, '.1f')} points below bf16 (target <= {RECALL_MAX_POINTS})"
+        worst, per_needle = r.get("worst_points_below_bf16"), r.get("points_per_needle")
+        res = f"; one needle = {per_needle:g} points" if per_needle else ""
+        return f"worst NVFP4 gap {_num(worst, '.1f')} points below bf16 (target <= {RECALL_MAX_POINTS}{res})"
     return ""
 
 

@@ -355,6 +355,52 @@ def test_cuda_graph_capture_and_replay():
     tap.check_scale_errors(DEVICE)
 
 
+@pytest.mark.parametrize("impl", ["triton", "flashinfer"])
+def test_writer_captured_in_a_cuda_graph_writes_on_replay(impl):
+    """Each bound writer, captured into a CUDA graph as vLLM's FULL decode graphs do, writes the
+    cache on every replay: the capture holds its kernel (torch warns "CUDA Graph is empty" when a
+    library launches on another stream) and replays write the same bytes as an eager Triton write."""
+    import warnings
+
+    from nvfp4compat.kernels import get_kernel
+
+    if impl == "flashinfer":
+        _fi("write")
+    write = get_kernel("write", impl)
+    n = 256
+    spec = CacheSpec("tuple", "NHD", 64, PAGE, HEADS, HEAD_DIM)
+    static_k = torch.zeros(n, HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
+    static_v = torch.zeros_like(static_k)
+    static_slots = torch.arange(n, dtype=torch.int64, device=DEVICE)
+    ks = torch.ones(1, device=DEVICE)
+    vs = torch.ones(1, device=DEVICE)
+    bufs = alloc_cache(spec, DEVICE, torch.Generator().manual_seed(6))
+    tap.scale_error_flag(DEVICE)  # allocate before capture
+    write(static_k, static_v, static_slots, *cache_args(spec, bufs), ks, vs, "NHD")  # compile / JIT
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.cuda.graph(graph):
+            write(static_k, static_v, static_slots, *cache_args(spec, bufs), ks, vs, "NHD")
+    empty = [str(w.message) for w in caught if "CUDA Graph is empty" in str(w.message)]
+    assert not empty, f"{impl} writer: nothing captured ({empty[0]})"
+    for step in range(2):
+        g = torch.Generator(device=DEVICE).manual_seed(200 + step)
+        static_k.copy_(torch.randn(n, HEADS, HEAD_DIM, generator=g, device=DEVICE))
+        static_v.copy_(torch.randn(n, HEADS, HEAD_DIM, generator=g, device=DEVICE))
+        static_slots.copy_(torch.randperm(64 * PAGE, generator=g, device=DEVICE)[:n])
+        ks.fill_(0.01 * (step + 1))
+        vs.fill_(0.02 * (step + 1))
+        expected = clone_all(bufs)
+        _write(tap.append_slot_mapping, spec, expected, static_k, static_v, static_slots, ks, vs)
+        graph.replay()
+        torch.cuda.synchronize()
+        differing = sum(int((x != y).sum()) for x, y in zip(expected, bufs, strict=True))
+        assert differing == 0, f"{impl} writer, replay {step}: {differing} bytes differ from an eager Triton write"
+    tap.check_scale_errors(DEVICE)
+
+
 def test_bad_device_scale_does_not_trap():
     tap.check_scale_errors(DEVICE)
     key, slots, _ = _inputs(torch.bfloat16, 14)

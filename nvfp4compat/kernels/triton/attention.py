@@ -1165,17 +1165,19 @@ _DECODE_CONFIGS: dict[int, DecodeConfig] = {
 # registers). Not yet timed on a GPU: benchmarks/bench_attention.py sweeps it.
 PREFETCH_DECODE_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, prefetch=True)
 # Byte-loaded block scales (DecodeConfig.scale_words=False): no shared-memory round trip of the decoded
-# tiles. Compiled for sm_90 (triton 3.6.0, head_dim 128, bf16; registers, shared memory, programs per
-# SM by registers): 64-key tiles, 4 warps, 2 stages: 146, 14,592 B, 3 (the loads still staged by
-# cp.async); the same with 3 stages: 168, 14,848 B, 3; 32-key tiles, 2 stages: 110, 9,344 B, 4; 64-key
-# tiles on 8 warps: 108, 14,592 B, 2. 128-key tiles take 242 registers (2 per SM). Those counts assume
-# 2-byte aligned scale rows; at the cache's usual 8 bytes the first config takes 186 registers (2 per SM).
-# Not yet timed on a GPU: benchmarks/bench_attention.py sweeps them against the default.
+# tiles, but more registers. Compiled for sm_90 (triton 3.6.0, head_dim 128, bf16, 8-byte scale rows as
+# the cache has them; registers, shared memory, programs per SM by registers): 64-key tiles, 4 warps,
+# 2 stages: 188, 15,616 B, 2; 3 stages: 185, 16,128 B, 2; 32-key tiles: 110, 9,344 B, 4; 128-key tiles:
+# 255 (8 B spilled), 26,624 B, 2. Capped at 168 registers (3 per SM) the 64-key configs spill 16 B and
+# the 128-key one 48 B. Timed on an H200 (BENCHMARKS.md, decode run G) uncapped, with programs_per_sm 3
+# where 2 fit: ncu on 16 x 16K gave 185 registers, 10% achieved occupancy, DRAM 15%, the L1/shared pipe
+# 33% busy (73% for the shipped word loads), 2 waves: 1.7x the shipped kernel's time; 3 stages came
+# within 6-15% of it over two waves. The capped configs below put 3 per SM again (not yet timed).
 BYTE_SCALE_DECODE_CONFIGS = (
-    DecodeConfig(block_n=64, num_warps=4, num_stages=2, programs_per_sm=3, scale_words=False),
-    DecodeConfig(block_n=64, num_warps=4, num_stages=3, programs_per_sm=3, scale_words=False),
+    DecodeConfig(block_n=64, num_warps=4, num_stages=2, maxnreg=168, programs_per_sm=3, scale_words=False),
+    DecodeConfig(block_n=64, num_warps=4, num_stages=3, maxnreg=168, programs_per_sm=3, scale_words=False),
     DecodeConfig(block_n=32, num_warps=4, num_stages=2, programs_per_sm=4, scale_words=False),
-    DecodeConfig(block_n=64, num_warps=8, num_stages=2, programs_per_sm=2, scale_words=False),
+    DecodeConfig(block_n=128, num_warps=4, num_stages=2, maxnreg=168, programs_per_sm=3, scale_words=False),
 )
 # Warps of a decode launch whose config has fewer, when (a) BLOCK_M > 16: at 2 warps the
 # accumulators do not fit (SM90, head_dim 128: BLOCK_M 32 spills 8 bytes, BLOCK_M 64 spills 1.5 KB,
@@ -2148,7 +2150,7 @@ def aot_variants() -> dict[str, list[Any]]:
         c.update(_FEATURES_OFF)
         c.update(features)
         sig = _decode_signature(dtype, ptr, ptr)
-        dec.append(AotVariant(label, sig, c, cfg.num_warps, cfg.num_stages, _pointer_attrs(sig)))
+        dec.append(AotVariant(label, sig, c, cfg.num_warps, cfg.num_stages, _pointer_attrs(sig), maxnreg=cfg.maxnreg))
 
     def add_prefill(label: str, dtype: str, hd: int, *, causal: bool = True, decoder: str = "bitwise",
                     ptr: bool = True, combined: bool = False, pow2: bool = True, **features: Any) -> None:
