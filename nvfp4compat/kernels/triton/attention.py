@@ -1172,12 +1172,14 @@ PREFETCH_DECODE_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=1, pro
 # the 128-key one 48 B. Timed on an H200 (BENCHMARKS.md, decode run G) uncapped, with programs_per_sm 3
 # where 2 fit: ncu on 16 x 16K gave 185 registers, 10% achieved occupancy, DRAM 15%, the L1/shared pipe
 # 33% busy (73% for the shipped word loads), 2 waves: 1.7x the shipped kernel's time; 3 stages came
-# within 6-15% of it over two waves. The capped configs below put 3 per SM again (not yet timed).
+# within 6-15% of it over two waves. The capped configs below put 3 per SM again; capped at 128 the
+# 64-key, 2-stage config spills 32 B and fits 4 per SM (none timed yet).
 BYTE_SCALE_DECODE_CONFIGS = (
     DecodeConfig(block_n=64, num_warps=4, num_stages=2, maxnreg=168, programs_per_sm=3, scale_words=False),
     DecodeConfig(block_n=64, num_warps=4, num_stages=3, maxnreg=168, programs_per_sm=3, scale_words=False),
     DecodeConfig(block_n=32, num_warps=4, num_stages=2, programs_per_sm=4, scale_words=False),
     DecodeConfig(block_n=128, num_warps=4, num_stages=2, maxnreg=168, programs_per_sm=3, scale_words=False),
+    DecodeConfig(block_n=64, num_warps=4, num_stages=2, maxnreg=128, programs_per_sm=4, scale_words=False),
 )
 # Warps of a decode launch whose config has fewer, when (a) BLOCK_M > 16: at 2 warps the
 # accumulators do not fit (SM90, head_dim 128: BLOCK_M 32 spills 8 bytes, BLOCK_M 64 spills 1.5 KB,
