@@ -355,18 +355,46 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
             variants = variants[:1] + [(f"{att.PrefillConfig(64, 32, 4, 2)}", {"prefill": att.PrefillConfig(64, 32, 4, 2)})]
     # --knob NAME=V: one row per value, the module constant set for that row (any sweep mode)
     variants += [(f"knob {name}={val}", {"knobs": {name: val}}) for name, val in knobs]
+    max_smem = _max_shared_mem(case.q.device)
     for label, over in variants:
         try:
             with _overrides(att, over):
+                getattr(att, "LAST_KERNELS", {}).clear()
                 out = run()
                 torch.cuda.synchronize() if case.q.is_cuda else None
                 err = _err(out, ref_nv)
+                res = _resources(att, s.kind, max_smem)
                 graph, eager, note = _time(run, quick)
         except Exception as exc:  # noqa: BLE001 - a config that fails to build is reported, not fatal
             rows.append(Row(s.name, impl, label, None, None, None, note=f"FAILED: {type(exc).__name__}: {str(exc)[:200]}"))
             continue
-        rows.append(Row(s.name, impl, label, graph, eager, err, note=note, extra={"override": {k: str(v) for k, v in over.items()}}))
+        if res:  # the compiled kernel's registers, spills, shared memory and resident programs per SM
+            note = "; ".join(x for x in (
+                f"{res['registers']} regs, {res['spills']} B spilled, {res['shared_bytes'] / 1024:.1f} KB smem, "
+                f"{res['programs_per_sm']}/SM", note) if x)  # fmt: skip
+        extra = {"override": {k: str(v) for k, v in over.items()}} | ({"resources": res} if res else {})
+        rows.append(Row(s.name, impl, label, graph, eager, err, note=note, extra=extra))
     return rows
+
+
+def _max_shared_mem(device: Any) -> int | None:
+    """The device's opt-in shared memory per block (bytes), as Triton reads it; None off CUDA."""
+    if getattr(device, "type", None) != "cuda":
+        return None
+    try:
+        import triton
+
+        props = triton.runtime.driver.active.utils.get_device_properties(device.index or 0)
+        return int(props["max_shared_mem"])
+    except Exception:  # noqa: BLE001 - a driver without the query: programs per SM by registers only
+        return None
+
+
+def _resources(att: Any, kind: str, max_smem: int | None) -> dict[str, int] | None:
+    """Resources of the compiled kernel the last call launched (decode, or the prefill kernel)."""
+    compiled = getattr(att, "LAST_KERNELS", {}).get("decode" if kind == "decode" else "prefill")
+    fn = getattr(att, "kernel_resources", None)
+    return fn(compiled, max_smem) if fn is not None and compiled is not None else None
 
 
 def _flashinfer_rows(case: Case, refs: dict[str, Any]) -> list[Row]:

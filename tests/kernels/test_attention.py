@@ -728,3 +728,22 @@ def test_unaligned_cache_views():
     out = kernel("decode", "triton")(base.query, data, sf, c.block_table, c.seq_lens, c.k_scale, c.v_scale,
                                       sm_scale=64**-0.5)
     assert ra.relative_l2(out, base.ref) <= 1e-2
+
+
+def test_kernel_resources_counts_resident_programs_per_sm():
+    """Registers, spills and shared memory of a compiled kernel, and the programs per SM they allow
+    (the figures the benchmarks print beside each config; H200 numbers from BENCHMARKS.md run G)."""
+    from types import SimpleNamespace
+
+    def compiled(regs, shared, warps=4, spills=0):
+        return SimpleNamespace(n_regs=regs, n_spills=spills, metadata=SimpleNamespace(shared=shared, num_warps=warps))
+
+    h200 = 232448  # opt-in shared memory per block on SM90
+    shipped = _att.kernel_resources(compiled(154, 59392), h200)
+    assert shipped == {"registers": 154, "spills": 0, "shared_bytes": 59392, "num_warps": 4, "programs_per_sm": 3}
+    assert _att.kernel_resources(compiled(185, 15616), h200)["programs_per_sm"] == 2  # by registers
+    assert _att.kernel_resources(compiled(168, 15616, spills=16), h200)["programs_per_sm"] == 3
+    assert _att.kernel_resources(compiled(128, 15616, spills=32), h200)["programs_per_sm"] == 4
+    assert _att.kernel_resources(compiled(110, 150000), h200)["programs_per_sm"] == 1  # by shared memory
+    assert _att.kernel_resources(compiled(154, 59392), None)["programs_per_sm"] == 3  # registers only
+    assert _att.kernel_resources(None) is None and _att.kernel_resources(SimpleNamespace(n_regs=1)) is None

@@ -1110,6 +1110,32 @@ def _prefill_kernel(
 # --------------------------------------------------------------------------------------------------
 
 
+# The compiled kernel of the latest decode / prefill launch (triton's CompiledKernel; whatever the
+# launch returns under the interpreter): benchmarks report its registers, spills and shared memory
+# (kernel_resources) next to each config's time. One dict store per launch.
+LAST_KERNELS: dict[str, Any] = {}
+
+
+def kernel_resources(compiled: Any, max_shared_mem: int | None = None) -> dict[str, int] | None:
+    """``{"registers", "spills", "shared_bytes", "num_warps"}`` of a compiled Triton kernel, plus
+    ``"programs_per_sm"`` (resident programs by registers and, given the device's opt-in shared
+    memory per block ``max_shared_mem``, by shared memory; 64K registers per SM, allocated per warp
+    in units of 256, 1 KB of shared memory reserved per program, as on SM80-SM120). None for an
+    object that is not a loaded compiled kernel (e.g. under the interpreter)."""
+    try:
+        regs, spills = int(compiled.n_regs), int(compiled.n_spills)
+        shared, warps = int(compiled.metadata.shared), int(compiled.metadata.num_warps)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    out = {"registers": regs, "spills": spills, "shared_bytes": shared, "num_warps": warps}
+    per_warp = -(-max(regs, 1) * 32 // 256) * 256
+    fit = 65536 // (per_warp * warps)
+    if max_shared_mem:
+        fit = min(fit, (max_shared_mem + 1024) // (shared + 1024))
+    out["programs_per_sm"] = max(0, min(fit, 32))
+    return out
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """Tile config of the decode kernel: keys per tile, warps, pipeline stages and an optional
@@ -1760,7 +1786,7 @@ def _run_decode(
     softcap = d.softcap if d.softcap else 1.0
     counters = _merge_counters(device, batch * d.num_kv_heads) if d.fused_merge else None
     fused = counters is not None
-    _decode_kernel[(d.chunks * d.num_kv_heads,)](
+    LAST_KERNELS["decode"] = _decode_kernel[(d.chunks * d.num_kv_heads,)](
         query, out, lse_arg, part_o, part_lse,
         *cache, block_table, seq_lens, qsl_arg, sinks_arg,
         k_scale, v_scale, d.sm_scale_log2, softcap, d.window,
@@ -2029,7 +2055,7 @@ def prefill(
         lse = a.lse if a.lse is not None else a.out
         sinks_arg = a.sinks if a.sinks is not None else a.out
         cl = _cache_launch(views)
-        _prefill_kernel[(grid0, views.num_kv_heads)](
+        LAST_KERNELS["prefill"] = _prefill_kernel[(grid0, views.num_kv_heads)](
             query, a.out, lse,
             *cl.tensors, block_table, seq_lens, qsl, sinks_arg,
             a.k_scale, a.v_scale, a.sm_scale_log2, a.softcap if a.softcap else 1.0, a.window,
