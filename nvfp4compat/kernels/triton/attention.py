@@ -1196,9 +1196,9 @@ PREFETCH_DECODE_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=1, pro
 # 2 stages: 188, 15,616 B, 2; 3 stages: 185, 16,128 B, 2; 32-key tiles: 110, 9,344 B, 4; 128-key tiles:
 # 255 (8 B spilled), 26,624 B, 2. Capped at 168 registers (3 per SM) the 64-key configs spill 16 B and
 # the 128-key one 48 B. Timed on an H200 (BENCHMARKS.md, decode run G) uncapped, with programs_per_sm 3
-# where 2 fit: ncu on 16 x 16K gave 185 registers, 10% achieved occupancy, DRAM 15%, the L1/shared pipe
-# 33% busy (73% for the shipped word loads), 2 waves: 1.7x the shipped kernel's time; 3 stages came
-# within 6-15% of it over two waves. The capped configs below put 3 per SM again; capped at 128 the
+# where 2 fit: ncu on 16 x 16K gave 185 registers, 10% achieved occupancy, DRAM 15%, L1/TEX (shared
+# memory's unit) 38% busy (76% for the shipped word loads), 2 waves: 1.7x the shipped kernel's time; 3 stages came
+# within 10-15% of it over two waves. The capped configs below put 3 per SM again; capped at 128 the
 # 64-key, 2-stage config spills 32 B and fits 4 per SM (none timed yet).
 BYTE_SCALE_DECODE_CONFIGS = (
     DecodeConfig(block_n=64, num_warps=4, num_stages=2, maxnreg=168, programs_per_sm=3, scale_words=False),
