@@ -299,8 +299,9 @@ def test_every_dequant_config(cfg):
     assert bits_equal(outs[0], outs[2]) and bits_equal(outs[1], outs[3])
 
 
-def test_cuda_graph_capture_and_replay():
-    """The writer and the dequantizer capture into a CUDA graph and replay on new data (no host sync)."""
+def _graph_write_state(seed: int):
+    """``(tokens, spec, static K, V, slots, k_scale, v_scale, cache buffers)`` for a captured write: static
+    inputs a CUDA graph reads on every replay, refilled by :func:`_next_write`."""
     n = 256
     spec = CacheSpec("tuple", "NHD", 64, PAGE, HEADS, HEAD_DIM)
     static_k = torch.zeros(n, HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
@@ -308,7 +309,24 @@ def test_cuda_graph_capture_and_replay():
     static_slots = torch.zeros(n, dtype=torch.int64, device=DEVICE)
     ks = torch.ones(1, device=DEVICE)
     vs = torch.ones(1, device=DEVICE)
-    bufs = alloc_cache(spec, DEVICE, torch.Generator().manual_seed(5))
+    bufs = alloc_cache(spec, DEVICE, torch.Generator().manual_seed(seed))
+    return n, spec, static_k, static_v, static_slots, ks, vs, bufs
+
+
+def _next_write(seed: int, step: int, static_k, static_v, static_slots, ks, vs) -> None:
+    """New data, slots and scales in the static inputs for replay ``step``."""
+    n = static_k.shape[0]
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    static_k.copy_(torch.randn(n, HEADS, HEAD_DIM, generator=g, device=DEVICE))
+    static_v.copy_(torch.randn(n, HEADS, HEAD_DIM, generator=g, device=DEVICE))
+    static_slots.copy_(torch.randperm(64 * PAGE, generator=g, device=DEVICE)[:n])
+    ks.fill_(0.01 * (step + 1))
+    vs.fill_(0.02 * (step + 1))
+
+
+def test_cuda_graph_capture_and_replay():
+    """The writer and the dequantizer capture into a CUDA graph and replay on new data (no host sync)."""
+    _, spec, static_k, static_v, static_slots, ks, vs, bufs = _graph_write_state(5)
     bt = torch.arange(64, dtype=torch.int32, device=DEVICE).view(4, 16)
     seq_lens = torch.full((4,), 256, dtype=torch.int32, device=DEVICE)
     out_k = torch.zeros(4, 256, HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
@@ -324,12 +342,7 @@ def test_cuda_graph_capture_and_replay():
         tap.append_slot_mapping(static_k, static_v, static_slots, cache, sf, ks, vs, "NHD")
         tdq.dequantize_paged(cache, sf, bt, seq_lens, ks, vs, out_k, out_v, "NHD")
     for step in range(3):
-        g = torch.Generator(device=DEVICE).manual_seed(100 + step)
-        static_k.copy_(torch.randn(n, HEADS, HEAD_DIM, generator=g, device=DEVICE))
-        static_v.copy_(torch.randn(n, HEADS, HEAD_DIM, generator=g, device=DEVICE))
-        static_slots.copy_(torch.randperm(64 * PAGE, generator=g, device=DEVICE)[:n])
-        ks.fill_(0.01 * (step + 1))
-        vs.fill_(0.02 * (step + 1))
+        _next_write(100 + step, step, static_k, static_v, static_slots, ks, vs)
         expected = clone_all(bufs)
         ref.append_slot_mapping(
             static_k, static_v, static_slots, *cache_args(spec, expected), ks, vs, "NHD"
@@ -367,14 +380,7 @@ def test_writer_captured_in_a_cuda_graph_writes_on_replay(impl):
     if impl == "flashinfer":
         _fi("write")
     write = get_kernel("write", impl)
-    n = 256
-    spec = CacheSpec("tuple", "NHD", 64, PAGE, HEADS, HEAD_DIM)
-    static_k = torch.zeros(n, HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
-    static_v = torch.zeros_like(static_k)
-    static_slots = torch.arange(n, dtype=torch.int64, device=DEVICE)
-    ks = torch.ones(1, device=DEVICE)
-    vs = torch.ones(1, device=DEVICE)
-    bufs = alloc_cache(spec, DEVICE, torch.Generator().manual_seed(6))
+    _, spec, static_k, static_v, static_slots, ks, vs, bufs = _graph_write_state(6)
     tap.scale_error_flag(DEVICE)  # allocate before capture
     write(static_k, static_v, static_slots, *cache_args(spec, bufs), ks, vs, "NHD")  # compile / JIT
     torch.cuda.synchronize()
@@ -386,12 +392,7 @@ def test_writer_captured_in_a_cuda_graph_writes_on_replay(impl):
     empty = [str(w.message) for w in caught if "CUDA Graph is empty" in str(w.message)]
     assert not empty, f"{impl} writer: nothing captured ({empty[0]})"
     for step in range(2):
-        g = torch.Generator(device=DEVICE).manual_seed(200 + step)
-        static_k.copy_(torch.randn(n, HEADS, HEAD_DIM, generator=g, device=DEVICE))
-        static_v.copy_(torch.randn(n, HEADS, HEAD_DIM, generator=g, device=DEVICE))
-        static_slots.copy_(torch.randperm(64 * PAGE, generator=g, device=DEVICE)[:n])
-        ks.fill_(0.01 * (step + 1))
-        vs.fill_(0.02 * (step + 1))
+        _next_write(200 + step, step, static_k, static_v, static_slots, ks, vs)
         expected = clone_all(bufs)
         _write(tap.append_slot_mapping, spec, expected, static_k, static_v, static_slots, ks, vs)
         graph.replay()
