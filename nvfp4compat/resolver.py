@@ -147,10 +147,11 @@ def parse_cudagraph_decode(value: str | None, *, source: str = ENV_CUDAGRAPH_DEC
     )
 
 
-def _full_decode_graphs(k: Known, read: Mapping[str, str]) -> bool:
+def _full_decode_graphs(k: Known, read: Mapping[str, str], write: str | None) -> bool:
     """Whether the route lets vLLM capture uniform decode batches in FULL CUDA graphs: where the
     plugin reads decode with its own kernel, as ``NVFP4COMPAT_CUDAGRAPH_DECODE`` says, else where
-    the matrix verified it for this vLLM release and arch."""
+    the matrix verified it for this vLLM release and arch, with the writer the route binds
+    (``write``: the routed writer, None for vLLM's own), since the graph captures the KV write too."""
     forced = parse_cudagraph_decode(k.facts.cudagraph_decode_env)
     if "decode" not in read:
         if forced:
@@ -161,8 +162,16 @@ def _full_decode_graphs(k: Known, read: Mapping[str, str]) -> bool:
         return forced
     spec = k.vllm.plugin.full_decode_graphs if k.vllm is not None else None
     ok = spec is not None and spec.status == "verified" and k.facts.arch in spec.arches
+    writer_ok = spec is None or spec.writers is None or (write is not None and write in spec.writers)
     if spec is None:
         why = f"no FULL-decode-graph evidence for vLLM {k.facts.vllm}: attention runs eagerly between piecewise graphs"
+    elif ok and not writer_ok:
+        bound = f"the bound writer is {write}" if write is not None else "vLLM's own writer writes the cache"
+        verified = "/".join(spec.writers or [])
+        why = (f"FULL decode graphs were verified on {', '.join(spec.arches)} with the {verified} writer only and "
+               f"{bound}: attention runs eagerly between piecewise graphs (NVFP4COMPAT_IMPL=write={verified} keeps "
+               "the verified pairing)")
+        ok = False
     elif ok:
         why = f"verified on {', '.join(spec.arches)}: {spec.evidence}"
     else:
@@ -901,7 +910,7 @@ def _vllm_route(k: Known, bindings: Mapping[str, Binding], vplan: VllmPlan, refu
         write_4over6=bool(w.options.get("nvfp4_4over6")),
         read=read,  # type: ignore[arg-type]
         kv_rotation=k.rotation,
-        full_decode_graphs=_full_decode_graphs(k, read),
+        full_decode_graphs=_full_decode_graphs(k, read, w.impl if "kv_cache_update" in patches else None),
     )
     k.note(None, None, "vllm_route", True, route.describe())
     return route

@@ -591,6 +591,9 @@ class DecodeGraphs(_Model):
     arches: list[ArchStr] = Field(min_length=1)
     evidence: str = Field(min_length=1)
     status: Status
+    # the writers the verification ran with (the KV write is captured in the same graph): a plan that
+    # routes the write elsewhere, or leaves vLLM's own writer, is not covered. None: any writer
+    writers: list[Impl] | None = Field(default=None, min_length=1)
 
 
 class PluginImpls(_Model):

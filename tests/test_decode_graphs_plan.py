@@ -63,3 +63,22 @@ def test_every_matrix_entry_names_arches_the_strategy_serves():
         for arch in spec.arches:
             assert rel.strategy.for_arch(arch) in ("backport", "extend"), (rel.version, arch)
             assert "triton" in rel.plugin.decode, rel.version
+
+
+def test_full_decode_graphs_need_the_writer_they_were_verified_with():
+    """The graph captures the KV write too: vLLM 0.26.0's FULL decode graphs were verified with the
+    Triton writer (FlashInfer 0.6.14 has no slot-mapping writer), so a plan that binds FlashInfer's
+    writer (0.6.15+) stays piecewise, says why and how to get the verified pairing; the switch still
+    overrides."""
+    spec = next(r for r in load_matrix().vllm.releases if r.version == "0.26.0").plugin.full_decode_graphs
+    assert spec is not None and spec.writers == ["triton"]
+    pinned = query("sm_90", vllm="0.26.0", flashinfer="0.6.14", kv_rotation=None)
+    assert pinned.vllm.route.write == "triton" and pinned.vllm.route.full_decode_graphs
+    newer = query("sm_90", vllm="0.26.0", flashinfer="0.6.15", kv_rotation=None)
+    assert newer.vllm.route.write == "flashinfer" and not newer.vllm.route.full_decode_graphs
+    line = next(ln for ln in newer.render_text().splitlines() if "full_decode_graphs" in ln)
+    assert "verified on sm_90 with the triton writer only" in line and "NVFP4COMPAT_IMPL=write=triton" in line
+    paired = query("sm_90", vllm="0.26.0", flashinfer="0.6.15", impl_env="write=triton", kv_rotation=None)
+    assert paired.vllm.route.write == "triton" and paired.vllm.route.full_decode_graphs
+    forced = query("sm_90", vllm="0.26.0", flashinfer="0.6.15", kv_rotation=None, cudagraph_decode="1")
+    assert forced.vllm.route.full_decode_graphs
