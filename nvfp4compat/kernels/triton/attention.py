@@ -514,6 +514,25 @@ def _rotated_query(
 
 
 @triton.jit
+def _fold_sinks(m, l_sum, sinks_ptr, head, row_ok, HAS_SINKS: tl.constexpr):
+    """Fold each row's attention sink (``sinks[head]``) into its running max ``m`` and sum ``l_sum``
+    (log2 domain): ``(w, l_safe, lse)``, the weight of the accumulated output, its normalizer (1
+    where nothing was attended) and the row's natural-log LSE (-inf where nothing was attended)."""
+    if HAS_SINKS:
+        sink2 = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634
+        m_fin = tl.maximum(m, sink2)
+        w = tl.exp2(m - m_fin)
+        l_tot = l_sum * w + tl.exp2(sink2 - m_fin)
+    else:
+        m_fin = m
+        w = tl.full(m.shape, 1.0, tl.float32)
+        l_tot = l_sum
+    l_safe = tl.where(l_tot > 0.0, l_tot, 1.0)
+    lse = tl.where(l_tot > 0.0, (m_fin + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    return w, l_safe, lse
+
+
+@triton.jit
 def _finish(
     acc_lo, acc_hi, m_i, l_i, vs, head, row_ok, tok, o_ptr, lse_ptr, sinks_ptr,
     stride_ot, stride_oh, stride_lt,
@@ -521,16 +540,7 @@ def _finish(
 ):
     """Normalize (sinks included), apply ``v_scale``, interleave the planes and store out/LSE."""
     BLOCK_M: tl.constexpr = acc_lo.shape[0]
-    if HAS_SINKS:
-        sink2 = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634
-        m_fin = tl.maximum(m_i, sink2)
-        w = tl.exp2(m_i - m_fin)
-        l_tot = l_i * w + tl.exp2(sink2 - m_fin)
-    else:
-        m_fin = m_i
-        w = tl.full(m_i.shape, 1.0, tl.float32)
-        l_tot = l_i
-    l_safe = tl.where(l_tot > 0.0, l_tot, 1.0)
+    w, l_safe, lse = _fold_sinks(m_i, l_i, sinks_ptr, head, row_ok, HAS_SINKS)
     scale = w * vs / l_safe
     o = tl.reshape(
         tl.join(acc_lo * scale[:, None], acc_hi * scale[:, None]), (BLOCK_M, HEAD_DIM)
@@ -539,7 +549,6 @@ def _finish(
     o_row = o_ptr + tok.to(tl.int64) * stride_ot + head.to(tl.int64) * stride_oh
     tl.store(o_row[:, None] + offs_d[None, :], o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
     if RETURN_LSE:
-        lse = tl.where(l_tot > 0.0, (m_fin + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
         tl.store(lse_ptr + tok.to(tl.int64) * stride_lt + head, lse, mask=row_ok)
 
 
@@ -877,21 +886,11 @@ def _merge_rows(
         acc = acc * alpha[:, None] + tl.sum(o_s * w[:, :, None], 0)
         l_sum = l_sum * alpha + tl.sum(w, 0)
         m = m_new
-    if HAS_SINKS:
-        sink2 = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634
-        m_fin = tl.maximum(m, sink2)
-        w_fin = tl.exp2(m - m_fin)
-        l_tot = l_sum * w_fin + tl.exp2(sink2 - m_fin)
-    else:
-        m_fin = m
-        w_fin = tl.full((ROWS,), 1.0, tl.float32)
-        l_tot = l_sum
-    l_safe = tl.where(l_tot > 0.0, l_tot, 1.0)
+    w_fin, l_safe, lse = _fold_sinks(m, l_sum, sinks_ptr, head, row_ok, HAS_SINKS)
     o = acc * (w_fin / l_safe)[:, None]
     o_row = o_ptr + tok.to(tl.int64) * stride_ot + head.to(tl.int64) * stride_oh
     tl.store(o_row[:, None] + offs_d[None, :], o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
     if RETURN_LSE:
-        lse = tl.where(l_tot > 0.0, (m_fin + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
         tl.store(lse_ptr + tok.to(tl.int64) * stride_lt + head, lse, mask=row_ok)
 
 
