@@ -817,8 +817,9 @@ def evaluate(
             # the resolution of the verdict: one needle of a length, in points
             n_lengths = len(ref.get("recall") or {})
             per_length = (ref.get("prompts") or 0) // n_lengths if n_lengths else 0
+            per_needle = 100 / per_length if per_length else None
             r["needles_per_length"] = per_length or None
-            r["points_per_needle"] = round(100 / per_length, 2) if per_length else None
+            r["points_per_needle"] = round(per_needle, 2) if per_needle else None
             # a reference (fp8) or binding job that failed leaves the table incomplete: not a pass
             r["jobs_failed"] = sorted(n for n, e in r["table"].items() if e["error"] is not None)
             r["passed"] = bool(
@@ -838,10 +839,10 @@ def evaluate(
                     else ""
                 )
                 + (
-                    f"; at {per_length} needles a length one needle is {100 / per_length:.3g} points, so a single "
+                    f"; at {per_length} needles a length one needle is {per_needle:.3g} points, so a single "
                     f"miss fails the {RECALL_MAX_POINTS:g}-point target: {int(100 / RECALL_MAX_POINTS)} needles a "
                     "length (--recall-per-depth 10) resolve it"
-                    if per_length and 100 / per_length > RECALL_MAX_POINTS
+                    if per_needle and per_needle > RECALL_MAX_POINTS
                     else ""
                 )
             )
