@@ -20,6 +20,10 @@ rotated is never read unrotated).
   its kernel (the writer rotates each K/V row before quantizing, the readers rotate the query after
   loading it and the output before storing it, dequant un-rotates the rows it decodes; see
   :mod:`nvfp4compat.kernels.triton.hadamard`). No extra launch, no extra pass over Q, O, K or V.
+  The dequantize-then-attend prefills (``dequant_fa3``, ``dequant_fa2``) take it too: their dequantizer
+  un-rotates the rows it writes into the bf16 scratch (``(K H) H = K``), so FlashInfer attends over the
+  real K and V with the query and output as they are (decode rows and requests over the scratch cap
+  take the Triton kernels' fused rotation).
 * Any other (FlashInfer's helpers, the reference codec) gets pre/post operations: a separate torch
   matmul in float32 (``x.float() @ H``, output in ``x``'s dtype) before and/or after the call.
 """

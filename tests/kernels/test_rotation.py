@@ -446,3 +446,45 @@ def test_fused_dequant_matches_prepost_and_reference(head_dim, dtype):
             assert ra.relative_l2(a[valid], b[valid]) < 5e-3, other
     raw = _dequant(case, kernels["dequant"], dtype=dtype)
     assert max(errs) < 0.2 and raw[0] > 5 * errs[0], (errs, raw)
+
+
+@pytest.mark.parametrize("impl", ["dequant_fa3", "dequant_fa2"])
+def test_fused_rotation_in_dequant_then_attend_prefill(monkeypatch, impl):
+    """``dequant_fa3``/``dequant_fa2`` on a rotated cache: the dequantizer un-rotates the scratch, so the
+    attention step (the float32 reference in FlashInfer's place, :func:`attend_backend`) sees the real
+    K and V and the query as given; decode rows and a request over the scratch cap take the Triton
+    kernels' fused rotation. All rows match the rotated reference reader and the pre/post wrapper."""
+    from nvfp4compat.kernels.composite import prefill_dequant as mod
+
+    fn = {"dequant_fa3": mod.prefill_fa3, "dequant_fa2": mod.prefill_fa2}[impl]
+    assert fuses_rotation(fn) and rotated("prefill", fn).kv_rotation_fused
+    seq_lens, q_lens, hq, d = [40, 9, 70], [12, 1, 20], 4, 64
+    case, slots, g = _case(seq_lens, hq=hq, hkv=2, head_dim=d, seed=21)
+    _write(case, slots, rotated("write", codec.append_slot_mapping))
+    per_token = 2 * 2 * d * 2  # K+V, 2 KV heads, bf16
+    monkeypatch.setattr(mod, "scratch_cap_bytes", lambda: 50 * per_token)  # the 70-token request is oversize
+    seen: list[torch.Tensor] = []
+
+    def attend(a):
+        seen.append(a.q)
+        mod.reference_attend(a)
+
+    query = torch.randn(sum(q_lens), hq, d, generator=g).to(bf16)
+    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    ref, ref_lse = _prefill(case, rotated("prefill", _ref_reader("prefill")), query, qsl)
+    with mod.attend_backend(attend):
+        fused, fused_lse = _prefill(case, rotated("prefill", fn), query, qsl)
+        assert len(seen) == 1 and torch.equal(seen[0], query[:12]), "FA attends with the query as given"
+        pp, pp_lse = _prefill(case, rotated("prefill", fn, fuse=False), query, qsl)
+        plain, _ = _prefill(case, fn, query, qsl)
+    err_ref, err_pp = ra.relative_l2(fused, ref), ra.relative_l2(fused, pp)
+    print(f"{impl} fused rotation: rel L2 vs reference {err_ref:.2e}, vs pre/post {err_pp:.2e}")
+    assert err_ref < 1e-2 and err_pp < 1e-2
+    # The fused path rounds the un-rotated K to bf16 in the scratch where the reference rounds Q H:
+    # the LSEs (about 4-8 here) differ by a bf16 rounding of the logits, not more.
+    lse_err = max(float((fused_lse - other).abs().max()) for other in (ref_lse, pp_lse))
+    print(f"{impl} fused rotation: LSE max abs difference {lse_err:.2e}")
+    assert lse_err < 3e-2
+    assert ra.relative_l2(plain, ref) > 20 * err_ref, "an unrotated read of the rotated cache is far off"
+    with pytest.raises(RotationError, match="got 'givens'"):
+        _prefill(case, functools.partial(fn, kv_rotation="givens"), query, qsl)

@@ -50,6 +50,7 @@ import torch
 from nvfp4compat.kernels.checks import check_query_start_loc
 from nvfp4compat.kernels.contract import AttentionResult, PrefillArgs, implements
 from nvfp4compat.kernels.layout import normalize_cache
+from nvfp4compat.kernels.rotation import fused_rotation
 from nvfp4compat.kernels.triton import attention as tri
 from nvfp4compat.kernels.triton.dequant import dequantize_paged
 
@@ -354,11 +355,13 @@ def _host_ints(t: torch.Tensor | None, device_t: torch.Tensor, name: str, n: int
 @dataclass(slots=True)
 class DequantPrefillArgs(PrefillArgs):
     """The ``prefill`` op's arguments (:class:`~nvfp4compat.kernels.contract.PrefillArgs`) with the
-    composite's own options, ``seq_lens_cpu`` and ``query_start_loc_cpu`` (:func:`prefill_fa3`)."""
+    composite's own options, ``seq_lens_cpu``, ``query_start_loc_cpu`` and ``kv_rotation``
+    (:func:`prefill_fa3`)."""
 
     _: KW_ONLY
     seq_lens_cpu: torch.Tensor | None = None
     query_start_loc_cpu: torch.Tensor | None = None
+    kv_rotation: str | None = None
 
 
 @implements(DequantPrefillArgs)
@@ -378,6 +381,12 @@ def prefill_fa3(a: DequantPrefillArgs) -> AttentionResult:
     seq_lens_cpu, query_start_loc_cpu : torch.Tensor, optional
         Host copies of ``seq_lens`` ([batch]) and ``query_start_loc`` ([batch + 1]) with the same
         values (vLLM's metadata has both); without them the device tensors are read once (a sync).
+    kv_rotation : str, optional
+        ``"hadamard"``: the cache holds ``K H`` and ``V H`` (:mod:`nvfp4compat.kernels.rotation`).
+        The rotation is fused: the dequantizer un-rotates the rows it writes into the scratch
+        (``(K H) H = K``), so FA3 attends over the real K and V with the query and output as they
+        are, with no pass over Q or O; decode rows and oversize requests take the Triton kernels'
+        fused rotation. ``None``: a plain cache.
 
     Raises
     ------
@@ -417,6 +426,7 @@ def _prefill(backend: str, call: DequantPrefillArgs) -> AttentionResult:
             backend, f"attention sinks are not supported by FlashInfer's {name} ragged prefill"
         )
     views = normalize_cache(call.paged_kv_cache, call.kv_cache_sf, call.kv_layout)
+    rotation = call.kv_rotation if fused_rotation("prefill", call.kv_rotation, views.head_dim) else None
     dims = BACKEND_HEAD_DIMS[backend]
     if views.head_dim not in dims:
         raise _unsupported(
@@ -430,6 +440,8 @@ def _prefill(backend: str, call: DequantPrefillArgs) -> AttentionResult:
         "prefill", query, views, block_table, seq_lens, call.k_scale, call.v_scale, sm_scale,
         sliding_window, logits_soft_cap, None, call.out, call.return_lse,
     )  # fmt: skip
+    if rotation is not None:  # decode rows and oversize requests stage the rotated query in out
+        tri._check_rotation_out("prefill", query, call.out)
     batch = block_table.shape[0]
     qsl = check_query_start_loc("prefill", call.query_start_loc, batch, views.device)
     num_tokens = query.shape[0]
@@ -466,7 +478,8 @@ def _prefill(backend: str, call: DequantPrefillArgs) -> AttentionResult:
 
     if plan.has_decode_rows:
         tri._launch_decode_path(
-            a, query, block_table, seq_lens, qsl, max(1, 16 // a.group), bool(causal)
+            a, query, block_table, seq_lens, qsl, max(1, 16 // a.group), bool(causal),
+            rotate=rotation is not None,
         )
     window_left = a.window - 1 if a.window > 0 else -1
     cap = a.softcap if a.softcap > 0 else None
@@ -486,7 +499,7 @@ def _prefill(backend: str, call: DequantPrefillArgs) -> AttentionResult:
                 (views.k_data, views.v_data), (views.k_sf, views.v_sf),
                 block_table[first : first + count], seq_lens[first : first + count],
                 1.0, a.v_scale, k_s[off : off + count * n].view(count, n, h, d),
-                v_s[off : off + count * n].view(count, n, h, d), views.layout,
+                v_s[off : off + count * n].view(count, n, h, d), views.layout, kv_rotation=rotation,
             )  # fmt: skip
             off += count * n
         q0, q1 = starts[g.first], starts[g.last + 1]
@@ -508,6 +521,7 @@ def _prefill(backend: str, call: DequantPrefillArgs) -> AttentionResult:
             torch.tensor([0, q1 - q0], dtype=torch.int32, device=views.device), a.k_scale, a.v_scale,
             sm_scale=sm_scale, kv_layout=views.layout, causal=causal, sliding_window=sliding_window,
             logits_soft_cap=logits_soft_cap, out=a.out[q0:q1], return_lse=a.lse is not None,
+            kv_rotation=rotation,
         )  # fmt: skip
         if a.lse is not None:
             assert isinstance(res, tuple)
