@@ -262,6 +262,11 @@ def test_recall_check_needs_every_nvfp4_binding_within_one_point():
         ("nvfp4", "eager", "hadamard"), ("nvfp4", "full-decode-optin", ""),
     ]
     assert all(not j.impl and j.model == "recall" for j in engines)
+    # run order under a budget: the verdict's NVFP4, bf16 and rotated jobs before fp8 and FULL graphs
+    assert [(j.kv, j.rotation, j.mode) for j in engines] == [
+        ("nvfp4", "", "eager"), ("auto", "", "eager"), ("nvfp4", "hadamard", "eager"), ("fp8", "", "eager"),
+        ("nvfp4", "", "full-decode-optin"),
+    ]
 
     def verdict(graphs_8k):
         for j in jobs:

@@ -91,6 +91,12 @@ def test_headlines_name_what_went_wrong():
         "fp8: logprobs missing: other RuntimeError: x; rotated KL below plain NVFP4's"
     )
     assert headline("fidelity", RESULTS["fidelity"]).startswith("NVFP4: KL 0.0720, mean abs")
+    # a recall job cut by the budget fails the check at any gap: the figure says which
+    cut = {"worst_points_below_bf16": 1.0, "points_per_needle": 1.0, "jobs_failed": ["fp8-eager", "rot-eager"]}
+    assert headline("recall", cut) == (
+        "worst NVFP4 gap 1.0 points below bf16 (target <= 1.0; one needle = 1 points); no result from fp8-eager, rot-eager"
+    )
+    assert "no result" not in headline("recall", {"worst_points_below_bf16": 0.0, "jobs_failed": []})
 
 
 def test_results_json_holds_everything_and_round_trips():

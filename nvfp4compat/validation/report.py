@@ -92,7 +92,13 @@ def headline(name: str, r: Mapping[str, Any]) -> str:
     if name == "recall":
         worst, per_needle = r.get("worst_points_below_bf16"), r.get("points_per_needle")
         res = f"; one needle = {per_needle:g} points" if per_needle else ""
-        return f"worst NVFP4 gap {_num(worst, '.1f')} points below bf16 (target <= {RECALL_MAX_POINTS}{res})"
+        failed = r.get("jobs_failed") or []
+        # a job that failed or was cut by --budget-s leaves the verdict open whatever the gap
+        missing = f"; no result from {', '.join(failed)}" if failed else ""
+        return (
+            f"worst NVFP4 gap {_num(worst, '.1f')} points below bf16 (target <= {RECALL_MAX_POINTS}{res})"
+            + missing
+        )
     return ""
 
 
