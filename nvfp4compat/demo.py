@@ -188,12 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Rewrite the pages through the bound writer (make_paged_cache wrote them with the reference).
         for t in (*c.paged_kv_cache, *c.kv_cache_sf):
             t.view(torch.uint8).zero_()
-        slots = []
-        for b, n in enumerate(lens):
-            pos = torch.arange(n, device=device)
-            slots.append(c.block_table[b].long()[pos // s.page_size] * s.page_size + pos % s.page_size)
+        slots = c.slot_mapping()
         t0 = time.perf_counter()
-        write(torch.cat(c.keys), torch.cat(c.values), torch.cat(slots), c.paged_kv_cache,
+        write(torch.cat(c.keys), torch.cat(c.values), slots, c.paged_kv_cache,
               c.kv_cache_sf, c.k_scale, c.v_scale, "NHD")
         if use_cuda:
             torch.cuda.synchronize()

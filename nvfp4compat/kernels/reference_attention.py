@@ -219,6 +219,15 @@ class PagedCase:
     page_size: int
     combined: torch.Tensor | None = None
 
+    def slot_mapping(self) -> torch.Tensor:
+        """The cache slot (``page * page_size + offset``, int64) of every key, request after request:
+        the ``slot_mapping`` that writes ``torch.cat(keys)`` into these pages."""
+        slots = []
+        for b, k in enumerate(self.keys):
+            pos = torch.arange(k.shape[0], device=self.block_table.device)
+            slots.append(self.block_table[b].long()[pos // self.page_size] * self.page_size + pos % self.page_size)
+        return torch.cat(slots)
+
 
 def _alloc_cache(
     layout: str, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, device: torch.device

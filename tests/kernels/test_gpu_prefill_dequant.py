@@ -31,6 +31,7 @@ IMPLS = [
     )
     for impl, b in (("dequant_fa3", "fa3"), ("dequant_fa2", "fa2"))
 ]
+ENTRY = {"dequant_fa3": mod.prefill_fa3, "dequant_fa2": mod.prefill_fa2}
 
 
 # (dtype, head_dim, layout, hq, hkv, seq_lens, q_lens)
@@ -87,7 +88,7 @@ def test_refused_under_cuda_graph_capture(impl):
     res = run_case(impl, "prefill", seq_lens=[64], q_lens=[64], head_dim=128, return_lse=False)
     case, query = res.case, res.query
     qsl = torch.tensor([0, 64], dtype=torch.int32, device="cuda")
-    prefill = {"dequant_fa3": mod.prefill_fa3, "dequant_fa2": mod.prefill_fa2}[impl]
+    prefill = ENTRY[impl]
     g = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="CUDA graph capture.*prefill=triton"):  # noqa: SIM117
         with torch.cuda.graph(g):
@@ -105,16 +106,12 @@ def test_rotated_cache_fused_rotation(impl):
     from nvfp4compat.kernels.triton import attention as tri
     from nvfp4compat.kernels.triton import write as trw
 
-    fn = {"dequant_fa3": mod.prefill_fa3, "dequant_fa2": mod.prefill_fa2}[impl]
+    fn = ENTRY[impl]
     g = torch.Generator().manual_seed(11)
     seq_lens, q_lens, hq, hkv, d = [3000, 700, 5, 1500], [1000, 700, 1, 2], 32, 8, 128
     case = ra.make_paged_cache(seq_lens, hkv, d, 16, dtype=bf16, device="cuda", generator=g)
-    slots = torch.cat([
-        case.block_table[b].long()[torch.arange(n, device="cuda") // 16] * 16 + torch.arange(n, device="cuda") % 16
-        for b, n in enumerate(seq_lens)
-    ])  # fmt: skip
     rotated("write", trw.append_slot_mapping)(
-        torch.cat(case.keys), torch.cat(case.values), slots, case.paged_kv_cache, case.kv_cache_sf,
+        torch.cat(case.keys), torch.cat(case.values), case.slot_mapping(), case.paged_kv_cache, case.kv_cache_sf,
         case.k_scale, case.v_scale, case.kv_layout,
     )  # fmt: skip
     query = torch.randn(sum(q_lens), hq, d, generator=g).to(bf16).cuda()

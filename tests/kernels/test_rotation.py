@@ -120,11 +120,7 @@ def _case(seq_lens, hq=4, hkv=2, head_dim=64, page_size=16, seed=0, layout="NHD"
     """Real K/V (with outlier channels), a paged cache geometry and the exact decode/prefill oracle."""
     g = torch.Generator().manual_seed(seed)
     case = ra.make_paged_cache(seq_lens, hkv, head_dim, page_size, layout=layout, dtype=dtype, generator=g)
-    slots = []
-    for b, n in enumerate(seq_lens):
-        pos = torch.arange(n)
-        slots.append(case.block_table[b].long()[pos // page_size] * page_size + pos % page_size)
-    return case, torch.cat(slots), g
+    return case, case.slot_mapping(), g
 
 
 def _write(case, slots, writer, **kwargs):
@@ -454,9 +450,10 @@ def test_fused_rotation_in_dequant_then_attend_prefill(monkeypatch, impl):
     attention step (the float32 reference in FlashInfer's place, :func:`attend_backend`) sees the real
     K and V and the query as given; decode rows and a request over the scratch cap take the Triton
     kernels' fused rotation. All rows match the rotated reference reader and the pre/post wrapper."""
+    from nvfp4compat.kernels import get_kernel
     from nvfp4compat.kernels.composite import prefill_dequant as mod
 
-    fn = {"dequant_fa3": mod.prefill_fa3, "dequant_fa2": mod.prefill_fa2}[impl]
+    fn = get_kernel("prefill", impl)
     assert fuses_rotation(fn) and rotated("prefill", fn).kv_rotation_fused
     seq_lens, q_lens, hq, d = [40, 9, 70], [12, 1, 20], 4, 64
     case, slots, g = _case(seq_lens, hq=hq, hkv=2, head_dim=d, seed=21)
