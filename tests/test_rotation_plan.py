@@ -89,7 +89,9 @@ def test_rotation_excludes_vllms_native_path():
     assert plain.bindings["write"].impl == "native"
     rot = query("sm_100", vllm="0.33.0", trtllm_gen_usable=True, kv_rotation="hadamard", impl_env=None)
     assert rot.supported and rot.kv_rotation == "hadamard"
-    assert {rot.bindings[op].impl for op in ("write", "decode", "prefill")} <= {"triton", "flashinfer"}
+    # the Triton kernels and the dequant composites fuse the rotation (matrix: kv_rotation's ops)
+    assert {rot.bindings[op].impl for op in ("write", "decode")} <= {"triton", "flashinfer"}
+    assert rot.bindings["prefill"].impl in ("triton", "dequant_fa2", "dequant_fa3")
     assert any(
         t.impl == "native" and not t.accepted and "kv_rotation" in t.reason for t in rot.trace
     ), "the trace says why native was rejected"
@@ -102,7 +104,8 @@ def test_inside_vllm_the_readers_are_routed_and_wrapped():
     plain = query("sm_120", vllm="0.33.0", kv_rotation=None, impl_env=None)
     assert plain.bindings["decode"].impl == "flashinfer"
     rot = query("sm_120", vllm="0.33.0", kv_rotation="hadamard", impl_env=None)
-    assert rot.bindings["decode"].impl == "triton" and rot.bindings["prefill"].impl == "triton"
+    # decode on the Triton reader, prefill on the FA2 composite, which fuses the rotation into its dequantizer
+    assert rot.bindings["decode"].impl == "triton" and rot.bindings["prefill"].impl == "dequant_fa2"
     assert {"kv_cache_update", "forward_reader"} <= set(rot.vllm.patches)
     route = rot.vllm.route
     assert route is not None and route.kv_rotation == "hadamard"

@@ -147,6 +147,37 @@ def test_plan_check_reads_the_real_plan_and_the_real_plugin_line():
     assert r["negative"]["passed"] and r["negative"]["engine_started"]
 
 
+def test_a_long_plan_line_keeps_its_bindings():
+    """The plugin's line for the rotated cache on an H200 (run I, vLLM 0.26.0, FlashInfer 0.6.14): 1,300
+    characters that explain two fallbacks. Its bindings are read from "write=..., decode=..., prefill=...",
+    not from the warning "write: flashinfer preferred but rejected" further on."""
+    line = (
+        'INFO 12-03 23:18:13 [__init__.py:209] nvfp4compat: vLLM 0.26.0 on sm_90 with FlashInfer 0.6.14: back'
+        'port [gate_nvfp4, gate_combination, metadata_builder, kv_cache_update, forward_reader]; write=triton'
+        ', decode=triton, prefill=triton; builder=nvfp4compat, gate accepts nvfp4, head_size 64 and sinks acc'
+        'epted, kv_rotation=hadamard, FULL decode graphs; write: fell back to triton (flashinfer: FlashInfer '
+        '0.6.14 lacks nvfp4_quantize_append_paged_kv_cache_with_slot_mapping (probe of the installed package)'
+        '; releases that have it: 0.6.15..0.7.4); prefill: fell back to triton (dequant_fa3: dequant_fa3 pref'
+        'ill does not support the requested feature kv_rotation (Hadamard-rotated cache (NVFP4COMPAT_KV_ROTAT'
+        'ION=hadamard) - the writer stores K@H and V@H, the readers attend with Q@H and multiply the output b'
+        'y H, dequant returns K and V; pre/post torch ops around the bound implementation (nvfp4compat.kernel'
+        's.rotation), head_dim 64/128/256/512); dequant_fa2: dequant_fa2 prefill does not support the request'
+        'ed feature kv_rotation (Hadamard-rotated cache (NVFP4COMPAT_KV_ROTATION=hadamard) - the writer store'
+        's K@H and V@H, the readers attend with Q@H and multiply the output by H, dequant returns K and V; pr'
+        'e/post torch ops around the bound implementation (nvfp4compat.kernels.rotation), head_dim 64/128/256'
+        '/512)) [pid 4236]'
+    )
+    warning = (
+        "WARNING 12-03 23:18:13 [__init__.py:215] nvfp4compat: write: flashinfer preferred but rejected "
+        "(flashinfer: FlashInfer 0.6.14 lacks nvfp4_quantize_append_paged_kv_cache_with_slot_mapping); using triton"
+    )
+    lines = vc.scan_log(line + "\n" + warning)["plugin"]
+    assert len(line) > 1200 and lines[0].startswith("nvfp4compat: vLLM 0.26.0")
+    assert vc._plan_bindings(lines) == {"write": "triton", "decode": "triton", "prefill": "triton"}
+    assert vc._plan_bindings([warning]) == {"write": None, "decode": None, "prefill": None}
+    assert vc._plan_bindings(["  write    -> flashinfer [matrix] ..."])["write"] == "flashinfer"
+
+
 def test_an_op_left_to_vllm_counts_as_its_implementation():
     line = "nvfp4compat: vLLM 0.33.0 on sm_100: native; write=vllm(native), decode=vllm(native), prefill=vllm(native)"
     jobs = vc.plan_jobs(["plan"], "0.7.2")
@@ -530,6 +561,25 @@ def test_recall_counts_the_rotated_cache_against_the_same_target():
     row = r["table"]["nvfp4-eager-fi0.6.14-plugin-recall-rot-hadamard"]
     assert row["rotation"] == "hadamard" and row["points_below_bf16"]["8192"] == pytest.approx(3.0)
     assert not r["passed"] and r["worst_points_below_bf16"] == pytest.approx(3.0)
+
+
+def test_recall_rows_say_why_a_job_has_no_figures():
+    """A job the run did not start (--jobs, the budget) shows its reason in the table, not "None"."""
+    from nvfp4compat.validation.report import _recall_rows
+
+    jobs = vc.plan_jobs(["recall"], "0.6.14")
+    for j in jobs:
+        if j.rotation or j.kind == "preflight":
+            j.result = _engine_result(recall={"2048": 1.0, "4096": 0.99})
+        else:
+            j.result = {"error": "not run: --jobs *-rot-* does not select it", "skipped": True, "tasks": {}}
+    r = vc.evaluate(["recall"], jobs)["recall"]
+    assert r["table"]["auto-eager-fi0.6.14-plugin-recall"]["error"] == "not run: --jobs *-rot-* does not select it"
+    assert not r["passed"] and "auto-eager-fi0.6.14-plugin-recall" in r["jobs_failed"]
+    rows = _recall_rows(r)
+    assert rows[0] == "| job | cache | 2048 | 4096 | not measured |"
+    assert "| nvfp4-eager-fi0.6.14-plugin-recall-rot-hadamard | nvfp4, hadamard rotation | 100% | 99% |  |" in rows
+    assert "| auto-eager-fi0.6.14-plugin-recall | auto | - | - | not run: --jobs *-rot-* does not select it |" in rows
 
 
 class _FakeTokenizer:

@@ -255,3 +255,33 @@ def test_gguf_model_without_a_vllm_gguf_loader_names_the_export_way_out(tmp_path
         assert out["vllm_gguf"] is None
         assert "vllm-gguf-plugin" in out["error"]
         assert f"--gguf {model} --export-hf DIR" in out["error"] and "--model DIR" in out["error"]
+
+
+def test_jobs_selects_by_name_and_the_rest_are_reported_not_run(tmp_path, monkeypatch, capsys):
+    script = tmp_path / "fake_job.py"
+    script.write_text(FAKE_JOB)
+    monkeypatch.setattr(runner, "JOB_SCRIPT", script)
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    lines: list[str] = []
+    s = runner.Settings(model=str(tmp_path / "model"), checks=["capacity"], out=tmp_path / "out",
+                        work=tmp_path / "work", flashinfer="0.6.14", jobs=("nvfp4-*",))
+    results = runner.run_checks(s, lines.append)
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert doc["jobs"]["preflight-fi0.6.14-plugin"]["error"] is None  # always runs
+    assert doc["jobs"]["nvfp4-eager-fi0.6.14-plugin"]["tasks"]["start"]["kv_cache_tokens"] == 35600
+    bf16 = doc["jobs"]["auto-eager-fi0.6.14-plugin"]
+    assert bf16["skipped"] and "--jobs nvfp4-* does not select it" in bf16["error"]
+    assert not results["capacity"]["passed"]  # half a comparison is no verdict
+    assert any("auto-eager-fi0.6.14-plugin: not selected (--jobs)" in ln for ln in lines)
+    # the command checks the patterns against the planned jobs before anything runs
+    argv = ["--model", "m/x", "--checks", "capacity", "--jobs", "nvfp4-*,*recall*"]
+    assert cli_main(["validate", *argv]) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert "--jobs *recall* matches none of the jobs of checks capacity" in err and "auto-eager-" in err
+    assert cli_main(["validate", "--model", "m/x", "--checks", "capacity", "--jobs", "auto-*", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1:] == [
+        "  preflight-finone-plugin: preflight (for preflight)",
+        "  nvfp4-eager-finone-plugin: start (for capacity)  [not selected by --jobs]",
+        "  auto-eager-finone-plugin: start (for capacity)",
+    ]

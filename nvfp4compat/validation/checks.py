@@ -268,6 +268,12 @@ _PID_RE = re.compile(r"\[pid (\d+)\]\s*$")  # the end of the plugin's plan line
 _PROC_RE = re.compile(r"\(((?:Worker|EngineCore|VllmWorker)[^ )]*)\s+pid=(\d+)\)")
 
 
+def _from_plugin(line: str, limit: int = 2400) -> str:
+    """``line`` from its first "nvfp4compat" on, at most ``limit`` characters."""
+    s = line.strip()
+    return s[s.lower().find("nvfp4compat") :][:limit]
+
+
 def scan_log(text: str) -> dict[str, Any]:
     """Pick the lines the checks need out of a job's log."""
     lines = text.splitlines()
@@ -279,7 +285,9 @@ def scan_log(text: str) -> dict[str, Any]:
             if num.isdigit():
                 kv_tokens.append(int(num))
     return {
-        "plugin": [ln.strip()[-600:] for ln in lines if "nvfp4compat" in ln.lower()][:20],
+        # from "nvfp4compat" on: vLLM's prefix dropped, the plan line's bindings kept (it runs past 1,000
+        # characters when it explains fallbacks; its tail alone lost "write=triton" on 2026-12-03)
+        "plugin": [_from_plugin(ln) for ln in lines if "nvfp4compat" in ln.lower()][:20],
         # pids of the plan lines ("... [pid N]") and of vLLM's worker processes ("(Worker_TP1 pid=N)")
         "plugin_pids": sorted(
             {int(m.group(1)) for m in (_PID_RE.search(ln) for ln in lines if "nvfp4compat: vLLM" in ln) if m}
@@ -472,8 +480,8 @@ def _plan_line_binding(lines: Sequence[str], op: str) -> str | None:
         m = re.search(rf"\b{op}=([A-Za-z0-9_]+(?:\([A-Za-z0-9_]+\))?)", ln)
         if m:
             return m.group(1).lower()
-    for ln in lines:
-        m = re.search(rf"\b{op}\b\W{{0,3}}(triton|flashinfer|native)", ln, re.IGNORECASE)
+    for ln in lines:  # the doctor's form, "write    -> triton" ("write: flashinfer preferred but ..." is not one)
+        m = re.search(rf"\b{op}\s*->\s*(triton|flashinfer|native)\b", ln, re.IGNORECASE)
         if m:
             return m.group(1).lower()
     return None
@@ -798,7 +806,12 @@ def evaluate(
                     "table": t.get("table"),
                     "error": None
                     if t.get("ok")
-                    else str(t.get("error") or _task(j, "start").get("error"))[-400:],
+                    else str(
+                        t.get("error")
+                        or _task(j, "start").get("error")
+                        or (j.result or {}).get("error")  # skipped: budget, --jobs, unavailable
+                        or "no result"
+                    )[-400:],
                 }
                 nvfp4 = j.kv.startswith("nvfp4")  # plain, rotated or 4over6: the same 1-point target
                 if t.get("ok") and ref.get("ok") and (nvfp4 or j.kv == "fp8"):

@@ -110,6 +110,10 @@ def parser() -> _Parser:
                    help="seconds one engine job may take (default 1200)")
     p.add_argument("--budget-s", type=_positive(float), default=None,
                    help="start no job after this many seconds; later jobs are reported as skipped")
+    p.add_argument("--jobs", type=_patterns, default=[], metavar="PATTERNS",
+                   help="run only the jobs whose names match these comma-separated shell patterns (e.g. "
+                        "'*recall-rot*,auto-*'; --dry-run lists the names); the others are reported as not run, "
+                        "so their checks do not pass")
     p.add_argument("--kv-cache-gib", type=_positive(float), default=None,
                    help="fixed KV reservation for engines whose checks measure neither memory nor speed "
                         "(lets runs share a GPU)")
@@ -177,6 +181,14 @@ def gguf_refusal(model: str) -> str | None:
             "tokenizer with it), or serve the model's Hugging Face folder")
 
 
+def _patterns(text: str) -> list[str]:
+    """``--jobs``: a comma list of shell patterns."""
+    out = [p.strip() for p in text.split(",") if p.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected comma-separated job-name patterns, got {text!r}")
+    return out
+
+
 def build_settings(a: argparse.Namespace, argv: Sequence[str]):  # noqa: ANN201 - runner imported lazily
     """The run's ``Settings`` from parsed arguments; UsageError for contradictory input."""
     from nvfp4compat.validation.runner import Settings
@@ -219,6 +231,14 @@ def build_settings(a: argparse.Namespace, argv: Sequence[str]):  # noqa: ANN201 
         fi = md.version("flashinfer-python")
     except md.PackageNotFoundError:
         fi = "none"
+    if a.jobs:
+        from nvfp4compat.validation.runner import unmatched
+
+        planned = plan_jobs(checks, fi, a.tp)
+        missing = unmatched(planned, a.jobs)
+        if missing:
+            raise UsageError(f"{PROG}: --jobs {','.join(missing)} matches none of the jobs of checks "
+                             f"{','.join(checks)}: {', '.join(j.name for j in planned)}")
     return Settings(
         model=_model(a.model),
         tokenizer=_tokenizer(a.tokenizer),
@@ -240,6 +260,7 @@ def build_settings(a: argparse.Namespace, argv: Sequence[str]):  # noqa: ANN201 
         kv_cache_gib=a.kv_cache_gib,
         job_timeout_s=a.job_timeout,
         budget_s=a.budget_s,
+        jobs=tuple(a.jobs),
         extra_env=env,
         argv=["nvfp4compat", "validate", *argv],
     )
@@ -261,8 +282,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.dry_run:
         jobs = plan_jobs(settings.checks, settings.flashinfer, settings.tp)
         _say(f"checks {', '.join(settings.checks)}: {len(jobs)} jobs, each in its own process")
+        from nvfp4compat.validation.runner import selected
+
         for j in jobs:
-            _say(f"  {j.name}: {', '.join(j.tasks)} (for {', '.join(j.checks)})")
+            skip = "" if selected(j, settings.jobs) else "  [not selected by --jobs]"
+            _say(f"  {j.name}: {', '.join(j.tasks)} (for {', '.join(j.checks)}){skip}")
         return EXIT_OK
     why = refusal() or gguf_refusal(settings.model)
     if why:

@@ -165,15 +165,13 @@ def _throughput_rows(r: Mapping[str, Any]) -> list[str]:
 def _recall_rows(r: Mapping[str, Any]) -> list[str]:
     table = r.get("table") or {}
     lengths = sorted({L for e in table.values() for L in (e.get("recall") or {})}, key=int)
-    rows = ["| job | cache | " + " | ".join(lengths) + " |", "|---|---|" + "---|" * len(lengths)]
+    rows = ["| job | cache | " + " | ".join(lengths) + " | not measured |", "|---|---|" + "---|" * (len(lengths) + 1)]
     for job, e in table.items():
         rec = e.get("recall") or {}
         cells = [f"{100 * rec[L]:.0f}%" if L in rec else "-" for L in lengths]
         cache = str(e.get("kv", "")) + (f", {e['rotation']} rotation" if e.get("rotation") else "")
-        rows.append(
-            f"| {job} | {cache} | " + " | ".join(cells) + " |"
-            + (f" {e['error'][:120]}" if e.get("error") else "")
-        )
+        why = str(e.get("error") or "")[:160].replace("|", "/").replace("\n", " ")
+        rows.append(f"| {job} | {cache} | " + " | ".join(cells) + f" | {why} |")
     return rows
 
 

@@ -13,6 +13,7 @@ package sets (another FlashInfer release, a vendored vLLM) passes ``job_env`` to
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import os
 import signal
@@ -69,6 +70,7 @@ class Settings:
     kv_cache_gib: float | None = None
     job_timeout_s: float = 1200.0
     budget_s: float | None = None  # start no job after this many seconds (None: no limit)
+    jobs: Sequence[str] = ()  # shell patterns of the job names to run (empty: all); the preflight always runs
     extra_env: dict[str, str] = field(default_factory=dict)
     argv: Sequence[str] = ()
 
@@ -94,7 +96,19 @@ class Settings:
             "recall_per_depth": self.recall_per_depth,
             "recall_max_model_len": max(self.max_model_len, max(lengths, default=0) + 64),
             "kv_cache_gib": self.kv_cache_gib,
+            "jobs": list(self.jobs),
         }
+
+
+def selected(job: Job, patterns: Sequence[str]) -> bool:
+    """Whether ``job`` runs under ``--jobs patterns`` (shell patterns of job names; the preflight, which
+    every check's plan rests on, always runs)."""
+    return not patterns or job.kind == "preflight" or any(fnmatch.fnmatchcase(job.name, p) for p in patterns)
+
+
+def unmatched(jobs: Sequence[Job], patterns: Sequence[str]) -> list[str]:
+    """The ``--jobs`` patterns that name none of ``jobs``."""
+    return [p for p in patterns if not any(fnmatch.fnmatchcase(j.name, p) for j in jobs)]
 
 
 def base_job_env(job: Job, environ: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
@@ -244,7 +258,15 @@ def run_checks(
         for i, j in enumerate(jobs, 1):
             left = None if settings.budget_s is None else settings.budget_s - (time.time() - t_run)
             why = unavailable(j, jobs)
-            if why is not None:
+            if not selected(j, settings.jobs):
+                j.result = {
+                    "error": f"not run: --jobs {','.join(settings.jobs)} does not select it",
+                    "skipped": True,
+                    "tasks": {},
+                    "log_lines": scan_log(""),
+                }
+                say(f"  [{i}/{len(jobs)}] {j.name}: not selected (--jobs)")
+            elif why is not None:
                 j.result = {"error": why, "skipped": True, "tasks": {}, "log_lines": scan_log("")}
                 say(f"  [{i}/{len(jobs)}] {j.name}: {why}")
             elif left is not None and left < 30:

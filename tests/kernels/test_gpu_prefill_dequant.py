@@ -99,10 +99,16 @@ def test_refused_under_cuda_graph_capture(impl):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_rotated_cache_fused_rotation(impl):
     """A Hadamard-rotated cache (written by the fused Triton writer): the composite's fused rotation
-    (the dequantizer un-rotates the scratch, FlashInfer attends over the real K/V) matches the fused
-    Triton prefill and the pre/post wrapper, with decode rows in the batch; an unrotated read is far off."""
+    (the dequantizer un-rotates the scratch, FlashInfer attends over the real K/V), the pre/post wrapper
+    and the fused Triton prefill all match the exact attention (float32 query, float32 un-rotated K/V),
+    with decode rows in the batch; an unrotated read is far off.
+
+    The LSE bound is wider than the plain tests' 1e-2: a rotated read rounds to bf16 either ``Q H`` (pre/post)
+    or the un-rotated K (the fused composite), which moves logits by about 2^-9 relative; with this cache's
+    outlier key channels (LSE up to 15) that is 1.6e-2 (pre/post) and 2.6e-2 (fused) against the exact LSE
+    in a CPU emulation of this very case. The outputs stay within the usual 1e-2."""
     from nvfp4compat.kernels import reference_attention as ra
-    from nvfp4compat.kernels.rotation import rotated
+    from nvfp4compat.kernels.rotation import hadamard, rotated
     from nvfp4compat.kernels.triton import attention as tri
     from nvfp4compat.kernels.triton import write as trw
 
@@ -116,17 +122,25 @@ def test_rotated_cache_fused_rotation(impl):
     )  # fmt: skip
     query = torch.randn(sum(q_lens), hq, d, generator=g).to(bf16).cuda()
     qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    h = hadamard(d, "cuda").float()
+    exact_o, exact_lse = ra.paged_attention_reference(
+        query.float() @ h, case.paged_kv_cache, case.kv_cache_sf, case.block_table, case.seq_lens, qsl,
+        case.k_scale, case.v_scale, sm_scale=d**-0.5, kv_layout=case.kv_layout, causal=True,
+    )  # fmt: skip
+    exact_o = exact_o @ h
 
     def run(reader):
         return reader(query, case.paged_kv_cache, case.kv_cache_sf, case.block_table, case.seq_lens, qsl,
                       case.k_scale, case.v_scale, sm_scale=d**-0.5, kv_layout=case.kv_layout, return_lse=True)  # fmt: skip
 
-    triton_o, triton_lse = run(rotated("prefill", tri.prefill))
-    fused_o, fused_lse = run(rotated("prefill", fn))
-    pp_o, pp_lse = run(rotated("prefill", fn, fuse=False))
+    for name, reader in (
+        ("fused", rotated("prefill", fn)),
+        ("pre/post", rotated("prefill", fn, fuse=False)),
+        ("fused Triton", rotated("prefill", tri.prefill)),
+    ):
+        o, lse = run(reader)
+        err, lse_err = ra.relative_l2(o, exact_o), float((lse - exact_lse).abs().max())
+        print(f"{impl} rotated, {name}: rel L2 {err:.2e}, LSE max abs error {lse_err:.2e} (vs exact)")
+        assert err < 1e-2 and lse_err < 4e-2, name
     plain_o, _ = run(fn)
-    err, err_pp = ra.relative_l2(fused_o, triton_o), ra.relative_l2(fused_o, pp_o)
-    lse_err = max(float((fused_lse - x).abs().max()) for x in (triton_lse, pp_lse))
-    print(f"{impl} rotated: rel L2 vs fused Triton {err:.2e}, vs pre/post {err_pp:.2e}, LSE {lse_err:.2e}")
-    assert err < 1e-2 and err_pp < 1e-2 and lse_err < 3e-2
-    assert ra.relative_l2(plain_o, triton_o) > 20 * err, "an unrotated read of the rotated cache is far off"
+    assert ra.relative_l2(plain_o, exact_o) > 0.1, "an unrotated read of the rotated cache is far off"

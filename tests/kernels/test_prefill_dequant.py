@@ -139,6 +139,38 @@ def test_features_match_reference(impl, dtype, features):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_noncausal_window_keeps_fa2_out(monkeypatch, impl):
+    """A sliding window without the causal mask: FA3 attends (the scratch path), FA2 never does (its
+    ragged run was wrong there on an H200): the whole call, decode rows included, takes the fused Triton
+    prefill, and every row matches the reference."""
+    fused = []
+    real_fused = mod.tri.prefill
+
+    def spy_fused(*args, **kwargs):
+        fused.append((args[0].shape[0], kwargs["causal"], kwargs["sliding_window"]))
+        return real_fused(*args, **kwargs)
+
+    monkeypatch.setattr(mod.tri, "prefill", spy_fused)
+    spy = Spy()
+    with mod.attend_backend(spy):
+        run_case(
+            impl, "prefill", seq_lens=[40, 6, 25], q_lens=[17, 2, 25], num_qo_heads=4, num_kv_heads=2,
+            head_dim=64, layout="HND", return_lse=True, causal=False, sliding_window=9,
+        ).check()  # fmt: skip
+        if impl == "dequant_fa2":
+            assert spy.calls == [] and fused == [(44, False, 9)]
+        else:
+            assert [c[1] for c in spy.calls] == [[0, 40], [0, 25]] and fused == []
+        # the causal window keeps FA2
+        fused.clear()
+        run_case(
+            impl, "prefill", seq_lens=[40], q_lens=[17], num_qo_heads=4, num_kv_heads=2, head_dim=64,
+            return_lse=True, causal=True, sliding_window=9,
+        ).check()  # fmt: skip
+        assert fused == [] and spy.calls[-1][1] == [0, 40]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_host_lengths_are_used_and_checked(impl):
     prefill = ENTRY[impl]
     case = ra.make_paged_cache([30, 12], 2, 64, 16, device=DEVICE, generator=torch.Generator().manual_seed(1))

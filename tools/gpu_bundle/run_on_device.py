@@ -388,7 +388,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     sys.path[:0] = [str(p) for p in runner_paths(args.site)]
     from nvfp4compat.validation.checks import parse_checks, plan_jobs
     from nvfp4compat.validation.report import headline, verdict
-    from nvfp4compat.validation.runner import Settings, base_job_env, run_checks
+    from nvfp4compat.validation.runner import (
+        Settings,
+        base_job_env,
+        run_checks,
+        selected,
+        unmatched,
+    )
 
     try:
         checks = parse_checks(args.checks)
@@ -409,6 +415,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # serve a private copy from the work folder
         recall_model = work / "recall-model"
     extra = dict(kv.split("=", 1) for kv in args.env)
+    patterns = [p.strip() for p in args.jobs.split(",") if p.strip()]
     settings = Settings(
         model=str(model),
         tokenizer=args.tokenizer,
@@ -430,13 +437,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         kv_cache_gib=args.kv_cache_gib,
         job_timeout_s=args.job_timeout,
         budget_s=args.budget_s,
+        jobs=tuple(patterns),
         extra_env=extra,
         argv=sys.argv,
     )
     jobs = plan_jobs(checks, fi, args.tp)
+    missing = unmatched(jobs, patterns)
+    if missing:
+        print(f"run_on_device.py: --jobs {','.join(missing)} matches none of the jobs: "
+              f"{', '.join(j.name for j in jobs)}", file=sys.stderr)  # fmt: skip
+        return 2
     say(f"checks {checks}: {len(jobs)} jobs (FlashInfer {fi})")
     for j in jobs:
-        say(f"  job {j.name}: tasks {j.tasks} (checks {j.checks})")
+        say(f"  job {j.name}: tasks {j.tasks} (checks {j.checks})" + ("" if selected(j, patterns) else " [not selected]"))
     if args.dry_run:
         return 0
     if model.suffix == ".gguf":
@@ -530,6 +543,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="start no job after this many seconds of the run; skipped jobs are reported")
     r.add_argument("--tp", type=int, default=2, help="tensor_parallel_size of the tp check")
     r.add_argument("--env", action="append", default=[], help="KEY=VALUE for every job")
+    r.add_argument("--jobs", default="",
+                   help="comma-separated shell patterns of the job names to run (default: all; the preflight always runs)")
     r.add_argument("--kv-cache-gib", type=float, default=None,
                    help="fixed KV reservation for engines whose checks measure neither memory nor speed")
     r.add_argument("--work", type=Path, default=None,

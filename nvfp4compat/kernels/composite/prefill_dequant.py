@@ -24,6 +24,10 @@ Host metadata: the grouping is planned on the host from ``seq_lens_cpu`` / ``que
 (vLLM's metadata builder has both); without them the device tensors are read once (a sync). vLLM never
 captures prefill in CUDA graphs; a call under graph capture is refused.
 
+Non-causal calls with a sliding window never reach FA2: FlashInfer's FA2 ragged run returned wrong rows
+there (relative L2 0.61/0.93 on an H200, FlashInfer 0.6.14), so ``dequant_fa2`` hands such a call whole
+to the fused Triton prefill (FA3 is right and keeps it). vLLM's decoder prefill is always causal.
+
 Not supported (a clear error naming the feature and the way out, ``NVFP4COMPAT_IMPL=prefill=triton``):
 attention sinks (neither ragged run takes them: FlashInfer's FA3 ragged run, and the FA2 ragged run's
 stock module, ``flashinfer/prefill.py`` BatchPrefillWithRaggedKVCacheWrapper.run [0.6.10..0.7.4]) and
@@ -386,7 +390,11 @@ def prefill_fa3(a: DequantPrefillArgs) -> AttentionResult:
         The rotation is fused: the dequantizer un-rotates the rows it writes into the scratch
         (``(K H) H = K``), so FA3 attends over the real K and V with the query and output as they
         are, with no pass over Q or O; decode rows and oversize requests take the Triton kernels'
-        fused rotation. ``None``: a plain cache.
+        fused rotation. ``None``: a plain cache. The un-rotated K is rounded to the query's dtype in
+        the scratch (``K H`` is exact there, ``K`` is not), which moves the logits by about 2^-9
+        relative, as rounding ``Q H`` does in the pre/post wrapper: on the GPU test's cache (outlier key
+        channels, LSE up to 15) the LSE is within 2.6e-2 of the exact one (pre/post: 1.6e-2) and the
+        output within 5e-3 relative L2 (pre/post: 3.5e-3).
 
     Raises
     ------
@@ -466,6 +474,23 @@ def _prefill(backend: str, call: DequantPrefillArgs) -> AttentionResult:
                 f"prefill: request {b} has seq_len {lens[b]}, needs q_len {q_len} <= seq_len <= "
                 f"block_table columns x page_size = {max_pages * views.page_size}"
             )
+    if backend == "fa2" and not causal and a.window > 0:
+        # FlashInfer's FA2 ragged prefill attends wrongly with a sliding window and no causal mask:
+        # relative L2 0.61 and 0.93 against the float32 reference (window 500, and window 129 with a
+        # soft-cap) on an H200 with FlashInfer 0.6.14 (tests/kernels/test_gpu_prefill_dequant.py, run I
+        # in docs/validation.md); FA3 is right there. The whole call takes the fused Triton prefill.
+        logger.debug("prefill (%s): a sliding window without the causal mask runs through the fused "
+                     "Triton prefill (FA2's ragged run is wrong there)", impl)  # fmt: skip
+        res = tri.prefill(
+            query, (views.k_data, views.v_data), (views.k_sf, views.v_sf), block_table, seq_lens, qsl,
+            a.k_scale, a.v_scale, sm_scale=sm_scale, kv_layout=views.layout, causal=False,
+            sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, out=a.out,
+            return_lse=a.lse is not None, kv_rotation=rotation,
+        )  # fmt: skip
+        if a.lse is not None:
+            assert isinstance(res, tuple)
+            a.lse.copy_(res[1])
+        return tri._result(a)
     el = query.element_size()
     per_token = 2 * views.num_kv_heads * views.head_dim * el
     cap_bytes = scratch_cap_bytes()
