@@ -328,6 +328,10 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
             # (DecodeConfig.scale_words, docs/attention.md); not the default until timed
             for bcfg in getattr(att, "BYTE_SCALE_DECODE_CONFIGS", ()):
                 variants.append((f"byte scales {bcfg}", {"decode": bcfg}))
+            # K and V as the MMAs' first operand (DecodeConfig.swap_ab): wgmma with the decoded tile in
+            # registers, no decoded plane in shared memory (docs/attention.md); not the default until timed
+            for scfg in getattr(att, "SWAP_DECODE_CONFIGS", ()):
+                variants.append((f"swapped operands {scfg}", {"decode": scfg}))
     else:
         def run():
             return att.prefill(case.q, *args, case.qsl, ks, vs, sm_scale=case.sm_scale)
@@ -350,7 +354,8 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
             variants = variants[:1] + [("default tiles, 3 programs/head", {"num_splits": 3}),
                                        ("2 programs/SM", {"knobs": {"SPLIT_TARGET_PROGRAMS_PER_SM": 2}}),
                                        ("prefetch", {"decode": att.PREFETCH_DECODE_CONFIG}),
-                                       ("byte scales", {"decode": att.BYTE_SCALE_DECODE_CONFIGS[0]})]
+                                       ("byte scales", {"decode": att.BYTE_SCALE_DECODE_CONFIGS[0]}),
+                                       ("swapped operands", {"decode": att.SWAP_DECODE_CONFIGS[0]})]
         else:
             variants = variants[:1] + [(f"{att.PrefillConfig(64, 32, 4, 2)}", {"prefill": att.PrefillConfig(64, 32, 4, 2)})]
     # --knob NAME=V: one row per value, the module constant set for that row (any sweep mode)

@@ -147,6 +147,30 @@ def test_decode_byte_scales_match_reference(splits, features):
 
 
 @pytest.mark.parametrize(
+    "splits,features",
+    [
+        (1, {}),
+        (3, {"sliding_window": 70, "use_sinks": True, "layout": "HND"}),
+        (2, {"q_len_per_req": 3, "logits_soft_cap": 30.0, "dtype": torch.bfloat16}),
+        (4, {"page_size": 8}),
+    ],
+)
+def test_decode_swapped_operands_match_reference(splits, features):
+    """K and V as the MMAs' first operand, the accumulators transposed (DecodeConfig.swap_ab), with the
+    register prefetch too: the same results as the reference."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    kw = {"dtype": fp16, **features}
+    for cfg in (att.DecodeConfig(16, 4, 1, swap_ab=True), att.DecodeConfig(16, 4, 1, prefetch=True, swap_ab=True)):
+        with att.override_configs(decode=cfg, num_splits=splits):
+            r = run_case(
+                "triton", "decode", seq_lens=[300, 3, 17, 130], num_qo_heads=4, num_kv_heads=2,
+                head_dim=64, return_lse=True, seed=splits, **kw,
+            )
+        r.check()
+
+
+@pytest.mark.parametrize(
     "op,splits,seq_lens,features",
     [
         ("decode", 3, [1, 150, 64], {"q_len_per_req": 2, "use_sinks": True, "sliding_window": 70}),

@@ -174,8 +174,15 @@ def _attend_tile(
     MASKED: tl.constexpr, CAUSAL_ROWS: tl.constexpr, WINDOW_ROWS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr, PAGE_POW2: tl.constexpr,
     SF_WORDS: tl.constexpr, RAW: tl.constexpr = False, k_byte=None, k_sf=None, v_byte=None, v_sf=None,
+    SWAP_AB: tl.constexpr = False,
 ):
     """Online-softmax update of the running state with the keys ``[n0, n0 + BLOCK_N)``.
+
+    ``SWAP_AB``: the decoded K and V tiles are the MMAs' first operand (``S^T = K Q^T``,
+    ``O^T += V^T P^T``) and the accumulators come in and go out transposed (``[HEAD_DIM // 2,
+    BLOCK_M]``). An MMA's first operand may live in registers (SM90's wgmma takes its second one from
+    shared memory only), so the layout conversion of a decoded tile can happen on its bytes, before
+    the decode, instead of on the decoded bf16 planes (opt-in: ``DecodeConfig.swap_ab``).
 
     ``RAW`` (unmasked tiles only): the tile's bytes were loaded already (:func:`_attend_prefetched`)
     and come in as ``k_byte, k_sf, v_byte, v_sf`` (:func:`_load_raw`); nothing is loaded here.
@@ -208,7 +215,15 @@ def _attend_tile(
             k_base, page * stride_kp + slot * stride_kt, ks_base, page * stride_ksp + slot * stride_kst,
             n_ok, HEAD_DIM, BLOCK_N, MASKED, FAST, DTYPE, SF_WORDS,
         )
-    if DOT_FP32:
+    if SWAP_AB:
+        if DOT_FP32:
+            st = tl.dot(k_lo.to(tl.float32), tl.trans(q_lo.to(tl.float32)))
+            st = tl.dot(k_hi.to(tl.float32), tl.trans(q_hi.to(tl.float32)), st)
+        else:
+            st = tl.dot(k_lo, tl.trans(q_lo))
+            st = tl.dot(k_hi, tl.trans(q_hi), st)
+        s = tl.trans(st)
+    elif DOT_FP32:
         s = tl.dot(q_lo.to(tl.float32), tl.trans(k_lo.to(tl.float32)))
         s = tl.dot(q_hi.to(tl.float32), tl.trans(k_hi.to(tl.float32)), s)
     else:
@@ -237,8 +252,12 @@ def _attend_tile(
         p = tl.exp2(s * qk_scale2 - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc_lo = acc_lo * alpha[:, None]
-    acc_hi = acc_hi * alpha[:, None]
+    if SWAP_AB:
+        acc_lo = acc_lo * alpha[None, :]
+        acc_hi = acc_hi * alpha[None, :]
+    else:
+        acc_lo = acc_lo * alpha[:, None]
+        acc_hi = acc_hi * alpha[:, None]
 
     if RAW:
         v_lo, v_hi = _decode_raw(v_byte, v_sf, HEAD_DIM, BLOCK_N, FAST, DTYPE, SF_WORDS)
@@ -248,7 +267,16 @@ def _attend_tile(
             n_ok, HEAD_DIM, BLOCK_N, MASKED, FAST, DTYPE, SF_WORDS,
         )
     p16 = p.to(DTYPE)
-    if DOT_FP32:
+    if SWAP_AB:
+        pt = tl.trans(p16)
+        if DOT_FP32:
+            pt32 = pt.to(tl.float32)
+            acc_lo = tl.dot(tl.trans(v_lo.to(tl.float32)), pt32, acc_lo)
+            acc_hi = tl.dot(tl.trans(v_hi.to(tl.float32)), pt32, acc_hi)
+        else:
+            acc_lo = tl.dot(tl.trans(v_lo), pt, acc_lo)
+            acc_hi = tl.dot(tl.trans(v_hi), pt, acc_hi)
+    elif DOT_FP32:
         p32 = p16.to(tl.float32)
         acc_lo = tl.dot(p32, v_lo.to(tl.float32), acc_lo)
         acc_hi = tl.dot(p32, v_hi.to(tl.float32), acc_hi)
@@ -311,7 +339,7 @@ def _attend_prefetched(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL_ROWS: tl.constexpr, WINDOW_ROWS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr, PAGE_POW2: tl.constexpr,
-    SF_WORDS: tl.constexpr,
+    SF_WORDS: tl.constexpr, SWAP_AB: tl.constexpr = False,
 ):
     """The unmasked tiles ``[b_begin, b_end)`` with register double buffering (``PREFETCH``): tile
     ``i + 1``'s K/V bytes and tile ``i + 2``'s page ids are loaded before tile ``i`` is decoded, so
@@ -341,7 +369,7 @@ def _attend_prefetched(
             k_base, v_base, ks_base, vs_base,
             stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
             HEAD_DIM, BLOCK_N, False, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_WORDS,
-            True, k_byte, k_sf, v_byte, v_sf,
+            True, k_byte, k_sf, v_byte, v_sf, SWAP_AB=SWAP_AB,
         )
         k_byte, k_sf, v_byte, v_sf = k_byte_n, k_sf_n, v_byte_n, v_sf_n
     return acc_lo, acc_hi, m_i, l_i
@@ -378,6 +406,7 @@ def _attend_range(
     CAUSAL_ROWS: tl.constexpr, WINDOW_ROWS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr, PAGE_POW2: tl.constexpr,
     SF_WORDS: tl.constexpr, PREFETCH: tl.constexpr = False, PAGE_SCAN: tl.constexpr = 256,
+    SWAP_AB: tl.constexpr = False,
 ):
     """Attend tiles ``t_begin <= i < t_end`` (tile ``i`` = keys ``kv_lo + i * BLOCK_N + [0, BLOCK_N)``).
 
@@ -396,6 +425,7 @@ def _attend_range(
             k_base, v_base, ks_base, vs_base,
             stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
             HEAD_DIM, BLOCK_N, True, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_WORDS,
+            SWAP_AB=SWAP_AB,
         )
     b_begin = tl.maximum(t_begin, n_mask_lo)
     b_end = tl.minimum(t_end, n_full_end)
@@ -413,6 +443,7 @@ def _attend_range(
             k_base, v_base, ks_base, vs_base,
             stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
             HEAD_DIM, BLOCK_N, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_WORDS,
+            SWAP_AB=SWAP_AB,
         )
     else:
         for i in range(b_begin, b_end):
@@ -422,7 +453,7 @@ def _attend_range(
                 k_base, v_base, ks_base, vs_base,
                 stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
                 HEAD_DIM, BLOCK_N, False, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2,
-                SF_WORDS,
+                SF_WORDS, SWAP_AB=SWAP_AB,
             )
     c_begin = tl.maximum(b_begin, b_end)
     for i in range(c_begin, t_end):
@@ -432,6 +463,7 @@ def _attend_range(
             k_base, v_base, ks_base, vs_base,
             stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
             HEAD_DIM, BLOCK_N, True, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2, SF_WORDS,
+            SWAP_AB=SWAP_AB,
         )
     return acc_lo, acc_hi, m_i, l_i
 
@@ -663,7 +695,7 @@ def _decode_kernel(
     DATA_ALIGN: tl.constexpr, SF_ALIGN: tl.constexpr, PAGE_POW2: tl.constexpr,
     num_pages, status_ptr, PREFETCH: tl.constexpr = False, ROTATE: tl.constexpr = False,
     SCALE_WORDS: tl.constexpr = True, counter_ptr=None, FUSED_MERGE: tl.constexpr = False,
-    MERGE_CB: tl.constexpr = 1,
+    MERGE_CB: tl.constexpr = 1, SWAP_AB: tl.constexpr = False,
 ):
     """Length-balanced split-KV decode: program (work chunk ``c``, kv head) over ``G * QMAX`` rows.
 
@@ -774,8 +806,12 @@ def _decode_kernel(
     kv_lo = kv_lo.to(tl.int32)
     kv_hi = kv_hi.to(tl.int32)
 
-    acc_lo = tl.zeros((BLOCK_M, HEAD_DIM // 2), dtype=tl.float32)
-    acc_hi = tl.zeros((BLOCK_M, HEAD_DIM // 2), dtype=tl.float32)
+    if SWAP_AB:  # accumulated transposed (_attend_tile), turned back once after the loop
+        acc_lo = tl.zeros((HEAD_DIM // 2, BLOCK_M), dtype=tl.float32)
+        acc_hi = tl.zeros((HEAD_DIM // 2, BLOCK_M), dtype=tl.float32)
+    else:
+        acc_lo = tl.zeros((BLOCK_M, HEAD_DIM // 2), dtype=tl.float32)
+        acc_hi = tl.zeros((BLOCK_M, HEAD_DIM // 2), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc_lo, acc_hi, m_i, l_i = _attend_range(
@@ -790,8 +826,11 @@ def _decode_kernel(
         stride_ksp * SF_ALIGN, stride_kst * SF_ALIGN, stride_vsp * SF_ALIGN, stride_vst * SF_ALIGN,
         HEAD_DIM, BLOCK_N, CAUSAL, HAS_WINDOW and (QMAX > 1), HAS_SOFTCAP, FAST, DOT_FP32, PAGE_POW2,
         (SF_ALIGN >= 4) and SCALE_WORDS,
-        PREFETCH,
+        PREFETCH, SWAP_AB=SWAP_AB,
     )
+    if SWAP_AB:
+        acc_lo = tl.trans(acc_lo)
+        acc_hi = tl.trans(acc_hi)
     if ROTATE:  # (P V H) H = P V: un-rotated before the (linear) normalization and merge
         acc_lo, acc_hi = rotate_planes(acc_lo, acc_hi, HEAD_DIM)
 
@@ -1157,6 +1196,8 @@ class DecodeConfig:
     # before the decode, onto the bytes (docs/attention.md, "Where the shared-memory traffic goes").
     # Not yet timed on a GPU: benchmarks/bench_attention.py sweeps it
     scale_words: bool = True
+    # K and V as the MMAs' first operand (_attend_tile's SWAP_AB): opt-in, not yet timed on a GPU
+    swap_ab: bool = False
 
 
 @dataclass(frozen=True)
@@ -1205,6 +1246,21 @@ BYTE_SCALE_DECODE_CONFIGS = (
     DecodeConfig(block_n=32, num_warps=4, num_stages=2, programs_per_sm=4, scale_words=False),
     DecodeConfig(block_n=128, num_warps=4, num_stages=2, maxnreg=168, programs_per_sm=3, scale_words=False),
     DecodeConfig(block_n=64, num_warps=4, num_stages=2, maxnreg=128, programs_per_sm=4, scale_words=False),
+)
+# K and V as the MMAs' first operand (DecodeConfig.swap_ab, _attend_tile's SWAP_AB), with byte-loaded scales:
+# compiled for sm_90 (head_dim 128, bf16, 8-byte scale rows; 2026-12-03) with triton 3.6.0 and 3.9.0, the TTGIR
+# keeps no decoded plane in shared memory: the K/V bytes are staged by cp.async (pipelined over the stages),
+# decoded in registers in the wgmma operand layout, and both MMAs are wgmma with that operand in registers;
+# only Q (once) and the 64 x 16 P tile (per tile) go through shared memory. Registers (triton 3.6.0 / 3.9.0),
+# programs per SM by registers: 64-key tiles, 4 warps, 3 stages: 230 / 210, 2; capped at 168: 8 / 24 B
+# spilled, 3. With 32-bit scale words (the shipped loads) the decoded planes still round-trip through shared
+# memory (135 / 161 registers). Not yet timed on a GPU: benchmarks/bench_attention.py sweeps them.
+SWAP_DECODE_CONFIGS = (
+    DecodeConfig(block_n=64, num_warps=4, num_stages=3, programs_per_sm=2, scale_words=False, swap_ab=True),
+    DecodeConfig(block_n=64, num_warps=4, num_stages=3, maxnreg=168, programs_per_sm=3, scale_words=False,
+                 swap_ab=True),
+    DecodeConfig(block_n=64, num_warps=4, num_stages=2, programs_per_sm=2, scale_words=False, swap_ab=True),
+    DecodeConfig(block_n=64, num_warps=4, num_stages=2, programs_per_sm=3, swap_ab=True),
 )
 # Warps of a decode launch whose config has fewer, when (a) BLOCK_M > 16: at 2 warps the
 # accumulators do not fit (SM90, head_dim 128: BLOCK_M 32 spills 8 bytes, BLOCK_M 64 spills 1.5 KB,
@@ -1800,7 +1856,7 @@ def _run_decode(
         DOT_FP32=d.dot_fp32, DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
         num_pages=d.num_pages, status_ptr=status_arg, PREFETCH=d.cfg.prefetch, ROTATE=d.rotate,
         SCALE_WORDS=d.cfg.scale_words, counter_ptr=counters if fused else seq_lens, FUSED_MERGE=fused,
-        MERGE_CB=d.merge_cb if fused else 1,
+        MERGE_CB=d.merge_cb if fused else 1, SWAP_AB=d.cfg.swap_ab,
         num_warps=d.cfg.num_warps, num_stages=d.cfg.num_stages, maxnreg=d.cfg.maxnreg,
     )  # fmt: skip
     if fused:
@@ -2112,7 +2168,8 @@ def _decode_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
         sig[name] = "constexpr"
     sig.update({"num_pages": "i32", "status_ptr": "*i32", "PREFETCH": "constexpr",
                 "ROTATE": "constexpr", "SCALE_WORDS": "constexpr", "counter_ptr": "*i32",
-                "FUSED_MERGE": "constexpr", "MERGE_CB": "constexpr"})  # (num_tokens, max_pages are above)
+                "FUSED_MERGE": "constexpr", "MERGE_CB": "constexpr",
+                "SWAP_AB": "constexpr"})  # (num_tokens, max_pages are above)
     return sig
 
 
@@ -2173,7 +2230,8 @@ def aot_variants() -> dict[str, list[Any]]:
                              "BATCH_BLOCK": batch_block, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr, "FAST": DECODERS[decoder],
                              "DOT_FP32": False, "DATA_ALIGN": 8 if combined else 16,
                              "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2, "PREFETCH": cfg.prefetch,
-                             "ROTATE": False, "SCALE_WORDS": cfg.scale_words, "FUSED_MERGE": False, "MERGE_CB": 1}
+                             "ROTATE": False, "SCALE_WORDS": cfg.scale_words, "FUSED_MERGE": False, "MERGE_CB": 1,
+                             "SWAP_AB": cfg.swap_ab}
         c.update(_FEATURES_OFF)
         c.update(features)
         sig = _decode_signature(dtype, ptr, ptr)
@@ -2211,6 +2269,11 @@ def aot_variants() -> dict[str, list[Any]]:
     add_decode("bf16-d64-q4-table-all", "bf16", 64, qmax=4, decoder="table", **_FEATURES_ON)
     # the opt-in register double-buffered loop (DecodeConfig.prefetch), as benchmarks/bench_attention.py sweeps it
     add_decode("bf16-d128-prefetch", "bf16", 128, config=PREFETCH_DECODE_CONFIG)
+    # K and V as the MMAs' first operand (DecodeConfig.swap_ab), as the sweep has them: wgmma on SM90,
+    # mma.sync with the first operand in registers elsewhere
+    add_decode("bf16-d128-swap", "bf16", 128, config=SWAP_DECODE_CONFIGS[0])
+    add_decode("bf16-d128-swap-capped", "bf16", 128, config=SWAP_DECODE_CONFIGS[1])
+    add_decode("fp16-d64-q4-swap-all", "fp16", 64, qmax=4, config=SWAP_DECODE_CONFIGS[3], **_FEATURES_ON)
     add_decode("fp16-d64-q4-prefetch-all", "fp16", 64, qmax=4, config=PREFETCH_DECODE_CONFIG, **_FEATURES_ON)
     # the merge inside the decode kernel (FUSED_MERGE): one request of 16 rows, and GQA 8 x q_len 8 with
     # every feature
