@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-config", default=None)
     ap.add_argument("--byte-scales", type=int, default=None, metavar="I",
                     help="run config I of BYTE_SCALE_DECODE_CONFIGS (block scales loaded as bytes)")
+    ap.add_argument("--swap", type=int, default=None, metavar="I",
+                    help="run config I of SWAP_DECODE_CONFIGS (K and V as the MMAs' first operand)")
     ap.add_argument("--programs-per-sm", type=int, default=None)
     ap.add_argument("--baseline", default=None, help="an earlier attention.py to run instead")
     args = ap.parse_args(argv)
@@ -52,13 +54,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.decode_config:
         parts = [int(x) for x in args.decode_config.split(",")]
         over["decode"] = att.DecodeConfig(*parts)
-    if args.byte_scales is not None:
-        configs = att.BYTE_SCALE_DECODE_CONFIGS
-        if not 0 <= args.byte_scales < len(configs) or args.decode_config:
-            sys.stderr.write(f"profile_attention: --byte-scales {args.byte_scales}: need an index below "
-                             f"{len(configs)} and no --decode-config\n")
+    for flag, index, name in (("--byte-scales", args.byte_scales, "BYTE_SCALE_DECODE_CONFIGS"),
+                              ("--swap", args.swap, "SWAP_DECODE_CONFIGS")):
+        if index is None:
+            continue
+        configs = getattr(att, name, ())
+        if not 0 <= index < len(configs) or "decode" in over:
+            sys.stderr.write(f"profile_attention: {flag} {index}: need an index below {len(configs)} ({name}) "
+                             "and no other decode config\n")
             return 2
-        over["decode"] = configs[args.byte_scales]
+        over["decode"] = configs[index]
     if args.programs_per_sm:
         over["knobs"] = {"SPLIT_TARGET_PROGRAMS_PER_SM": args.programs_per_sm}
     case = ba.Case(shape, torch.device("cuda"), 0, fp8=False)
