@@ -328,10 +328,10 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
             # (DecodeConfig.scale_words, docs/attention.md); not the default until timed
             for bcfg in getattr(att, "BYTE_SCALE_DECODE_CONFIGS", ()):
                 variants.append((f"byte scales {bcfg}", {"decode": bcfg}))
-            # K and V as the MMAs' first operand (DecodeConfig.swap_ab): wgmma with the decoded tile in
+            # K as the first operand of the logits' MMA (DecodeConfig.swap_ab): a wgmma with the decoded K in
             # registers, no decoded plane in shared memory (docs/attention.md); not the default until timed
             for scfg in getattr(att, "SWAP_DECODE_CONFIGS", ()):
-                variants.append((f"swapped operands {scfg}", {"decode": scfg}))
+                variants.append((f"swapped QK {scfg}", {"decode": scfg}))
     else:
         def run():
             return att.prefill(case.q, *args, case.qsl, ks, vs, sm_scale=case.sm_scale)
@@ -355,7 +355,7 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
                                        ("2 programs/SM", {"knobs": {"SPLIT_TARGET_PROGRAMS_PER_SM": 2}}),
                                        ("prefetch", {"decode": att.PREFETCH_DECODE_CONFIG}),
                                        ("byte scales", {"decode": att.BYTE_SCALE_DECODE_CONFIGS[0]}),
-                                       ("swapped operands", {"decode": att.SWAP_DECODE_CONFIGS[0]})]
+                                       ("swapped QK", {"decode": att.SWAP_DECODE_CONFIGS[0]})]
         else:
             variants = variants[:1] + [(f"{att.PrefillConfig(64, 32, 4, 2)}", {"prefill": att.PrefillConfig(64, 32, 4, 2)})]
     # --knob NAME=V: one row per value, the module constant set for that row (any sweep mode)

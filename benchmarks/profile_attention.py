@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--byte-scales", type=int, default=None, metavar="I",
                     help="run config I of BYTE_SCALE_DECODE_CONFIGS (block scales loaded as bytes)")
     ap.add_argument("--swap", type=int, default=None, metavar="I",
-                    help="run config I of SWAP_DECODE_CONFIGS (K and V as the MMAs' first operand)")
+                    help="run config I of SWAP_DECODE_CONFIGS (K as the first operand of the logits' MMA)")
     ap.add_argument("--programs-per-sm", type=int, default=None)
     ap.add_argument("--baseline", default=None, help="an earlier attention.py to run instead")
     args = ap.parse_args(argv)

@@ -156,12 +156,13 @@ def test_decode_byte_scales_match_reference(splits, features):
     ],
 )
 def test_decode_swapped_operands_match_reference(splits, features):
-    """K and V as the MMAs' first operand, the accumulators transposed (DecodeConfig.swap_ab), with the
-    register prefetch too: the same results as the reference."""
+    """K as the first operand of the logits' MMA (DecodeConfig.swap_ab), with byte-loaded scales and with
+    the register prefetch: the same results as the reference."""
     from nvfp4compat.kernels.triton import attention as att
 
     kw = {"dtype": fp16, **features}
-    for cfg in (att.DecodeConfig(16, 4, 1, swap_ab=True), att.DecodeConfig(16, 4, 1, prefetch=True, swap_ab=True)):
+    for cfg in (att.DecodeConfig(16, 4, 1, scale_words=False, swap_ab=True),
+                att.DecodeConfig(16, 4, 1, prefetch=True, swap_ab=True)):
         with att.override_configs(decode=cfg, num_splits=splits):
             r = run_case(
                 "triton", "decode", seq_lens=[300, 3, 17, 130], num_qo_heads=4, num_kv_heads=2,

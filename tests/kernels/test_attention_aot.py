@@ -37,7 +37,7 @@ CORE = [
     ("attention_prefill", "bf16-d128-table", (80, 90)),
     # the opt-in register double-buffered decode loop (DecodeConfig.prefetch)
     ("attention_decode", "bf16-d128-prefetch", (80, 90)),
-    # the opt-in swapped operands (DecodeConfig.swap_ab): K and V as the MMAs' first operand
+    # the opt-in swapped logits MMA (DecodeConfig.swap_ab): K as its first operand
     ("attention_decode", "bf16-d128-swap", (80, 90)),
     # prefill's query_start_loc guard
     ("attention_qsl_guard", "bf16-d128-lse", (80, 90)),

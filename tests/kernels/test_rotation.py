@@ -398,7 +398,7 @@ def test_fused_decode_matches_prepost_and_reference(head_dim, dtype, hq, hkv, q_
     torch.testing.assert_close(fused_lse, pp_lse, atol=1e-4, rtol=0)
     torch.testing.assert_close(fused_lse, ref_lse, atol=1e-2, rtol=0)
     assert ra.relative_l2(plain, ref) > 20 * err_ref, "an unrotated read of the rotated cache is far off"
-    # the swapped-operand decode (DecodeConfig.swap_ab) un-rotates its transposed accumulators alike
+    # the swapped logits MMA (DecodeConfig.swap_ab) reads the rotated cache alike
     from nvfp4compat.kernels.triton.attention import DecodeConfig
 
     with override_configs(num_splits=splits, decode=DecodeConfig(16, 4, 1, scale_words=False, swap_ab=True)):

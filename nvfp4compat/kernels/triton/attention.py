@@ -178,11 +178,12 @@ def _attend_tile(
 ):
     """Online-softmax update of the running state with the keys ``[n0, n0 + BLOCK_N)``.
 
-    ``SWAP_AB``: the decoded K and V tiles are the MMAs' first operand (``S^T = K Q^T``,
-    ``O^T += V^T P^T``) and the accumulators come in and go out transposed (``[HEAD_DIM // 2,
-    BLOCK_M]``). An MMA's first operand may live in registers (SM90's wgmma takes its second one from
-    shared memory only), so the layout conversion of a decoded tile can happen on its bytes, before
-    the decode, instead of on the decoded bf16 planes (opt-in: ``DecodeConfig.swap_ab``).
+    ``SWAP_AB``: the decoded K tile is the first operand of the logits' MMA (``S^T = K Q^T``, then
+    transposed in registers). With ``BLOCK_N`` keys as its M, SM90 runs it as a wgmma whose first
+    operand stays in registers, so the layout conversion of K happens on its bytes, before the decode
+    (SM90's wgmma takes its second operand from shared memory only, and the 16 query rows are too few
+    for a wgmma M). ``P V`` keeps its orientation: an ``mma.sync`` with V in registers (opt-in:
+    ``DecodeConfig.swap_ab``).
 
     ``RAW`` (unmasked tiles only): the tile's bytes were loaded already (:func:`_attend_prefetched`)
     and come in as ``k_byte, k_sf, v_byte, v_sf`` (:func:`_load_raw`); nothing is loaded here.
@@ -215,20 +216,14 @@ def _attend_tile(
             k_base, page * stride_kp + slot * stride_kt, ks_base, page * stride_ksp + slot * stride_kst,
             n_ok, HEAD_DIM, BLOCK_N, MASKED, FAST, DTYPE, SF_WORDS,
         )
+    qd_lo, qd_hi, kd_lo, kd_hi = q_lo, q_hi, k_lo, k_hi
+    if DOT_FP32:
+        qd_lo, qd_hi = q_lo.to(tl.float32), q_hi.to(tl.float32)
+        kd_lo, kd_hi = k_lo.to(tl.float32), k_hi.to(tl.float32)
     if SWAP_AB:
-        if DOT_FP32:
-            st = tl.dot(k_lo.to(tl.float32), tl.trans(q_lo.to(tl.float32)))
-            st = tl.dot(k_hi.to(tl.float32), tl.trans(q_hi.to(tl.float32)), st)
-        else:
-            st = tl.dot(k_lo, tl.trans(q_lo))
-            st = tl.dot(k_hi, tl.trans(q_hi), st)
-        s = tl.trans(st)
-    elif DOT_FP32:
-        s = tl.dot(q_lo.to(tl.float32), tl.trans(k_lo.to(tl.float32)))
-        s = tl.dot(q_hi.to(tl.float32), tl.trans(k_hi.to(tl.float32)), s)
+        s = tl.trans(tl.dot(kd_hi, tl.trans(qd_hi), tl.dot(kd_lo, tl.trans(qd_lo))))
     else:
-        s = tl.dot(q_lo, tl.trans(k_lo))
-        s = tl.dot(q_hi, tl.trans(k_hi), s)
+        s = tl.dot(qd_hi, tl.trans(kd_hi), tl.dot(qd_lo, tl.trans(kd_lo)))
     if HAS_SOFTCAP:
         # cap * tanh(x / cap) in the log2 domain; tanh(y) = 1 - 2 / (exp(2y) + 1) saturates cleanly.
         y = s * softcap_pre
@@ -252,12 +247,8 @@ def _attend_tile(
         p = tl.exp2(s * qk_scale2 - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
-    if SWAP_AB:
-        acc_lo = acc_lo * alpha[None, :]
-        acc_hi = acc_hi * alpha[None, :]
-    else:
-        acc_lo = acc_lo * alpha[:, None]
-        acc_hi = acc_hi * alpha[:, None]
+    acc_lo = acc_lo * alpha[:, None]
+    acc_hi = acc_hi * alpha[:, None]
 
     if RAW:
         v_lo, v_hi = _decode_raw(v_byte, v_sf, HEAD_DIM, BLOCK_N, FAST, DTYPE, SF_WORDS)
@@ -267,16 +258,7 @@ def _attend_tile(
             n_ok, HEAD_DIM, BLOCK_N, MASKED, FAST, DTYPE, SF_WORDS,
         )
     p16 = p.to(DTYPE)
-    if SWAP_AB:
-        pt = tl.trans(p16)
-        if DOT_FP32:
-            pt32 = pt.to(tl.float32)
-            acc_lo = tl.dot(tl.trans(v_lo.to(tl.float32)), pt32, acc_lo)
-            acc_hi = tl.dot(tl.trans(v_hi.to(tl.float32)), pt32, acc_hi)
-        else:
-            acc_lo = tl.dot(tl.trans(v_lo), pt, acc_lo)
-            acc_hi = tl.dot(tl.trans(v_hi), pt, acc_hi)
-    elif DOT_FP32:
+    if DOT_FP32:
         p32 = p16.to(tl.float32)
         acc_lo = tl.dot(p32, v_lo.to(tl.float32), acc_lo)
         acc_hi = tl.dot(p32, v_hi.to(tl.float32), acc_hi)
@@ -806,12 +788,8 @@ def _decode_kernel(
     kv_lo = kv_lo.to(tl.int32)
     kv_hi = kv_hi.to(tl.int32)
 
-    if SWAP_AB:  # accumulated transposed (_attend_tile), turned back once after the loop
-        acc_lo = tl.zeros((HEAD_DIM // 2, BLOCK_M), dtype=tl.float32)
-        acc_hi = tl.zeros((HEAD_DIM // 2, BLOCK_M), dtype=tl.float32)
-    else:
-        acc_lo = tl.zeros((BLOCK_M, HEAD_DIM // 2), dtype=tl.float32)
-        acc_hi = tl.zeros((BLOCK_M, HEAD_DIM // 2), dtype=tl.float32)
+    acc_lo = tl.zeros((BLOCK_M, HEAD_DIM // 2), dtype=tl.float32)
+    acc_hi = tl.zeros((BLOCK_M, HEAD_DIM // 2), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc_lo, acc_hi, m_i, l_i = _attend_range(
@@ -828,9 +806,6 @@ def _decode_kernel(
         (SF_ALIGN >= 4) and SCALE_WORDS,
         PREFETCH, SWAP_AB=SWAP_AB,
     )
-    if SWAP_AB:
-        acc_lo = tl.trans(acc_lo)
-        acc_hi = tl.trans(acc_hi)
     if ROTATE:  # (P V H) H = P V: un-rotated before the (linear) normalization and merge
         acc_lo, acc_hi = rotate_planes(acc_lo, acc_hi, HEAD_DIM)
 
@@ -1196,7 +1171,7 @@ class DecodeConfig:
     # before the decode, onto the bytes (docs/attention.md, "Where the shared-memory traffic goes").
     # Not yet timed on a GPU: benchmarks/bench_attention.py sweeps it
     scale_words: bool = True
-    # K and V as the MMAs' first operand (_attend_tile's SWAP_AB): opt-in, not yet timed on a GPU
+    # K as the first operand of the logits' MMA (_attend_tile's SWAP_AB): opt-in, not yet timed on a GPU
     swap_ab: bool = False
 
 
@@ -1247,20 +1222,20 @@ BYTE_SCALE_DECODE_CONFIGS = (
     DecodeConfig(block_n=128, num_warps=4, num_stages=2, maxnreg=168, programs_per_sm=3, scale_words=False),
     DecodeConfig(block_n=64, num_warps=4, num_stages=2, maxnreg=128, programs_per_sm=4, scale_words=False),
 )
-# K and V as the MMAs' first operand (DecodeConfig.swap_ab, _attend_tile's SWAP_AB), with byte-loaded scales:
-# compiled for sm_90 (head_dim 128, bf16, 8-byte scale rows; 2026-12-03) with triton 3.6.0 and 3.9.0, the TTGIR
-# keeps no decoded plane in shared memory: the K/V bytes are staged by cp.async (pipelined over the stages),
-# decoded in registers in the wgmma operand layout, and both MMAs are wgmma with that operand in registers;
-# only Q (once) and the 64 x 16 P tile (per tile) go through shared memory. Registers (triton 3.6.0 / 3.9.0),
-# programs per SM by registers: 64-key tiles, 4 warps, 3 stages: 230 / 210, 2; capped at 168: 8 / 24 B
-# spilled, 3. With 32-bit scale words (the shipped loads) the decoded planes still round-trip through shared
-# memory (135 / 161 registers). Not yet timed on a GPU: benchmarks/bench_attention.py sweeps them.
+# K as the first operand of the logits' MMA (DecodeConfig.swap_ab, _attend_tile's SWAP_AB), with byte-loaded
+# scales: compiled for sm_90 (head_dim 128, bf16, 8-byte scale rows; 2026-12-03) with triton 3.6.0 and 3.9.0, the
+# TTGIR keeps no decoded plane in shared memory: the K/V bytes are staged by cp.async (pipelined over the stages)
+# and decoded in registers in the operand layouts; S^T = K Q^T is a wgmma with K in registers (64 keys its M), P V
+# an mma.sync with V in registers; only Q (once) and the 16 x 64 P tile (per tile) pass through shared memory.
+# (Swapping P V too, V^T P^T, kept the decoded V planes in shared memory: Triton does not move that conversion
+# across the transpose.) Registers (triton 3.6.0 / 3.9.0), programs per SM by registers: 64-key tiles, 4 warps,
+# 3 stages: 196 / 175, 2; capped at 168: 24 / 48 B spilled, 3; 2 stages: 192 / 172, 2. Not yet timed on a GPU:
+# benchmarks/bench_attention.py sweeps them.
 SWAP_DECODE_CONFIGS = (
     DecodeConfig(block_n=64, num_warps=4, num_stages=3, programs_per_sm=2, scale_words=False, swap_ab=True),
     DecodeConfig(block_n=64, num_warps=4, num_stages=3, maxnreg=168, programs_per_sm=3, scale_words=False,
                  swap_ab=True),
     DecodeConfig(block_n=64, num_warps=4, num_stages=2, programs_per_sm=2, scale_words=False, swap_ab=True),
-    DecodeConfig(block_n=64, num_warps=4, num_stages=2, programs_per_sm=3, swap_ab=True),
 )
 # Warps of a decode launch whose config has fewer, when (a) BLOCK_M > 16: at 2 warps the
 # accumulators do not fit (SM90, head_dim 128: BLOCK_M 32 spills 8 bytes, BLOCK_M 64 spills 1.5 KB,
@@ -2269,11 +2244,11 @@ def aot_variants() -> dict[str, list[Any]]:
     add_decode("bf16-d64-q4-table-all", "bf16", 64, qmax=4, decoder="table", **_FEATURES_ON)
     # the opt-in register double-buffered loop (DecodeConfig.prefetch), as benchmarks/bench_attention.py sweeps it
     add_decode("bf16-d128-prefetch", "bf16", 128, config=PREFETCH_DECODE_CONFIG)
-    # K and V as the MMAs' first operand (DecodeConfig.swap_ab), as the sweep has them: wgmma on SM90,
-    # mma.sync with the first operand in registers elsewhere
+    # K as the first operand of the logits' MMA (DecodeConfig.swap_ab), as the sweep has them: a wgmma on
+    # SM90, mma.sync with K in registers elsewhere
     add_decode("bf16-d128-swap", "bf16", 128, config=SWAP_DECODE_CONFIGS[0])
     add_decode("bf16-d128-swap-capped", "bf16", 128, config=SWAP_DECODE_CONFIGS[1])
-    add_decode("fp16-d64-q4-swap-all", "fp16", 64, qmax=4, config=SWAP_DECODE_CONFIGS[3], **_FEATURES_ON)
+    add_decode("fp16-d64-q4-swap-all", "fp16", 64, qmax=4, config=SWAP_DECODE_CONFIGS[2], **_FEATURES_ON)
     add_decode("fp16-d64-q4-prefetch-all", "fp16", 64, qmax=4, config=PREFETCH_DECODE_CONFIG, **_FEATURES_ON)
     # the merge inside the decode kernel (FUSED_MERGE): one request of 16 rows, and GQA 8 x q_len 8 with
     # every feature
