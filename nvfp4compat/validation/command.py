@@ -182,8 +182,10 @@ def gguf_refusal(model: str) -> str | None:
 
 
 def _patterns(text: str) -> list[str]:
-    """``--jobs``: a comma list of shell patterns."""
-    out = [p.strip() for p in text.split(",") if p.strip()]
+    """``--jobs``: a comma list of shell patterns (:func:`runner.job_patterns`), at least one."""
+    from nvfp4compat.validation.runner import job_patterns
+
+    out = job_patterns(text)
     if not out:
         raise argparse.ArgumentTypeError(f"expected comma-separated job-name patterns, got {text!r}")
     return out

@@ -100,6 +100,11 @@ class Settings:
         }
 
 
+def job_patterns(text: str) -> list[str]:
+    """``--jobs``: a comma list of shell patterns of job names (empty: every job)."""
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
 def selected(job: Job, patterns: Sequence[str]) -> bool:
     """Whether ``job`` runs under ``--jobs patterns`` (shell patterns of job names; the preflight, which
     every check's plan rests on, always runs)."""

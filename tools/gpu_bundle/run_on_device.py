@@ -391,6 +391,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from nvfp4compat.validation.runner import (
         Settings,
         base_job_env,
+        job_patterns,
         run_checks,
         selected,
         unmatched,
@@ -415,7 +416,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # serve a private copy from the work folder
         recall_model = work / "recall-model"
     extra = dict(kv.split("=", 1) for kv in args.env)
-    patterns = [p.strip() for p in args.jobs.split(",") if p.strip()]
+    patterns = job_patterns(args.jobs)
     settings = Settings(
         model=str(model),
         tokenizer=args.tokenizer,

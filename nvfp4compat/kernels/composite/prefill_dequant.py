@@ -474,6 +474,20 @@ def _prefill(backend: str, call: DequantPrefillArgs) -> AttentionResult:
                 f"prefill: request {b} has seq_len {lens[b]}, needs q_len {q_len} <= seq_len <= "
                 f"block_table columns x page_size = {max_pages * views.page_size}"
             )
+
+    def fused(rows: slice, reqs: slice, rows_qsl: torch.Tensor) -> None:
+        """Query rows ``rows`` (requests ``reqs``, whose ``query_start_loc`` is ``rows_qsl``) through the
+        fused Triton prefill, into ``a.out`` and ``a.lse``."""
+        res = tri.prefill(
+            query[rows], (views.k_data, views.v_data), (views.k_sf, views.v_sf), block_table[reqs],
+            seq_lens[reqs], rows_qsl, a.k_scale, a.v_scale, sm_scale=sm_scale, kv_layout=views.layout,
+            causal=causal, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, out=a.out[rows],
+            return_lse=a.lse is not None, kv_rotation=rotation,
+        )  # fmt: skip
+        if a.lse is not None:
+            assert isinstance(res, tuple)
+            a.lse[rows].copy_(res[1])
+
     if backend == "fa2" and not causal and a.window > 0:
         # FlashInfer's FA2 ragged prefill attends wrongly with a sliding window and no causal mask:
         # relative L2 0.61 and 0.93 against the float32 reference (window 500, and window 129 with a
@@ -481,15 +495,7 @@ def _prefill(backend: str, call: DequantPrefillArgs) -> AttentionResult:
         # in docs/validation.md); FA3 is right there. The whole call takes the fused Triton prefill.
         logger.debug("prefill (%s): a sliding window without the causal mask runs through the fused "
                      "Triton prefill (FA2's ragged run is wrong there)", impl)  # fmt: skip
-        res = tri.prefill(
-            query, (views.k_data, views.v_data), (views.k_sf, views.v_sf), block_table, seq_lens, qsl,
-            a.k_scale, a.v_scale, sm_scale=sm_scale, kv_layout=views.layout, causal=False,
-            sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, out=a.out,
-            return_lse=a.lse is not None, kv_rotation=rotation,
-        )  # fmt: skip
-        if a.lse is not None:
-            assert isinstance(res, tuple)
-            a.lse.copy_(res[1])
+        fused(slice(None), slice(None), qsl)
         return tri._result(a)
     el = query.element_size()
     per_token = 2 * views.num_kv_heads * views.head_dim * el
@@ -540,17 +546,7 @@ def _prefill(backend: str, call: DequantPrefillArgs) -> AttentionResult:
             impl, b, lens[b], lens[b] * per_token / 2**20, SCRATCH_ENV, cap_bytes >> 20,
         )  # fmt: skip
         q0, q1 = starts[b], starts[b + 1]
-        res = tri.prefill(
-            query[q0:q1], (views.k_data, views.v_data), (views.k_sf, views.v_sf),
-            block_table[b : b + 1], seq_lens[b : b + 1],
-            torch.tensor([0, q1 - q0], dtype=torch.int32, device=views.device), a.k_scale, a.v_scale,
-            sm_scale=sm_scale, kv_layout=views.layout, causal=causal, sliding_window=sliding_window,
-            logits_soft_cap=logits_soft_cap, out=a.out[q0:q1], return_lse=a.lse is not None,
-            kv_rotation=rotation,
-        )  # fmt: skip
-        if a.lse is not None:
-            assert isinstance(res, tuple)
-            a.lse[q0:q1].copy_(res[1])
+        fused(slice(q0, q1), slice(b, b + 1), torch.tensor([0, q1 - q0], dtype=torch.int32, device=views.device))
     return tri._result(a)
 
 
