@@ -293,7 +293,8 @@ def _overrides(att: Any, over: dict[str, Any]):
 
 
 def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
-                 impl: str = "triton NVFP4", knobs: Sequence[tuple[str, Any]] = ()) -> list[Row]:
+                 impl: str = "triton NVFP4", knobs: Sequence[tuple[str, Any]] = (),
+                 only: Sequence[str] = ()) -> list[Row]:
     import torch
 
     if att is None:
@@ -358,6 +359,8 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
                                        ("swapped QK", {"decode": att.SWAP_DECODE_CONFIGS[0]})]
         else:
             variants = variants[:1] + [(f"{att.PrefillConfig(64, 32, 4, 2)}", {"prefill": att.PrefillConfig(64, 32, 4, 2)})]
+    if only:  # --variants: the default row and the sweep rows whose label holds one of the substrings
+        variants = variants[:1] + [v for v in variants[1:] if any(k in v[0] for k in only)]
     # --knob NAME=V: one row per value, the module constant set for that row (any sweep mode)
     variants += [(f"knob {name}={val}", {"knobs": {name: val}}) for name, val in knobs]
     max_smem = _max_shared_mem(case.q.device)
@@ -524,7 +527,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=V1,V2",
                     help="also time the Triton kernels with the attention module's constant NAME set to each "
                          "value (integers), one row per value, e.g. --knob SPLIT_WAVES=2,3")
+    ap.add_argument("--variants", default=None, metavar="SUBSTRINGS",
+                    help="comma-separated substrings: time only the sweep rows whose label holds one "
+                         "(e.g. 'swapped QK,byte scales'); the default row always runs")
     args = ap.parse_args(argv)
+    only = [k.strip() for k in (args.variants or "").split(",") if k.strip()]
 
     if args.quick:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -566,7 +573,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quick and not args.no_flashinfer:
             refs["bf16"] = case.reference("bf16")
             refs["fp8"] = case.reference("fp8")
-        rows = _triton_rows(case, args.quick, sweep=not args.no_sweep, ref_nv=refs["nvfp4"], knobs=knobs)
+        rows = _triton_rows(case, args.quick, sweep=not args.no_sweep, ref_nv=refs["nvfp4"], knobs=knobs,
+                            only=only)
         if baseline is not None:
             rows += _triton_rows(case, args.quick, False, refs["nvfp4"], att=baseline, impl="triton NVFP4 baseline")
         if not args.quick and not args.no_flashinfer:

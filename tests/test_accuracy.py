@@ -94,6 +94,28 @@ def test_attention_codec_runs_the_bound_writer_and_prefill(fmt):
         rt.attend("fp8", q, k, v, scaling=0.125)
 
 
+def test_kl_top_k_sum_is_the_in_engine_estimator():
+    """The kernel-level report's top-K KL is the in-engine check's estimator (checks.kl_top_k) fed with every
+    probability known, and it is below the full-vocabulary KL (a coarser partition cannot raise a KL)."""
+    from nvfp4compat.accuracy import TOP_K, kl_top_k_sum
+    from nvfp4compat.validation.checks import kl_top_k
+
+    g = torch.Generator().manual_seed(3)
+    ref = torch.log_softmax(3.0 * torch.randn(6, 300, generator=g, dtype=torch.float64), -1)
+    other = torch.log_softmax(ref + 0.7 * torch.randn(6, 300, generator=g, dtype=torch.float64), -1)
+    want = 0.0
+    for r, o in zip(ref, other, strict=True):
+        top = r.topk(TOP_K).indices.tolist()
+        otop = o.topk(TOP_K).indices.tolist()
+        extra = [(t, float(o[t])) for t in top if t not in otop]  # what the other engine returns beside its top-K
+        want += kl_top_k([(t, float(r[t])) for t in top], [(t, float(o[t])) for t in otop], extra)
+    got = kl_top_k_sum(ref.float(), other.float())
+    assert got == pytest.approx(want, rel=1e-4)
+    full = float((ref.exp() * (ref - other)).sum())
+    assert 0.0 < got < full
+    assert kl_top_k_sum(ref, ref) == pytest.approx(0.0, abs=1e-9)
+
+
 def test_text_and_windows():
     text = default_text()
     assert len(text) > 20_000 and text.isascii()

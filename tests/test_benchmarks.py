@@ -93,3 +93,19 @@ def test_bench_timing_spots_an_empty_cuda_graph_capture(monkeypatch):
         warnings.simplefilter("always")
         warnings.warn("some other warning", UserWarning, stacklevel=1)
     assert not mod.empty_graph_capture(other)
+
+
+def test_bench_attention_variants_keeps_the_default_and_the_named_sweep_rows(tmp_path):
+    """``--variants``: the default row and only the sweep rows whose label holds a given substring."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_attention.py"), "--quick",
+         "--shapes", "quick decode B=2 L=200", "--variants", "swapped QK"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    labels = [ln.split("|")[2].strip() for ln in out.splitlines() if ln.startswith("| triton NVFP4 |")]
+    assert labels and labels[0].startswith("default"), out[-4000:]
+    assert any("swapped QK" in x for x in labels), labels
+    assert not any("byte scales" in x or "prefetch" in x for x in labels[1:]), labels

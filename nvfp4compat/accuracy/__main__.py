@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({
             "window": args.window, "windows": len(wins), "codec": args.codec, "device": args.device,
             "model": model_name, "versions": report.versions,
-            "results": {f: {"perplexity": r.perplexity, "kl": r.kl_per_token, "top1": r.top1, "window_kl": r.window_kl}
+            "results": {f: {"perplexity": r.perplexity, "kl": r.kl_per_token, "top1": r.top1, "window_kl": r.window_kl,
+                              "kl_top_k": r.kl_top_k_per_token, "window_kl_top_k": r.window_kl_top_k}
                         for f, r in results.items()},
         }, indent=2))
     return 0

@@ -615,9 +615,10 @@ def test_decode_config_widens_narrow_configs(monkeypatch):
     """A 2-warp decode config is widened to 4 warps for BLOCK_M > 16 and latency-bound launches."""
     from nvfp4compat.kernels.triton import attention as att
 
-    assert att.decode_config(128) == att.DecodeConfig(128, 4, 2, programs_per_sm=3)
-    assert att.decode_config(128, 64, 1, 132) == att.DecodeConfig(128, 4, 2, programs_per_sm=3)  # already wide
+    words = att.DecodeConfig(128, 4, 2, programs_per_sm=3)
+    assert att.decode_config(128, 64, 1, 132) == words  # already wide
     monkeypatch.setitem(att._DECODE_CONFIGS, 128, att.DecodeConfig(64, 2, 3))
+    monkeypatch.delitem(att._DECODE_CONFIGS_BYTE_SCALES, 128)
     assert att.decode_config(128, 16, 512, 132) == att.DecodeConfig(64, 2, 3)  # fills the GPU
     assert att.decode_config(128, 16, 48, 132) == att.DecodeConfig(64, 4, 3)  # latency-bound
     assert att.decode_config(128, 64, 512, 132) == att.DecodeConfig(64, 4, 3)  # q_len 8 x GQA 8: no spills
@@ -626,14 +627,35 @@ def test_decode_config_widens_narrow_configs(monkeypatch):
         assert att.decode_config(128, 64, 1, 132) == att.DecodeConfig(32, 2, 1)
 
 
+def test_decode_config_takes_byte_scales_where_timed():
+    """head_dim 128: 16 rows without rotation take the byte-scale config capped at 168 registers (timed on an
+    H200); more rows and the fused rotation keep the word-load config. Both split the work alike:
+    decode_split sizes the grid once, from the 16-row config."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    byte = att.DecodeConfig(128, 4, 2, maxnreg=168, programs_per_sm=3, scale_words=False)
+    words = att.DecodeConfig(128, 4, 2, programs_per_sm=3)
+    assert att.decode_config(128) == byte
+    assert att.decode_config(128, 16, 1, 132) == byte  # one request: latency-bound, timed too
+    assert att.decode_config(128, 32, 512, 132) == words
+    assert att.decode_config(128, 16, 512, 132, rotate=True) == words
+    assert att.decode_config(64, 16, 512, 132) == att._DECODE_CONFIGS[64]
+    for hd, cfg in att._DECODE_CONFIGS_BYTE_SCALES.items():
+        base = att._DECODE_CONFIGS[hd]
+        assert (cfg.block_n, cfg.programs_per_sm) == (base.block_n, base.programs_per_sm), hd
+
+
 def test_aot_set_builds_the_launch_configs():
     from nvfp4compat.kernels.triton import attention as att
 
-    shipped = {(v.constexprs["HEAD_DIM"], v.constexprs["BLOCK_M"], v.constexprs["BLOCK_N"], v.num_warps, v.num_stages)
+    shipped = {(v.constexprs["HEAD_DIM"], v.constexprs["BLOCK_M"], v.constexprs["BLOCK_N"], v.num_warps, v.num_stages,
+                v.constexprs["SCALE_WORDS"], v.maxnreg, v.constexprs["ROTATE"])
                for v in att.aot_variants()["attention_decode"]}
     for block_m in (16, 64):
-        cfg = att.decode_config(128, block_m, 512, 132)
-        assert (128, block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) in shipped
+        for rotate in (False, True):
+            cfg = att.decode_config(128, block_m, 512, 132, rotate)
+            assert (128, block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.scale_words, cfg.maxnreg,
+                    rotate) in shipped, (block_m, rotate)
 
 
 def _cache(layout="NHD", head_dim=64):

@@ -1200,6 +1200,17 @@ _DECODE_CONFIGS: dict[int, DecodeConfig] = {
     256: DecodeConfig(block_n=32, num_warps=4, num_stages=3),
     512: DecodeConfig(block_n=16, num_warps=8, num_stages=2),
 }
+# head_dim 128 at BLOCK_M 16: the block scales loaded as bytes (scale_words=False), 128-key tiles, 4 warps, 2
+# stages, capped at 168 registers (3 programs per SM). Timed side by side with the word-load config above and
+# FlashInfer 0.7.2.post1 on an H200 (2026-12-04, BENCHMARKS.md decode run J): 0.2294 against 0.2449 ms at 16 x
+# 16K, 0.2411 / 0.2539 at 128 x 2K, 0.0951 / 0.1002 on the 8-request ragged batch, 0.1245 / 0.1312 at 4 x 32K
+# (GQA 5, page 32), 0.0199 / 0.0197 for one 8K request; ncu on 16 x 16K: 168 registers (10 B spilled), 26 KB
+# of shared memory against 59 KB. Rows beyond 16 (GQA x q_len > 16) and the fused Hadamard rotation keep the
+# word-load config: the cap was timed at 16 rows without rotation only, and compiled for sm_90 (triton 3.9.0) the
+# rotation spills 52 B under it (the plain kernel 8 B).
+_DECODE_CONFIGS_BYTE_SCALES: dict[int, DecodeConfig] = {
+    128: DecodeConfig(block_n=128, num_warps=4, num_stages=2, maxnreg=168, programs_per_sm=3, scale_words=False),
+}
 # The opt-in register double-buffered decode (DecodeConfig.prefetch, _attend_prefetched): 64-key tiles,
 # one Triton stage (the loop prefetches by itself). Compiled for sm_90 (triton 3.6.0) it takes 167
 # registers and 22,528 bytes of shared memory at head_dim 128 (3 programs per SM; 128-key tiles take 244
@@ -1214,7 +1225,10 @@ PREFETCH_DECODE_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=1, pro
 # where 2 fit: ncu on 16 x 16K gave 185 registers, 10% achieved occupancy, DRAM 15%, L1/TEX (shared
 # memory's unit) 38% busy (76% for the shipped word loads), 2 waves: 1.7x the shipped kernel's time; 3 stages came
 # within 10-15% of it over two waves. The capped configs below put 3 per SM again; capped at 128 the
-# 64-key, 2-stage config spills 32 B and fits 4 per SM (none timed yet).
+# 64-key, 2-stage config spills 32 B and fits 4 per SM. Timed on an H200 (2026-12-04, BENCHMARKS.md decode run J):
+# the 128-key one capped at 168 was 4-6% faster than the word loads on four of five shapes (and within 1% on one
+# 8K request): it is the head_dim-128 default (_DECODE_CONFIGS_BYTE_SCALES); the 64-key and 32-key ones were
+# slower on most shapes (up to 1.77x).
 BYTE_SCALE_DECODE_CONFIGS = (
     DecodeConfig(block_n=64, num_warps=4, num_stages=2, maxnreg=168, programs_per_sm=3, scale_words=False),
     DecodeConfig(block_n=64, num_warps=4, num_stages=3, maxnreg=168, programs_per_sm=3, scale_words=False),
@@ -1229,8 +1243,10 @@ BYTE_SCALE_DECODE_CONFIGS = (
 # an mma.sync with V in registers; only Q (once) and the 16 x 64 P tile (per tile) pass through shared memory.
 # (Swapping P V too, V^T P^T, kept the decoded V planes in shared memory: Triton does not move that conversion
 # across the transpose.) Registers (triton 3.6.0 / 3.9.0), programs per SM by registers: 64-key tiles, 4 warps,
-# 3 stages: 196 / 175, 2; capped at 168: 24 / 48 B spilled, 3; 2 stages: 192 / 172, 2. Not yet timed on a GPU:
-# benchmarks/bench_attention.py sweeps them.
+# 3 stages: 196 / 175, 2; capped at 168: 24 / 48 B spilled, 3; 2 stages: 192 / 172, 2. Timed on an H200 (2026-12-04,
+# BENCHMARKS.md decode run J): slower than the word-load config on every shape, 1.16-1.78x its time (16 x 16K: 0.3256,
+# 0.2901 and 0.3444 ms against 0.2449); ncu on 16 x 16K: L1/TEX 50-58% busy (76% for word loads) but DRAM 18-22%
+# (26%). Opt-in only; benchmarks/bench_attention.py still sweeps them.
 SWAP_DECODE_CONFIGS = (
     DecodeConfig(block_n=64, num_warps=4, num_stages=3, programs_per_sm=2, scale_words=False, swap_ab=True),
     DecodeConfig(block_n=64, num_warps=4, num_stages=3, maxnreg=168, programs_per_sm=3, scale_words=False,
@@ -1263,7 +1279,9 @@ SPLIT_MAX_WAVES = 3
 # chunks cost partials to merge and per-program set-up).
 SPLIT_WAVE_GAIN = 0.10
 # The merge kernel (merge_blocks): partial outputs per step, and chunks per step.
-MERGE_STEP_ELEMENTS = 8192
+# 2048: one 8K request 0.0182 ms against 0.0197 with 8192 (more, smaller merge programs), the other batches
+# within 1% (H200, BENCHMARKS.md decode runs G and J)
+MERGE_STEP_ELEMENTS = 2048
 MERGE_CHUNK_BLOCK = 16
 # The merge inside the decode kernel (_merge_if_last): the last chunk of a request to finish merges its
 # partials, and no merge kernel is launched. Opt-in, not yet timed on a GPU: on an H200 one 8K request
@@ -1314,12 +1332,15 @@ def override_configs(
 
 
 def decode_config(
-    head_dim: int, block_m: int = 16, num_programs: int | None = None, num_sms: int | None = None
+    head_dim: int, block_m: int = 16, num_programs: int | None = None, num_sms: int | None = None,
+    rotate: bool = False,
 ) -> DecodeConfig:
     """The decode tile config for ``head_dim`` (override with :func:`override_configs`).
 
     ``block_m`` is the padded row count (``max(16, next_pow2(G * q_len))``), ``num_programs`` the
-    launch's grid size and ``num_sms`` the GPU's SM count. A config with fewer than
+    launch's grid size and ``num_sms`` the GPU's SM count, ``rotate`` a fused Hadamard rotation. Where
+    :data:`_DECODE_CONFIGS_BYTE_SCALES` has ``head_dim``, a launch of 16 rows without rotation takes
+    that config (the one timed); others keep :data:`_DECODE_CONFIGS`. A config with fewer than
     :data:`DECODE_WIDE_WARPS` warps is widened to that many when ``block_m > 16`` or when
     ``num_programs < num_sms``; ``block_n`` (and hence the split count) never changes. An override
     is returned as it is.
@@ -1328,6 +1349,8 @@ def decode_config(
     if forced is not None:
         return forced
     cfg = _DECODE_CONFIGS[head_dim]
+    if block_m <= 16 and not rotate and head_dim in _DECODE_CONFIGS_BYTE_SCALES:
+        cfg = _DECODE_CONFIGS_BYTE_SCALES[head_dim]
     latency_bound = num_programs is not None and num_sms is not None and num_programs < num_sms
     if cfg.num_warps < DECODE_WIDE_WARPS and (block_m > 16 or latency_bound):
         cfg = replace(cfg, num_warps=DECODE_WIDE_WARPS)
@@ -1709,7 +1732,7 @@ def _decode_launch(
         min_tiles=min_tiles, chunks=chunks, slots=slots,
         batch_block=BATCH_BLOCK_SMALL if batch <= BATCH_BLOCK_SMALL else BATCH_BLOCK_MAX,
         max_pages=block_table.shape[1],
-        cfg=decode_config(views.head_dim, block_m, chunks * views.num_kv_heads, num_sms),
+        cfg=decode_config(views.head_dim, block_m, chunks * views.num_kv_heads, num_sms, rotate),
         merge_block_h=merge_block_h, merge_chunk_block=merge_chunk_block, fast=_fast(device), dot_fp32=interpreting() and query.dtype == torch.bfloat16,
         k_ptr=isinstance(a.k_scale, torch.Tensor), v_ptr=isinstance(a.v_scale, torch.Tensor),
         sm_scale_log2=a.sm_scale_log2, softcap=a.softcap, window=a.window,
@@ -1879,7 +1902,7 @@ def _knobs() -> tuple:
     """Everything besides the arguments that a launch depends on (tuning constants, overrides)."""
     return (
         SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, SPLIT_WAVES, SPLIT_MAX_WAVES, SPLIT_WAVE_GAIN, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
-        MERGE_STEP_ELEMENTS, MERGE_CHUNK_BLOCK, FUSED_MERGE, tuple(_DECODE_CONFIGS.items()), tuple(sorted(_overrides.items())), interpreting(),
+        MERGE_STEP_ELEMENTS, MERGE_CHUNK_BLOCK, FUSED_MERGE, tuple(_DECODE_CONFIGS.items()), tuple(_DECODE_CONFIGS_BYTE_SCALES.items()), tuple(sorted(_overrides.items())), interpreting(),
     )  # fmt: skip
 
 
@@ -2199,7 +2222,8 @@ def aot_variants() -> dict[str, list[Any]]:
                    **features: Any) -> None:
         block_m = max(16, triton.next_power_of_2(group * qmax))
         # the launch config decode() picks (latency=True is a grid smaller than the GPU), or `config`
-        cfg = config or decode_config(hd, block_m, 1 if latency else None, 2 if latency else None)
+        cfg = config or decode_config(hd, block_m, 1 if latency else None, 2 if latency else None,
+                                      bool(features.get("ROTATE")))
         c: dict[str, Any] = {"HEAD_DIM": hd, "BLOCK_M": block_m,
                              "BLOCK_N": cfg.block_n, "QMAX": qmax, "VARLEN": varlen, "CAUSAL": qmax > 1,
                              "BATCH_BLOCK": batch_block, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr, "FAST": DECODERS[decoder],
