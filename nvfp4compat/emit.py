@@ -484,7 +484,31 @@ def emit_vllm(m: Matrix, wheel: Path | None = None) -> dict[str, Any]:
         "plugin": carried(prev["plugin"]),
         "strategy": carried(prev["strategy"]),
     }
+    registry = _dtype_registry(src, V)
+    if registry is not None:
+        entry["kv_cache_dtype_registry"] = registry
     return _template_tree(entry, version)
+
+
+def _dtype_registry(src: _VllmSource, v: str) -> dict[str, Any] | None:
+    """``kv_cache_dtype_registry`` of the release: where ``vllm/config/cache.py`` defines
+    ``register_kv_cache_dtype`` and the list ``CacheConfig`` validates against; None without it."""
+    text = src.read("config/cache.py") or ""
+    line = _line_of(text, "def register_kv_cache_dtype(")
+    if line is None:
+        return None
+    known = _line_of(text, "def is_known_kv_cache_dtype(")
+    listed = _line_of(text, "KV_CACHE_DTYPES")
+    parts = [f"vllm/config/cache.py:{line} register_kv_cache_dtype"]
+    if listed is not None:
+        parts.append(f":{listed} KV_CACHE_DTYPES")
+    if known is not None:
+        parts.append(f":{known} is_known_kv_cache_dtype")
+    return {
+        "api": "vllm.config.cache.register_kv_cache_dtype",
+        "evidence": f"{', '.join(parts)} [{v}]",
+        "status": "read",
+    }
 
 
 def _template_tree(node: Any, version: str) -> Any:

@@ -108,6 +108,11 @@ class VllmRoute(_Frozen):
         phase absent from it stays on vLLM's own reader.
     kv_rotation : str or None
         ``"hadamard"``: the routed writer and both readers are wrapped with the rotation.
+    kv_cache_dtype : str or None
+        Set on a route of :attr:`VllmPlan.dtype_routes`: the ``--kv-cache-dtype`` name of its own this route
+        serves (e.g. ``nvfp4_hadamard``), registered with vLLM by the ``register_kv_cache_dtypes`` patch.
+    base_dtype : str or None
+        With ``kv_cache_dtype``: the NVFP4 format under it (``nvfp4`` or ``nvfp4_4over6``).
     full_decode_graphs : bool
         The metadata builder lets vLLM capture uniform decode batches in FULL CUDA graphs
         (``UNIFORM_SINGLE_TOKEN_DECODE``) over the routed decode reader; False: ``NEVER``, attention
@@ -127,6 +132,8 @@ class VllmRoute(_Frozen):
     write_4over6: bool = False
     read: dict[str, Impl] = Field(default_factory=dict)
     kv_rotation: str | None = None
+    kv_cache_dtype: str | None = None
+    base_dtype: str | None = None
     full_decode_graphs: bool = False
     refusal: str | None = None
 
@@ -140,6 +147,10 @@ class VllmRoute(_Frozen):
                 f"vLLM (write={self.write}, read={self.read}); vLLM's own code would read a rotated cache "
                 "unrotated. Way out: unset NVFP4COMPAT_KV_ROTATION"
             )
+        if (self.kv_cache_dtype is None) != (self.base_dtype is None):
+            raise ValueError(f"a dtype route names both its kv_cache_dtype and base_dtype, got {self.kv_cache_dtype!r} / {self.base_dtype!r}")
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in self.accept:
+            raise ValueError(f"the route for --kv-cache-dtype {self.kv_cache_dtype} must accept it at the gate; accept={self.accept}")
         if self.full_decode_graphs and "decode" not in self.read:
             raise ValueError(f"FULL decode graphs are answered for nvfp4compat's decode reader only; read={self.read}")
         if self.combination and not self.reads_all:
@@ -152,9 +163,16 @@ class VllmRoute(_Frozen):
         return self
 
     def handles(self, kv_cache_dtype: str | None) -> bool:
-        """Whether layers with this ``kv_cache_dtype`` are NVFP4 layers this route acts on."""
+        """Whether layers with this ``kv_cache_dtype`` are NVFP4 layers this route acts on (a dtype route:
+        only layers of its own name)."""
         text = str(kv_cache_dtype or "")
+        if self.kv_cache_dtype is not None:
+            return text == self.kv_cache_dtype
         return text.startswith("nvfp4") and not text.endswith("_ds_mla")
+
+    def is_4over6(self, kv_cache_dtype: str | None) -> bool:
+        """Whether layers of ``kv_cache_dtype`` are written with the ``nvfp4_4over6`` scale search."""
+        return (self.base_dtype or str(kv_cache_dtype or "")) == "nvfp4_4over6"
 
     @property
     def reads_all(self) -> bool:
@@ -180,6 +198,8 @@ class VllmRoute(_Frozen):
             extra.append("4over6 scale search")
         if self.kv_rotation is not None:
             extra.append(f"kv_rotation={self.kv_rotation}")
+        if self.kv_cache_dtype is not None:
+            extra.append(f"for --kv-cache-dtype {self.kv_cache_dtype} ({self.base_dtype}, registered with vLLM)")
         if self.full_decode_graphs:
             extra.append("FULL decode graphs")
         return f"{self.strategy} [{', '.join(self.patches)}]; {', '.join(ops)}; {', '.join(extra)}"
@@ -198,9 +218,18 @@ class VllmPlan(_Frozen):
     kv_cache_dtypes: list[str]
     reason: str
     route: VllmRoute | None = None
+    # --kv-cache-dtype names of nvfp4compat's own (matrix: rotated_kv_cache_dtypes), registered with vLLM
+    # where the release has the registry: the route an engine of that dtype takes (a rotated cache)
+    dtype_routes: dict[str, VllmRoute] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _route_matches(self) -> VllmPlan:
+        for name, dr in self.dtype_routes.items():
+            if dr.kv_cache_dtype != name or dr.refusal is not None or name not in self.kv_cache_dtypes:
+                raise ValueError(
+                    f"vllm.dtype_routes[{name!r}] must serve that name (kv_cache_dtype={dr.kv_cache_dtype!r}), "
+                    f"refuse nothing, and be listed in kv_cache_dtypes {self.kv_cache_dtypes}"
+                )
         r = self.route
         if r is None or r.refusal is not None:
             return self
@@ -382,6 +411,8 @@ class Plan(_Frozen):
                 lines.append(f"  {v.reason}")
             # what the vLLM plugin does with this plan, exactly as it applies it and logs it
             lines.append(f"  plugin: {v.route.describe() if v.route is not None else 'leaves vLLM untouched'}")
+            for name, dr in v.dtype_routes.items():
+                lines.append(f"  plugin, --kv-cache-dtype {name}: {dr.describe()}")
         if self.env:
             lines.append("env: " + " ".join(f"{k}={val}" for k, val in self.env.items()))
         for w in self.warnings:

@@ -916,6 +916,45 @@ def _vllm_route(k: Known, bindings: Mapping[str, Binding], vplan: VllmPlan, refu
     return route
 
 
+def _dtype_routes(
+    k: Known, overrides: str | Mapping[str, str] | None, feats: tuple[str, ...], vplan: VllmPlan
+) -> dict[str, VllmRoute]:
+    """The routes of the rotated cache's own ``--kv-cache-dtype`` names (``vllm.yaml``
+    ``rotated_kv_cache_dtypes``) where the release can register them (``kv_cache_dtype_registry``).
+
+    Each is the route of the same system resolved with the rotation on (and ``nvfp4_4over6`` for a
+    4over6 base), plus the ``register_kv_cache_dtypes`` patch and the name at the gate: the plugin
+    registers the names, and an engine started with one of them takes that route. Resolved here, so
+    ``query`` shows it and the plugin decides nothing."""
+    rel, f = k.vllm, k.facts
+    if rel is None or vplan.strategy not in ("backport", "extend", "native"):
+        return {}
+    if rel.kv_cache_dtype_registry is None:
+        if k.matrix.vllm.rotated_kv_cache_dtypes:
+            k.note(None, None, "kv_cache_dtypes", False, f"vLLM {f.vllm} cannot register --kv-cache-dtype names (no kv_cache_dtype_registry; 0.33.0+ can): the rotated cache is turned on with {ENV_KV_ROTATION}=hadamard")
+        return {}
+    out: dict[str, VllmRoute] = {}
+    for d in k.matrix.vllm.rotated_kv_cache_dtypes:
+        extra = ("nvfp4_4over6",) if d.base == "nvfp4_4over6" else ()
+        facts = f.model_copy(update={"kv_rotation_env": d.kv_rotation})
+        try:
+            rot = resolve(k.matrix, facts, overrides, features=tuple(dict.fromkeys((*feats, *extra))))
+        except ResolutionError as exc:
+            k.note(None, None, "kv_cache_dtypes", False, f"{d.name}: not offered: {exc}")
+            continue
+        route = rot.vllm.route if rot.vllm is not None else None
+        if not rot.supported or route is None or route.refusal is not None or d.base not in rot.vllm.kv_cache_dtypes:  # type: ignore[union-attr]
+            why = rot.reason or (f"the rotated plan serves {rot.vllm.kv_cache_dtypes}, not {d.base}" if rot.vllm is not None and route is not None else "the rotated plan routes nothing in vLLM")
+            k.note(None, None, "kv_cache_dtypes", False, f"{d.name}: not offered: {why}")
+            continue
+        patches = [pid for pid in PATCH_IDS if pid in (*route.patches, "register_kv_cache_dtypes")]
+        out[d.name] = route.model_copy(update={
+            "patches": patches, "accept": [*route.accept, d.name], "kv_cache_dtype": d.name, "base_dtype": d.base,
+        })
+        k.note(None, None, "kv_cache_dtypes", True, f"{d.name}: {d.base} with kv_rotation={d.kv_rotation}, registered with vLLM {f.vllm} ({rel.kv_cache_dtype_registry.api}); route {out[d.name].describe()}")
+    return out
+
+
 # ----------------------------------------------------------------------- version check
 
 
@@ -1069,6 +1108,13 @@ def resolve(
         if not supported and _refusable(k, bindings, vplan):
             refusal = f"nvfp4compat refuses --kv-cache-dtype nvfp4 on {facts.arch} with vLLM {facts.vllm}: {'; '.join(reasons)}"
         vplan = VllmPlan(**{**vplan.model_dump(exclude={"route"}), "route": _vllm_route(k, bindings, vplan, refusal)})
+        if supported and rotation is None:
+            dtype_routes = _dtype_routes(k, overrides, feats, vplan)
+            if dtype_routes:
+                vplan = VllmPlan(**{
+                    **vplan.model_dump(exclude={"route", "dtype_routes"}), "route": vplan.route,
+                    "kv_cache_dtypes": [*vplan.kv_cache_dtypes, *dtype_routes], "dtype_routes": dtype_routes,
+                })
     return Plan(
         facts=facts,
         supported=supported,

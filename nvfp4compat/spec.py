@@ -85,6 +85,7 @@ PATCH_IDS: tuple[str, ...] = (
     "metadata_builder",
     "kv_cache_update",
     "forward_reader",
+    "register_kv_cache_dtypes",
 )
 FEATURES: tuple[str, ...] = ("nvfp4_4over6", "head_size_64", "sinks", "kv_rotation")
 # Values of NVFP4COMPAT_KV_ROTATION / query(kv_rotation=...) that turn the rotated cache on.
@@ -576,6 +577,22 @@ class CodePath(_Model):
     status: Status
 
 
+class DtypeRegistry(_Model):
+    """A vLLM release's API for ``--kv-cache-dtype`` names registered at run time (``vllm.yaml``)."""
+
+    api: str = Field(min_length=1)  # dotted path of the registering function
+    evidence: str = Field(min_length=1)
+    status: Status
+
+
+class RotatedDtype(_Model):
+    """A ``--kv-cache-dtype`` name of nvfp4compat's own that turns on a rotated cache (``vllm.yaml``)."""
+
+    name: str = Field(pattern=r"^nvfp4[a-z0-9_]*$")  # vLLM treats every nvfp4* name as the NVFP4 page layout
+    base: Literal["nvfp4", "nvfp4_4over6"]
+    kv_rotation: str
+
+
 class UserError(_Model):
     text: str = Field(min_length=1)
     when: str = Field(min_length=1)
@@ -652,6 +669,8 @@ class VllmRelease(_Model):
     requires_flashinfer_helpers: list[str]
     plugin: PluginImpls
     strategy: StrategySpec
+    # where the release lets a plugin register --kv-cache-dtype names (the rotated cache's own names)
+    kv_cache_dtype_registry: DtypeRegistry | None = None
     notes: str | None = None
 
     @field_validator("compute_capability_window")
@@ -715,6 +734,8 @@ class VllmFile(_Model):
     patches: dict[str, PatchSpec]
     backport_patches: list[str]
     routed_readers: RoutedReaders
+    # the rotated cache's own --kv-cache-dtype names, registered where a release has the registry
+    rotated_kv_cache_dtypes: list[RotatedDtype] = Field(default_factory=list)
     index_checked: IndexCheck
     releases: list[VllmRelease]
     combinations: list[Combination]
@@ -792,6 +813,14 @@ class Matrix(_Model):
         for bp in self.vllm.backport_patches:
             if bp not in PATCH_IDS:
                 problems.append(f"vllm.yaml: backport_patches: unknown patch {bp!r}; valid values are {list(PATCH_IDS)}")
+        names = [d.name for d in self.vllm.rotated_kv_cache_dtypes]
+        if len(set(names)) != len(names):
+            problems.append(f"vllm.yaml: rotated_kv_cache_dtypes: duplicate name in {names}")
+        for rd in self.vllm.rotated_kv_cache_dtypes:
+            if rd.kv_rotation not in KV_ROTATIONS:
+                problems.append(f"vllm.yaml: rotated_kv_cache_dtypes[{rd.name}]: kv_rotation {rd.kv_rotation!r} is not one of {list(KV_ROTATIONS)}")
+            if any(rd.name in r.nvfp4_dtypes for r in self.vllm.releases):
+                problems.append(f"vllm.yaml: rotated_kv_cache_dtypes[{rd.name}]: a vLLM release lists that name itself; pick another")
         for r in self.vllm.releases:
             where = f"vllm.yaml: releases[{r.version}]"
             for u in r.pins.unpublished:

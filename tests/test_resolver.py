@@ -47,7 +47,10 @@ def test_sm100_trtllm_usable_vllm0330_is_native_without_patch() -> None:
     assert p.supported
     assert [p.impl(o) for o in ("write", "decode", "prefill")] == ["native"] * 3
     assert p.vllm is not None and p.vllm.strategy == "native" and p.vllm.patches == []
-    assert p.vllm.kv_cache_dtypes == ["nvfp4", "nvfp4_4over6"]
+    assert p.vllm.route is None  # nvfp4 and nvfp4_4over6 stay on vLLM's own path
+    # the rotated cache's own names (0.33+ registers them) take nvfp4compat's rotated route
+    assert p.vllm.kv_cache_dtypes == ["nvfp4", "nvfp4_4over6", "nvfp4_hadamard", "nvfp4_4over6_hadamard"]
+    assert all(r.kv_rotation == "hadamard" and "native" not in (r.write, *r.read.values()) for r in p.vllm.dtype_routes.values())
 
 
 def test_sm86_vllm0310_needs_the_backport_patch_set() -> None:
@@ -93,7 +96,7 @@ def test_4over6_feature_binds_triton_writer_and_gates() -> None:
     p = q("sm_90", None, "0.33.0", features=["nvfp4_4over6"])
     assert p.impl("write") == "triton" and p.bindings["write"].options == {"nvfp4_4over6": True}
     assert "kv_cache_update" in p.vllm.patches and "gate_nvfp4_4over6" in p.vllm.patches
-    assert p.vllm.kv_cache_dtypes == ["nvfp4", "nvfp4_4over6"]
+    assert p.vllm.kv_cache_dtypes[:2] == ["nvfp4", "nvfp4_4over6"]  # then the rotated names 0.33+ registers
     old = q("sm_90", None, "0.26.0", features=["nvfp4_4over6"])  # 0.26.0 does not list the dtype
     assert not old.supported and "does not list nvfp4_4over6" in old.reason
     standalone = q("sm_90", "0.7.4", None, features=["nvfp4_4over6"])  # FlashInfer 0.7.4's writer has it

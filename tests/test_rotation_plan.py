@@ -173,3 +173,55 @@ def test_every_matrix_cell_resolves_rotated_into_a_consistent_route():
                 assert route.write is not None and route.reads_all, (arch, rel.version)
                 checked += 1
     assert checked > 0
+
+
+# ------------------------------------------------------------ the rotated cache's own --kv-cache-dtype names
+
+
+@pytest.mark.parametrize("vllm", ["0.33.0", "0.34.0"])
+def test_releases_with_the_dtype_registry_get_a_route_per_rotated_name(vllm):
+    """vLLM 0.33+ can register --kv-cache-dtype names: the plan offers nvfp4_hadamard (and
+    nvfp4_4over6_hadamard where the release lists nvfp4_4over6) with the route the rotated plan takes,
+    plus the registration patch and the name at the gate; plain nvfp4 keeps the unrotated route."""
+    plan = query("sm_90", vllm=vllm, kv_rotation=None, impl_env=None)
+    rotated = query("sm_90", vllm=vllm, kv_rotation="hadamard", impl_env=None)
+    assert plan.supported and plan.kv_rotation is None and plan.vllm is not None
+    routes = plan.vllm.dtype_routes
+    assert set(routes) == {"nvfp4_hadamard", "nvfp4_4over6_hadamard"}
+    assert plan.vllm.kv_cache_dtypes[-2:] == ["nvfp4_hadamard", "nvfp4_4over6_hadamard"]
+    main = plan.vllm.route
+    assert main is None or (main.kv_rotation is None and main.kv_cache_dtype is None)
+    hr = routes["nvfp4_hadamard"]
+    assert hr.kv_rotation == "hadamard" and hr.kv_cache_dtype == "nvfp4_hadamard" and hr.base_dtype == "nvfp4"
+    assert "register_kv_cache_dtypes" in hr.patches and "nvfp4_hadamard" in hr.accept
+    assert rotated.vllm is not None and rotated.vllm.route is not None
+    assert (hr.write, hr.read) == (rotated.vllm.route.write, rotated.vllm.route.read)
+    assert hr.handles("nvfp4_hadamard") and not hr.handles("nvfp4") and not hr.handles("nvfp4_4over6_hadamard")
+    assert not hr.is_4over6("nvfp4_hadamard")
+    fr = routes["nvfp4_4over6_hadamard"]
+    assert fr.base_dtype == "nvfp4_4over6" and fr.write == "triton" and fr.write_4over6
+    assert fr.is_4over6("nvfp4_4over6_hadamard")
+    text = plan.render_text(trace=True)
+    assert "plugin, --kv-cache-dtype nvfp4_hadamard:" in text and "registered with vLLM" in text
+    # already rotated by the environment: every NVFP4 layer is rotated, no extra names
+    assert rotated.vllm.dtype_routes == {}
+
+
+@pytest.mark.parametrize("vllm", ["0.26.0", "0.32.0"])
+def test_releases_without_the_registry_turn_rotation_on_by_the_environment_only(vllm):
+    plan = query("sm_90", vllm=vllm, kv_rotation=None, impl_env=None)
+    assert plan.supported and plan.vllm is not None and plan.vllm.dtype_routes == {}
+    assert "nvfp4_hadamard" not in plan.vllm.kv_cache_dtypes
+    notes = [t.reason for t in plan.trace if t.rule == "kv_cache_dtypes"]
+    assert notes and "NVFP4COMPAT_KV_ROTATION=hadamard" in notes[0] and "0.33.0+" in notes[0]
+
+
+def test_a_dtype_route_must_serve_and_accept_its_own_name():
+    plan = query("sm_90", vllm="0.34.0", kv_rotation=None, impl_env=None)
+    hr = plan.vllm.dtype_routes["nvfp4_hadamard"]
+    with pytest.raises(ValidationError, match="must accept it at the gate"):
+        VllmRoute(**{**hr.model_dump(), "accept": []})
+    with pytest.raises(ValidationError, match="names both its kv_cache_dtype and base_dtype"):
+        VllmRoute(**{**hr.model_dump(), "base_dtype": None})
+    with pytest.raises(ValidationError, match="must serve that name"):
+        Plan(**{**plan.model_dump(), "vllm": {**plan.vllm.model_dump(), "dtype_routes": {"nvfp4_other": hr.model_dump()}}})

@@ -332,7 +332,31 @@ def _collect(proc: subprocess.Popen) -> AotReport:
     )
 
 
-if __name__ == "__main__":
-    rep = compile_all([int(a) for a in sys.argv[1:]] or DEFAULT_CCS, jobs=os.cpu_count() or 1)
+def main(argv: list[str] | None = None) -> int:
+    """``python -m nvfp4compat.kernels.aot [CC ...] [--jobs N]``: compile every provider's variants for
+    each target (default: :data:`DEFAULT_CCS`); exit 1 when one fails, 2 on bad arguments."""
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m nvfp4compat.kernels.aot",
+        description="Compile every shipped Triton kernel variant ahead of time for the given SM targets "
+                    "(no GPU needed).",
+    )
+    ap.add_argument("ccs", nargs="*", metavar="CC",
+                    help=f"compute capabilities as major*10+minor, e.g. 80 90 120 (default: {' '.join(map(str, DEFAULT_CCS))})")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compile processes (default: the CPU count)")
+    args = ap.parse_args(argv)
+    ccs: list[int] = []
+    for text in args.ccs:
+        if not text.isdigit() or not 50 <= int(text) <= 199:
+            ap.error(f"{text!r} is not a compute capability; give major*10+minor, e.g. 90 for sm_90")
+        ccs.append(int(text))
+    if args.jobs < 1:
+        ap.error(f"--jobs must be at least 1, got {args.jobs}")
+    rep = compile_all(ccs or DEFAULT_CCS, jobs=args.jobs)
     print(rep)
-    sys.exit(0 if rep.ok else 1)
+    return 0 if rep.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -81,10 +81,18 @@ def summary_line(plan: Plan) -> str:
         basis = ", ".join(f"{k} {v}" for k, v in plan.planned_from.items())
         head += f" (UNVERIFIED: planned from the nearest release in the matrix: {basis})"
     route = route_of(plan)
+    by_dtype = plan.vllm.dtype_routes if plan.vllm is not None else {}
+    registered = "".join(
+        f"; --kv-cache-dtype {name} registered: {dr.base_dtype} with kv_rotation={dr.kv_rotation} "
+        f"(write={dr.write or 'vllm'}, decode={dr.read.get('decode', 'vllm')}, prefill={dr.read.get('prefill', 'vllm')})"
+        for name, dr in by_dtype.items()
+    )
     if route is None:
         vp = plan.vllm
         strategy = vp.strategy if vp is not None else "none"
         reason = plan.reason or (vp.reason if vp is not None else None) or "the plan binds no vLLM patch"
+        if registered:
+            return f"{head}: {strategy} ({reason}); nvfp4 left to vLLM{registered}"
         return f"{head}: {strategy} ({reason}); vLLM left untouched"
     if route.refusal is not None:
         return f"{head}: {route.describe()}"
@@ -95,6 +103,7 @@ def summary_line(plan: Plan) -> str:
         if (b := plan.bindings[op]).source != "matrix"
     ]  # fmt: skip
     tail = f"; {'; '.join(why)}" if why else ""
+    tail += registered
     if plan.env:
         tail += f"; env {', '.join(f'{k}={v}' for k, v in plan.env.items())}"
     return f"{head}: {route.describe()}{tail}"
@@ -138,12 +147,13 @@ def apply(plan: Plan) -> VllmRoute | None:
     global _REGISTERED
     unpatch()
     route = route_of(plan)
+    by_dtype = dict(plan.vllm.dtype_routes) if plan.vllm is not None else {}
     if plan.supported:
         _set_plan_env(plan)
-    if route is not None:
-        state.set_route(route)
+    if route is not None or by_dtype:
+        state.set_route(route, by_dtype)
         try:
-            apply_route(_PATCHES, route)
+            apply_route(_PATCHES, route, by_dtype)
         except BaseException:
             unpatch()
             raise

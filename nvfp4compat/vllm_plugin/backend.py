@@ -21,6 +21,9 @@ What the NVFP4 path does (per patch id, see ``docs/patches.md``):
   ``get_kernel("prefill", impl)``); a phase the plan leaves on vLLM's reader runs vLLM's code.
 * a rotated plan (``NVFP4COMPAT_KV_ROTATION=hadamard``, ``VllmRoute.kv_rotation``): the routed writer
   and readers are wrapped by :func:`nvfp4compat.kernels.rotation.rotated`.
+* ``register_kv_cache_dtypes`` (vLLM 0.33+): the rotated cache's own ``--kv-cache-dtype`` names
+  (``nvfp4_hadamard``, ...) are registered with vLLM; layers of such a name take the plan's route for it
+  (``plan.vllm.dtype_routes``), every other NVFP4 layer the process route.
 """
 
 from __future__ import annotations
@@ -154,11 +157,8 @@ def page_views(
 
 
 def _handled(kv_cache_dtype: str | None) -> VllmRoute | None:
-    """The active route when it acts on layers of ``kv_cache_dtype``."""
-    route = state.route()
-    if route is None or not route.handles(kv_cache_dtype):
-        return None
-    return route
+    """The active route acting on layers of ``kv_cache_dtype`` (a registered name's own route first)."""
+    return state.route_for(kv_cache_dtype)
 
 
 @dataclass
@@ -522,7 +522,7 @@ class Nvfp4CompatFlashInferImpl(_fi.FlashInferImpl):
             layer._k_scale,
             layer._v_scale,
             kv_layout=layout,
-            nvfp4_4over6=self._nvfp4_dtype == "nvfp4_4over6",
+            nvfp4_4over6=self._nvfp4_route is not None and self._nvfp4_route.is_4over6(self._nvfp4_dtype),
         )
 
     def forward(

@@ -13,7 +13,7 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MISSING", "LedgerEntry", "Ledger"]
+__all__ = ["MISSING", "LedgerEntry", "Ledger", "Registered"]
 
 
 class _Missing:
@@ -45,9 +45,11 @@ class LedgerEntry:
         Dotted name of the target as written in ``docs/patches.md``, e.g.
         ``vllm.v1.attention.backends.registry._ATTN_OVERRIDES[FLASHINFER]``.
     kind : str
-        ``"item"`` (mapping item) or ``"override"`` (subclass override).
+        ``"item"`` (mapping item), ``"override"`` (subclass override) or ``"registered"`` (names
+        registered through a vLLM API, e.g. ``register_kv_cache_dtype``).
     owner : object
-        The mapping holding an item target; None for overrides.
+        The mapping holding an item target; for ``registered``, a :class:`Registered`; None for
+        overrides.
     key : object
         The mapping key (None for overrides).
     original : object
@@ -65,20 +67,46 @@ class LedgerEntry:
     also: list[str] = field(default_factory=list)
 
     def current(self) -> Any:
-        """The value the target holds now (``MISSING`` when absent or for an override)."""
+        """The value the target holds now (``MISSING`` when absent or for an override; for
+        ``registered``, the names still registered, ``MISSING`` when none is)."""
         if self.kind == "item":
             return self.owner.get(self.key, MISSING)
+        if self.kind == "registered":
+            return self.owner.current()
         return MISSING
 
     def restore(self) -> None:
-        """Put the original back (delete the target when it was absent; nothing for overrides)."""
+        """Put the original back (delete the target when it was absent; nothing for overrides;
+        unregister the names of a ``registered`` target)."""
         if self.kind == "override":
+            return
+        if self.kind == "registered":
+            self.owner.undo()
             return
         mapping: MutableMapping[Any, Any] = self.owner
         if self.original is MISSING:
             mapping.pop(self.key, None)
         else:
             mapping[self.key] = self.original
+
+
+@dataclass
+class Registered:
+    """Names registered through a vLLM API, with what takes each one back out.
+
+    ``undo[name]`` removes ``name`` again; ``present(name)`` says whether it is registered now."""
+
+    present: Callable[[str], bool]
+    undo_one: dict[str, Callable[[], None]] = field(default_factory=dict)
+
+    def current(self) -> Any:
+        names = tuple(n for n in self.undo_one if self.present(n))
+        return names if names else MISSING
+
+    def undo(self) -> None:
+        for name in reversed(list(self.undo_one)):
+            self.undo_one[name]()
+        self.undo_one.clear()
 
 
 class Ledger:
@@ -118,6 +146,19 @@ class Ledger:
     ) -> None:
         """Record ``mapping[key]``'s original before a vLLM API (e.g. ``register_backend``) sets it."""
         self._record(patch_id, target, "item", mapping, key)
+
+    def record_registered(
+        self, patch_id: str, target: str, name: str, present: Callable[[str], bool], undo: Callable[[], None]
+    ) -> None:
+        """Record that ``name`` was registered through the vLLM API ``target`` (absent before);
+        ``undo`` takes it out again on :meth:`restore_all`."""
+        entry = self._entries.get(target)
+        if entry is None:
+            entry = LedgerEntry(patch_id, target, "registered", Registered(present), None, MISSING)
+            self._entries[target] = entry
+        elif patch_id != entry.patch_id and patch_id not in entry.also:
+            entry.also.append(patch_id)
+        entry.owner.undo_one[name] = undo
 
     def restore_all(self, on_restore: Callable[[LedgerEntry], None] | None = None) -> list[str]:
         """Restore every target, newest first; return the targets restored and empty the ledger."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from nvfp4compat.plan import VllmRoute
 from nvfp4compat.spec import PATCH_IDS
@@ -28,6 +28,7 @@ from nvfp4compat.vllm_plugin.ledger import Ledger
 __all__ = [
     "OVERRIDE_PATH",
     "REGISTRY_TARGET",
+    "DTYPE_REGISTRY_TARGET",
     "REFUSE_ID",
     "PLUGIN_PATCH_IDS",
     "PATCH_TARGETS",
@@ -39,6 +40,9 @@ __all__ = [
 
 OVERRIDE_PATH = "nvfp4compat.vllm_plugin.backend.Nvfp4CompatFlashInferBackend"
 REGISTRY_TARGET = "vllm.v1.attention.backends.registry._ATTN_OVERRIDES[FLASHINFER]"
+# the --kv-cache-dtype names registered through vLLM's own API (0.33+): its KV_CACHE_DTYPES list,
+# STR_DTYPE_TO_TORCH_DTYPE and handler table gain the names; unpatch() takes them out again
+DTYPE_REGISTRY_TARGET = "vllm.config.cache.register_kv_cache_dtype"
 # Not a matrix patch id: the plugin's own refusal (no writer bindable) is applied the same way.
 REFUSE_ID = "refuse_nvfp4"
 PLUGIN_PATCH_IDS: tuple[str, ...] = (*PATCH_IDS, REFUSE_ID)
@@ -84,6 +88,11 @@ PATCH_TARGETS: dict[str, tuple[str, ...]] = {
         f"{_BUILDER}.get_cudagraph_support",
         f"{_BUILDER}.use_cascade_attention",
         f"{_BUILDER}._get_workspace_buffer",
+    ),
+    "register_kv_cache_dtypes": (
+        REGISTRY_TARGET,
+        f"{_BACKEND}.supports_kv_cache_dtype",
+        DTYPE_REGISTRY_TARGET,
     ),
     REFUSE_ID: (
         REGISTRY_TARGET,
@@ -179,6 +188,48 @@ def apply_forward_reader(ledger: Ledger) -> None:
     _apply(ledger, "forward_reader")
 
 
+def apply_register_kv_cache_dtypes(ledger: Ledger, names: list[str] | tuple[str, ...] = ()) -> None:
+    """The rotated cache's own ``--kv-cache-dtype`` names become valid in vLLM (``register_kv_cache_dtype``,
+    0.33+): stored as uint8 NVFP4 pages (``KVQuantMode.NVFP4``), accepted by the gate for their route."""
+    _register_override(ledger, "register_kv_cache_dtypes")
+    ledger.note_override("register_kv_cache_dtypes", PATCH_TARGETS["register_kv_cache_dtypes"][1])
+    for name in names:
+        _register_dtype(ledger, name)
+
+
+def _register_dtype(ledger: Ledger, name: str) -> None:
+    """``vllm.config.cache.register_kv_cache_dtype(name)`` with an NVFP4 handler, recorded for unpatch."""
+    import torch
+    from vllm.config import cache
+    from vllm.utils import torch_utils
+    from vllm.v1.kv_cache_interface import KVQuantMode
+
+    if cache.is_known_kv_cache_dtype(name):
+        raise RuntimeError(
+            f"--kv-cache-dtype {name!r} is already known to this vLLM (another plugin, or vLLM itself); "
+            "nvfp4compat will not replace it. Way out: NVFP4COMPAT_KV_ROTATION=hadamard with --kv-cache-dtype nvfp4"
+        )
+
+    class _Handler:
+        def torch_dtype(self) -> torch.dtype:
+            return torch.uint8
+
+        def quant_mode(self) -> KVQuantMode:
+            return KVQuantMode.NVFP4
+
+    _Handler.name = name  # type: ignore[attr-defined]
+    _Handler.__qualname__ = _Handler.__name__ = f"Nvfp4compatDtype_{name}"
+
+    def undo() -> None:
+        if name in cache.KV_CACHE_DTYPES:
+            cache.KV_CACHE_DTYPES.remove(name)
+        cache._KV_CACHE_DTYPE_HANDLERS.pop(name, None)
+        torch_utils.STR_DTYPE_TO_TORCH_DTYPE.pop(name, None)
+
+    cache.register_kv_cache_dtype(name)(_Handler)
+    ledger.record_registered("register_kv_cache_dtypes", DTYPE_REGISTRY_TARGET, name, cache.is_known_kv_cache_dtype, undo)
+
+
 def apply_refuse_nvfp4(ledger: Ledger) -> None:
     """NVFP4 is refused at engine start with the route's message (no writer can be bound)."""
     _apply(ledger, REFUSE_ID)
@@ -191,13 +242,25 @@ APPLY: dict[str, Callable[[Ledger], None]] = {
     "metadata_builder": apply_metadata_builder,
     "kv_cache_update": apply_kv_cache_update,
     "forward_reader": apply_forward_reader,
+    "register_kv_cache_dtypes": apply_register_kv_cache_dtypes,
     REFUSE_ID: apply_refuse_nvfp4,
 }
 
 
-def apply_route(ledger: Ledger, route: VllmRoute) -> list[str]:
-    """Apply every patch of ``route`` in order; return the patch ids applied."""
-    ids = [REFUSE_ID] if route.refusal is not None else list(route.patches)
+def apply_route(
+    ledger: Ledger, route: VllmRoute | None, dtype_routes: Mapping[str, VllmRoute] | None = None
+) -> list[str]:
+    """Apply every patch of ``route`` and of the registered names' ``dtype_routes``, each id once, in
+    order; return the patch ids applied."""
+    ids: list[str] = []
+    if route is not None:
+        ids += [REFUSE_ID] if route.refusal is not None else list(route.patches)
+    for dr in (dtype_routes or {}).values():
+        ids += [pid for pid in dr.patches if pid not in ids]
+    names = [name for name, dr in (dtype_routes or {}).items() if dr.kv_cache_dtype == name]
     for patch_id in ids:
-        APPLY[patch_id](ledger)
+        if patch_id == "register_kv_cache_dtypes":
+            apply_register_kv_cache_dtypes(ledger, names)
+        else:
+            APPLY[patch_id](ledger)
     return ids

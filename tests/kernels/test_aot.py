@@ -121,3 +121,14 @@ def test_e2m1_decode_multiply_keeps_subnormals(cc):
         "7e800000" in ln.lower() for ln in lines
     ), "the 2^126 multiply is gone: e2m1_decode changed"
     assert not [ln for ln in lines if ".ftz" in ln], "flush-to-zero in the dequantizer"
+
+
+@pytest.mark.parametrize("argv", [["sm90"], ["9"], ["90", "--jobs", "0"]])
+def test_cli_refuses_bad_arguments_without_a_traceback(argv, capsys):
+    """``python -m nvfp4compat.kernels.aot``: a target that is no compute capability (or no worker) is a usage
+    error (exit 2) that says what is wanted, before anything compiles."""
+    with pytest.raises(SystemExit) as exc:
+        aot.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "major*10+minor" in err or "--jobs must be at least 1" in err

@@ -147,6 +147,28 @@ def test_decode_byte_scales_match_reference(splits, features):
 
 
 @pytest.mark.parametrize(
+    "features",
+    [
+        {"dtype": torch.bfloat16},
+        {"dtype": fp16, "sliding_window": 200, "use_sinks": True, "layout": "HND", "page_size": 32},
+        {"dtype": torch.bfloat16, "logits_soft_cap": 30.0, "scale_as_tensor": True},
+    ],
+)
+def test_decode_head_dim_128_default_config_matches_reference(features):
+    """The launch decode() picks for head_dim 128 and 16 rows, unforced: the byte-scale config with 128-key
+    tiles (what ships), across the split (several chunks a request) and the features."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    assert not att.decode_config(128).scale_words
+    with att.override_configs(num_splits=3):
+        r = run_case(
+            "triton", "decode", seq_lens=[600, 5, 129, 300], num_qo_heads=8, num_kv_heads=2,
+            head_dim=128, return_lse=True, seed=7, **features,
+        )
+    r.check()
+
+
+@pytest.mark.parametrize(
     "splits,features",
     [
         (1, {}),

@@ -21,3 +21,5 @@ def test_emit_vllm_probes_what_the_matrix_says(cpu_vllm) -> None:
     assert entry["writer"]["name"] == rel.writer.name
     assert entry["requires_flashinfer_helpers"] == rel.requires_flashinfer_helpers
     assert {e["text"] for e in entry["errors"]} <= {e.text for e in rel.errors}
+    # the KV-cache dtype registry (0.33.0+) is probed from vllm/config/cache.py
+    assert ("kv_cache_dtype_registry" in entry) == (rel.kv_cache_dtype_registry is not None)

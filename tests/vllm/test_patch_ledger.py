@@ -7,7 +7,12 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from nvfp4compat.vllm_plugin.patches import PATCH_TARGETS, PLUGIN_PATCH_IDS, REGISTRY_TARGET
+from nvfp4compat.vllm_plugin.patches import (
+    DTYPE_REGISTRY_TARGET,
+    PATCH_TARGETS,
+    PLUGIN_PATCH_IDS,
+    REGISTRY_TARGET,
+)
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "patches.md"
 FI = "vllm.v1.attention.backends.flashinfer"
@@ -50,6 +55,7 @@ def test_ledger_table_matches_patch_targets():
     assert doc_targets() == code_targets()
     kinds = {t: r["kind"] for t, r in ledger_rows().items()}
     assert kinds.pop(REGISTRY_TARGET) == "registry"
+    assert kinds.pop(DTYPE_REGISTRY_TARGET) == "dtype registry"
     assert set(kinds.values()) == {"override"}
 
 
@@ -74,6 +80,14 @@ def test_every_override_exists_in_vllm_and_in_the_subclass(cpu_vllm):
     listed = set()
     for target in code_targets():
         if target == REGISTRY_TARGET:
+            continue
+        if target == DTYPE_REGISTRY_TARGET:  # a vLLM function, not a class attribute
+            import vllm.config.cache as cache_module
+
+            span = re.match(r"(\d+\.\d+\.\d+)-(\d+\.\d+\.\d+)", rows[target]["vLLM releases"])
+            assert span is not None, f"{target}: vLLM releases must start with LOW-HIGH"
+            exists = hasattr(cache_module, "register_kv_cache_dtype")
+            assert exists == (Version(span[1]) <= installed <= Version(span[2])), (target, cpu_vllm.version)
             continue
         cls_name, attr = target.removeprefix(f"{FI}.").split(".")
         listed.add((cls_name, attr))
@@ -110,7 +124,9 @@ def test_applied_targets_are_in_the_ledger(cpu_vllm, clean_plugin):
         assert vllm_plugin.last_plan() is not None, "register() resolved no plan"
         route = vllm_plugin.active_route()
         applied = vllm_plugin.applied()
-        expected = {t for p in (route.patches if route else ()) for t in PATCH_TARGETS[p]}
+        plan = vllm_plugin.last_plan()
+        dtype_routes = plan.vllm.dtype_routes.values() if plan.vllm is not None else ()
+        expected = {t for r in (route, *dtype_routes) if r is not None for p in r.patches for t in PATCH_TARGETS[p]}
         if route is not None and route.refusal is not None:
             expected = set(PATCH_TARGETS["refuse_nvfp4"])
         assert set(applied) == expected, arch

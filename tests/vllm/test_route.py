@@ -38,7 +38,20 @@ def offline_registry(monkeypatch: pytest.MonkeyPatch) -> dict:
         ledger.record_item(patch_id, patches.REGISTRY_TARGET, table, "FLASHINFER")
         table["FLASHINFER"] = patches.OVERRIDE_PATH
 
+    def register_dtype(ledger, name: str) -> None:  # noqa: ANN001
+        table.setdefault("dtypes", []).append(name)
+        ledger.record_registered(
+            "register_kv_cache_dtypes", patches.DTYPE_REGISTRY_TARGET, name,
+            lambda n: n in table.get("dtypes", []), lambda: _unregister(name),
+        )  # fmt: skip
+
+    def _unregister(name: str) -> None:
+        table["dtypes"].remove(name)
+        if not table["dtypes"]:
+            del table["dtypes"]
+
     monkeypatch.setattr(patches, "_register_override", register_override)
+    monkeypatch.setattr(patches, "_register_dtype", register_dtype)
     monkeypatch.setattr(vllm_plugin, "_set_plan_env", lambda plan: None)
     yield table
     vllm_plugin.unpatch()
@@ -68,29 +81,41 @@ def test_every_release_x_arch_applies_what_query_printed(
         for rel in m.vllm.releases:
             for name, kwargs, flags in _VARIANTS:
                 argv = ["--arch", arch, "--vllm", rel.version, *flags]
-                printed = _query_json(capsys, argv)["vllm"]["route"]
+                printed_plan = _query_json(capsys, argv)["vllm"]
+                printed = printed_plan["route"]
                 text = _query_text(capsys, argv)
                 plan = nvfp4compat.query(arch, vllm=rel.version, impl_env=None, kv_rotation=None, **kwargs)
                 where = f"{arch} vLLM {rel.version} ({name})"
                 route = vllm_plugin.apply(plan)
                 assert route is vllm_plugin.active_route()
+                by_dtype = plan.vllm.dtype_routes
+                assert {n: r.model_dump(mode="json") for n, r in by_dtype.items()} == printed_plan["dtype_routes"], where
+                for n, r in by_dtype.items():
+                    assert f"plugin, --kv-cache-dtype {n}: {r.describe()}" in text, where
+                    assert f"--kv-cache-dtype {n} registered" in summary_line(plan), where
+                assert offline_registry.get("dtypes", []) == list(by_dtype), where
+                dtype_targets = {t for r in by_dtype.values() for pid in r.patches for t in PATCH_TARGETS[pid]}
+                if by_dtype:
+                    kinds.add("registered names")
                 if route is None:
                     assert printed is None, where
-                    assert vllm_plugin.applied() == {} and offline_registry == {}, where
-                    assert "plugin: leaves vLLM untouched" in text, where
+                    assert set(vllm_plugin.applied()) == dtype_targets, where
+                    if not by_dtype:
+                        assert offline_registry == {}, where
+                        assert "plugin: leaves vLLM untouched" in text, where
                     kinds.add("untouched")
                     continue
                 assert route.model_dump(mode="json") == printed, where
                 assert f"plugin: {route.describe()}" in text, where
                 assert route.describe() in summary_line(plan), where
                 ids = [REFUSE_ID] if route.refusal is not None else route.patches
-                expected = {t for pid in ids for t in PATCH_TARGETS[pid]}
+                expected = {t for pid in ids for t in PATCH_TARGETS[pid]} | dtype_targets
                 assert set(vllm_plugin.applied()) == expected, where
-                assert offline_registry == {"FLASHINFER": patches.OVERRIDE_PATH}, where
+                assert offline_registry["FLASHINFER"] == patches.OVERRIDE_PATH, where
                 kinds.add("refusal" if route.refusal else route.strategy)
     vllm_plugin.unpatch()
     assert offline_registry == {}  # restored
-    assert kinds == {"untouched", "refusal", "backport", "extend"}
+    assert kinds == {"untouched", "refusal", "backport", "extend", "registered names"}
     assert vllm_before or "vllm" not in sys.modules  # the apply path ran without importing vLLM
 
 
@@ -147,11 +172,19 @@ def test_a_backport_never_reads_with_vllms_flashinfer_reader() -> None:
         nvfp4compat.query(arch="sm_100", vllm="0.33.0", trtllm_gen_usable=False, impl_env="decode=flashinfer")
 
 
-@pytest.mark.parametrize(("arch", "vllm"), [("sm_100", "0.33.0"), ("sm_75", "0.26.0")])
+@pytest.mark.parametrize(("arch", "vllm"), [("sm_100", "0.31.0"), ("sm_75", "0.26.0")])
 def test_native_and_unsupported_leave_vllm_untouched(arch: str, vllm: str) -> None:
     plan = nvfp4compat.query(arch=arch, vllm=vllm, impl_env=None)
     assert plan.vllm.route is None
     assert "left untouched" in summary_line(plan)
+
+
+def test_native_keeps_nvfp4_on_vllm_and_registers_the_rotated_names() -> None:
+    """SM100 with vLLM 0.33+: nvfp4 stays on vLLM's own path; the rotated names take nvfp4compat's route."""
+    plan = nvfp4compat.query(arch="sm_100", vllm="0.33.0", trtllm_gen_usable=True, impl_env=None)
+    assert plan.vllm.route is None and set(plan.vllm.dtype_routes) == {"nvfp4_hadamard", "nvfp4_4over6_hadamard"}
+    line = summary_line(plan)
+    assert "nvfp4 left to vLLM" in line and "--kv-cache-dtype nvfp4_hadamard registered: nvfp4 with kv_rotation=hadamard" in line
 
 
 def test_no_writer_is_a_refusal_with_the_plans_reason() -> None:
