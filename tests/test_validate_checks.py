@@ -86,7 +86,7 @@ def test_default_checks_share_engines_and_run_the_preflight_first():
     shared = next(j for j in jobs if j.name == "nvfp4-eager-fi0.6.14-plugin")
     assert shared.checks == ["plan", "capacity", "fidelity"] and shared.tasks == ["start", "logprobs"]
     # 8 engines for the plain formats, 3 NVFP4 variants for fidelity (rotated, 4over6, both)
-    assert len(names) == len(set(names)) == 11
+    assert len(names) == len(set(names)) == 12
     assert [j for j in jobs if not j.plugin and j.kind == "engine"][0].name == "nvfp4-eager-fi0.6.14-noplugin"
 
 
@@ -426,9 +426,11 @@ def test_fidelity_plans_the_rotated_and_4over6_variants_after_the_plain_formats(
     assert names == [
         "nvfp4-eager-fi0.6.14-plugin", "auto-eager-fi0.6.14-plugin", "fp8-eager-fi0.6.14-plugin",
         "nvfp4-eager-fi0.6.14-plugin-rot-hadamard", "nvfp4_4over6-eager-fi0.6.14-plugin",
-        "nvfp4_4over6-eager-fi0.6.14-plugin-rot-hadamard",
+        "nvfp4_hadamard-eager-fi0.6.14-plugin", "nvfp4_4over6-eager-fi0.6.14-plugin-rot-hadamard",
     ]
     by = {j.name: j for j in jobs}
+    # the rotated cache's own dtype name (registered by the plugin on vLLM >= 0.33): no environment switch
+    assert "NVFP4COMPAT_KV_ROTATION" not in base_job_env(by["nvfp4_hadamard-eager-fi0.6.14-plugin"], {}, {})
     env = base_job_env(by["nvfp4_4over6-eager-fi0.6.14-plugin-rot-hadamard"], {}, {})
     assert env["NVFP4COMPAT_KV_ROTATION"] == "hadamard"
     # a plain job stays plain even where the caller's environment asks for the rotation
@@ -503,11 +505,16 @@ def test_fidelity_reports_kl_per_prompt_and_the_rotation_verdict():
         "nvfp4_4over6-eager-fi0.6.14-plugin": result(plain, better),
         # below plain on average, not in every prompt
         "nvfp4_4over6-eager-fi0.6.14-plugin-rot-hadamard": result(better, worse),
+        "nvfp4_hadamard-eager-fi0.6.14-plugin": result(better, better),
     }
     for j in jobs:
         j.result = _preflight() if j.kind == "preflight" else by[j.name]
     r = vc.evaluate(["fidelity"], jobs)["fidelity"]
     assert r["passed"] and r["fp8_vs_bf16"]["kl"] == pytest.approx(0.0, abs=1e-9)
+    # the dtype-name job counts as rotated (matrix: rotated_kv_cache_dtypes)
+    named = r["rotation"]["variants"].pop("nvfp4_hadamard-eager-fi0.6.14-plugin")
+    assert named["kv_cache_dtype"] == "nvfp4_hadamard" and named["below_plain_every_prompt"]
+    assert r["variants"]["nvfp4_hadamard-eager-fi0.6.14-plugin"]["rotation"] == "hadamard"
     n = r["nvfp4_vs_bf16"]
     assert n["kl"] > 0 and len(n["prompt_kl"]) == 2 and n["kl_spread"] == [min(n["prompt_kl"]), max(n["prompt_kl"])]
     assert n["top1_agreement"] == 0.5 and n["prompt_source"] == "prose"
@@ -548,6 +555,11 @@ def test_4over6_is_skipped_where_the_plan_has_no_such_dtype():
     assert vc.unavailable(plain, jobs) is None
     pre.result["tasks"]["preflight"]["plan"]["json"]["vllm"]["kv_cache_dtypes"] = ["nvfp4", "nvfp4_4over6"]
     assert vc.unavailable(four, jobs) is None
+    named = next(j for j in jobs if j.kv == "nvfp4_hadamard")
+    why = vc.unavailable(named, jobs)  # a release without the dtype registry: skipped, with the release that has it
+    assert why and "nvfp4_hadamard" in why and ">= 0.33" in why
+    pre.result["tasks"]["preflight"]["plan"]["json"]["vllm"]["kv_cache_dtypes"] += ["nvfp4_hadamard"]
+    assert vc.unavailable(named, jobs) is None
 
 
 def test_recall_counts_the_rotated_cache_against_the_same_target():

@@ -119,11 +119,11 @@ def test_dry_run_lists_the_jobs_and_starts_nothing(capsys, tmp_path):
     rc = cli_main(["validate", "--model", "Qwen/Qwen3-0.6B", "--out", str(tmp_path / "o"), "--dry-run"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "checks plan, negative, capacity, fidelity, throughput: 11 jobs" in out
+    assert "checks plan, negative, capacity, fidelity, throughput: 12 jobs" in out
     assert "-noplugin: start (for negative)" in out and not (tmp_path / "o").exists()
     # check 4's NVFP4 variants: the rotated cache, 4over6 (vLLM's dtype name) and both
     for name in ("nvfp4-eager-finone-plugin-rot-hadamard", "nvfp4_4over6-eager-finone-plugin",
-                 "nvfp4_4over6-eager-finone-plugin-rot-hadamard"):
+                 "nvfp4_4over6-eager-finone-plugin-rot-hadamard", "nvfp4_hadamard-eager-finone-plugin"):
         assert f"  {name}: start, logprobs (for fidelity)" in out
 
 
@@ -181,7 +181,7 @@ def test_runner_runs_each_job_in_its_process_and_writes_the_report(tmp_path, mon
     assert "**5 of 5 checks pass**" in md and "PARTIAL" not in md
     assert "| 3. capacity | PASS | 35,600 NVFP4 tokens / 10,000 bf16 = 3.56x" in md
     assert "kv_cache_dtype not supported" in (tmp_path / "out" / "jobs.log").read_text()
-    assert any(ln.startswith("[1/11] preflight-fi0.6.14-plugin") for ln in lines)
+    assert any(ln.startswith("[1/12] preflight-fi0.6.14-plugin") for ln in lines)
     # the rotated job ran with the rotation on, the plain one without; 4over6 is skipped where the
     # recorded plan (vLLM 0.26.0) accepts only nvfp4, and the check still passes
     assert doc["jobs"]["nvfp4-eager-fi0.6.14-plugin-rot-hadamard"]["rotation"] == "hadamard"

@@ -59,8 +59,10 @@ LOGPROB_TOPK = 20
 ROTATION = "hadamard"
 # check 4's NVFP4 variants, as (kv_cache_dtype, rotation): 4over6 is vLLM's dtype name
 # ``nvfp4_4over6`` (vLLM >= 0.28 lists it; the plugin's gate accepts it where the plan binds the
-# Triton writer), the rotation is NVFP4COMPAT_KV_ROTATION=hadamard
-FIDELITY_VARIANTS = (("nvfp4", ROTATION), ("nvfp4_4over6", ""), ("nvfp4_4over6", ROTATION))
+# Triton writer), the rotation is NVFP4COMPAT_KV_ROTATION=hadamard; ``nvfp4_hadamard`` is the rotated
+# cache's own dtype name, which the plugin registers on vLLM >= 0.33 (matrix: rotated_kv_cache_dtypes)
+ROTATED_DTYPE = "nvfp4_hadamard"
+FIDELITY_VARIANTS = (("nvfp4", ROTATION), ("nvfp4_4over6", ""), ("nvfp4_4over6", ROTATION), (ROTATED_DTYPE, ""))
 
 
 def parse_checks(text: str) -> list[str]:
@@ -469,7 +471,8 @@ def unavailable(job: Job, jobs: Iterable[Job]) -> str | None:
     return (
         f"skipped: the plan accepts kv_cache_dtype {list(dtypes)} here (vLLM "
         f"{vllm.get('version', '?')}), not {job.kv!r}; {job.kv} needs a vLLM release that lists it "
-        "(nvfp4_4over6: vLLM >= 0.28) and the Triton writer"
+        "(nvfp4_4over6: vLLM >= 0.28, and the Triton writer) or lets the plugin register it "
+        "(nvfp4_hadamard: vLLM >= 0.33)"
     )
 
 
@@ -559,6 +562,17 @@ def divergence(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
         out["base_margin_at_divergence"] = margins
         out["max_logprob_diff_before_divergence"] = round(pre_diff, 6)
     return out
+
+
+def _dtype_rotation(kv_cache_dtype: str) -> str | None:
+    """The rotation a ``--kv-cache-dtype`` name of nvfp4compat's own turns on (``nvfp4_hadamard`` ->
+    ``hadamard``, from the matrix's ``rotated_kv_cache_dtypes``); None for every other name."""
+    from nvfp4compat import load_matrix
+
+    for d in load_matrix().vllm.rotated_kv_cache_dtypes:
+        if d.name == kv_cache_dtype:
+            return d.kv_rotation
+    return None
 
 
 def rotation_verdict(plain: dict[str, Any], variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -749,7 +763,7 @@ def evaluate(
                 if j.kind != "engine" or j.model != "tiny" or "fidelity" not in j.checks or not j.variant:
                     continue
                 f = fidelity(base, j)
-                f.update(kv_cache_dtype=j.kv, rotation=j.rotation or None)
+                f.update(kv_cache_dtype=j.kv, rotation=j.rotation or _dtype_rotation(j.kv))
                 skipped = bool(j.result and j.result.get("skipped"))
                 f["skipped"] = skipped
                 if j.result is not None and not f["ok"] and not skipped:
