@@ -204,7 +204,19 @@ def register() -> None:
         return
     _LAST_PLAN = plan
     try:
-        apply(plan)
+        try:
+            apply(plan)
+        except RuntimeError as exc:
+            if plan.vllm is None or not plan.vllm.dtype_routes:
+                raise
+            # a registered name clashes (another plugin, or a vLLM that has it): serve the rest of the plan
+            logger.warning("nvfp4compat: %s; the rotated --kv-cache-dtype names are not registered", exc)
+            plan = plan.model_copy(update={"vllm": plan.vllm.model_copy(update={
+                "dtype_routes": {},
+                "kv_cache_dtypes": [d for d in plan.vllm.kv_cache_dtypes if d not in plan.vllm.dtype_routes],
+            })})  # fmt: skip
+            _LAST_PLAN = plan
+            apply(plan)
     except RuntimeError as exc:
         logger.warning("nvfp4compat: %s; vLLM left untouched", exc)
         _REGISTERED = True  # apply() restored everything; do not retry in this process

@@ -111,3 +111,40 @@ def test_a_layer_of_the_rotated_name_writes_the_rotated_cache(cpu_vllm, clean_pl
     # the fused butterflies and the reference's matmul sum in another order: a float32 rounding apart
     assert float((raw == want)[written].float().mean()) > 0.995
     assert float((raw == unrotated)[written].float().mean()) < 0.5
+
+
+def test_a_name_vllm_already_knows_is_not_taken_over(cpu_vllm, clean_plugin, registry):
+    """Another plugin (or a future vLLM) registered nvfp4_hadamard first: the plugin says so, leaves that
+    handler in place and still serves plain nvfp4."""
+    from vllm_cpu_support import recording
+
+    class Other:
+        name = "nvfp4_hadamard"
+
+        def torch_dtype(self):
+            return torch.uint8
+
+        def quant_mode(self):
+            from vllm.v1.kv_cache_interface import KVQuantMode
+
+            return KVQuantMode.NVFP4
+
+    from vllm.utils import torch_utils
+
+    registry.register_kv_cache_dtype("nvfp4_hadamard")(Other)
+    try:
+        cpu_vllm.set_arch("sm_90")
+        with recording() as log:
+            load_plugin_through_entry_point()
+        warned = [r.getMessage() for r in log.records if "already known to this vLLM" in r.getMessage()]
+        assert warned and "not registered" in warned[0] and "Way out" in warned[0]
+        plan = vllm_plugin.last_plan()
+        assert plan.vllm.dtype_routes == {} and "nvfp4_hadamard" not in plan.vllm.kv_cache_dtypes
+        assert vllm_plugin.active_route() is not None  # plain nvfp4 is still served
+        assert type(registry.get_kv_cache_dtype_handler("nvfp4_hadamard")) is Other
+        vllm_plugin.unpatch()
+        assert type(registry.get_kv_cache_dtype_handler("nvfp4_hadamard")) is Other  # not ours to remove
+    finally:
+        registry.KV_CACHE_DTYPES.remove("nvfp4_hadamard")
+        registry._KV_CACHE_DTYPE_HANDLERS.pop("nvfp4_hadamard", None)
+        torch_utils.STR_DTYPE_TO_TORCH_DTYPE.pop("nvfp4_hadamard", None)
