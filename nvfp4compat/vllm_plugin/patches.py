@@ -201,6 +201,15 @@ def _register_dtype(ledger: Ledger, name: str) -> None:
     """``vllm.config.cache.register_kv_cache_dtype(name)`` with an NVFP4 handler, recorded for unpatch."""
     import torch
     from vllm.config import cache
+
+    if not (hasattr(cache, "register_kv_cache_dtype") and hasattr(cache, "is_known_kv_cache_dtype")):
+        import vllm
+
+        raise RuntimeError(
+            f"the plan registers --kv-cache-dtype {name!r}, but the installed vLLM {getattr(vllm, '__version__', '?')} "
+            "has no vllm.config.cache.register_kv_cache_dtype (0.33.0+ has it; the plan was made for another "
+            "release). Way out: NVFP4COMPAT_KV_ROTATION=hadamard with --kv-cache-dtype nvfp4"
+        )
     from vllm.utils import torch_utils
     from vllm.v1.kv_cache_interface import KVQuantMode
 

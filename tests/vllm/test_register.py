@@ -152,3 +152,28 @@ def test_unknown_vllm_release_is_logged_as_unverified(cpu_vllm, clean_plugin, mo
         and "vLLM 0.33.5 is not in matrix/vllm.yaml: planned from the nearest known release 0.33.0" in m
         for level, m in messages
     ), messages
+
+
+def test_a_plan_for_a_release_with_the_dtype_registry_on_one_without_it(cpu_vllm, clean_plugin, monkeypatch):
+    """The plan says vLLM can register the rotated dtype names (e.g. planned from 0.33 for a release the
+    matrix does not know) but the installed vLLM cannot: the plugin says so and serves the rest of the plan."""
+    import vllm.config.cache as cache
+
+    import nvfp4compat
+
+    if hasattr(cache, "register_kv_cache_dtype"):
+        monkeypatch.delattr(cache, "register_kv_cache_dtype")
+    real = nvfp4compat.detect
+    monkeypatch.setattr(nvfp4compat, "detect", lambda **kw: real(**kw).model_copy(update={"vllm": "0.34.0"}))
+    cpu_vllm.set_arch("sm_90")
+    with recording() as log:
+        load_plugin_through_entry_point()
+    messages = [(r.levelno, r.getMessage()) for r in log.records]
+    assert any(
+        level == logging.WARNING and "has no vllm.config.cache.register_kv_cache_dtype" in m and "Way out" in m
+        and "not registered" in m
+        for level, m in messages
+    ), messages
+    assert [m for level, m in messages if level == logging.INFO and m.startswith("nvfp4compat: vLLM 0.34.0")]
+    plan = vllm_plugin.last_plan()
+    assert plan is not None and plan.vllm.dtype_routes == {}
