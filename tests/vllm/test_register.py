@@ -166,6 +166,9 @@ def test_a_plan_for_a_release_with_the_dtype_registry_on_one_without_it(cpu_vllm
     real = nvfp4compat.detect
     monkeypatch.setattr(nvfp4compat, "detect", lambda **kw: real(**kw).model_copy(update={"vllm": "0.34.0"}))
     cpu_vllm.set_arch("sm_90")
+    intended = nvfp4compat.resolve(nvfp4compat.load_matrix(), nvfp4compat.detect())
+    if intended.vllm is None or not intended.vllm.dtype_routes:
+        pytest.skip(f"with FlashInfer {cpu_vllm.flashinfer_version} the plan for vLLM 0.34.0 registers no name: {intended.reason}")
     with recording() as log:
         load_plugin_through_entry_point()
     messages = [(r.levelno, r.getMessage()) for r in log.records]
