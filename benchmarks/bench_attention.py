@@ -310,10 +310,19 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
             return att.decode(case.q, *args, ks, vs, sm_scale=case.sm_scale)
         if hasattr(att, "decode_split"):
             sms = att._sm_count(case.q.device)
-            split = att.decode_split(len(s.seq_lens), s.num_kv_heads, s.head_dim, s.page_size,
-                                     case.block_table.shape[1], sms)
-            # the config decode() launches (BLOCK_M 16 for GQA <= 16 and one query token)
-            base = att.decode_config(s.head_dim, 16, split.chunks * s.num_kv_heads, sms)
+            # the config decode() launches (BLOCK_M 16 for GQA <= 16 and one query token; the Gluon kernel's
+            # where it can take the launch: bf16, NHD, CUDA, Gluon importable)
+            gluon = getattr(att, "_gluon", None) is not None and case.q.is_cuda and case.q.dtype == torch.bfloat16
+            n_rows = s.num_qo_heads // s.num_kv_heads
+            try:
+                cfg0 = att.decode_config(s.head_dim, 16, gluon=gluon, rows=n_rows)
+                split = att.decode_split(len(s.seq_lens), s.num_kv_heads, s.head_dim, s.page_size,
+                                         case.block_table.shape[1], sms, cfg0)
+                base = att.decode_config(s.head_dim, 16, split.chunks * s.num_kv_heads, sms, gluon=gluon, rows=n_rows)
+            except TypeError:  # an attention.py from before the Gluon kernel (--baseline)
+                split = att.decode_split(len(s.seq_lens), s.num_kv_heads, s.head_dim, s.page_size,
+                                         case.block_table.shape[1], sms)
+                base = att.decode_config(s.head_dim, 16, split.chunks * s.num_kv_heads, sms)
             default_label = f"default {base} programs/head={split.programs} waves={split.waves}"
         else:  # a baseline module (--baseline): its own heuristics, not swept
             base, default_label, sweep = None, "default", False
@@ -333,6 +342,9 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
             # registers, no decoded plane in shared memory (docs/attention.md); not the default until timed
             for scfg in getattr(att, "SWAP_DECODE_CONFIGS", ()):
                 variants.append((f"swapped QK {scfg}", {"decode": scfg}))
+            # the Gluon kernel (DecodeConfig.gluon, decode_gluon.py): warps own keys, operands decoded in registers
+            for gcfg in getattr(att, "GLUON_DECODE_CONFIGS", ()):
+                variants.append((f"gluon {gcfg}", {"decode": gcfg}))
     else:
         def run():
             return att.prefill(case.q, *args, case.qsl, ks, vs, sm_scale=case.sm_scale)

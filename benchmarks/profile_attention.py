@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="run config I of BYTE_SCALE_DECODE_CONFIGS (block scales loaded as bytes)")
     ap.add_argument("--swap", type=int, default=None, metavar="I",
                     help="run config I of SWAP_DECODE_CONFIGS (K as the first operand of the logits' MMA)")
+    ap.add_argument("--gluon", type=int, default=None, metavar="I",
+                    help="run config I of GLUON_DECODE_CONFIGS (the Gluon decode kernel)")
     ap.add_argument("--programs-per-sm", type=int, default=None)
     ap.add_argument("--baseline", default=None, help="an earlier attention.py to run instead")
     args = ap.parse_args(argv)
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         parts = [int(x) for x in args.decode_config.split(",")]
         over["decode"] = att.DecodeConfig(*parts)
     for flag, index, name in (("--byte-scales", args.byte_scales, "BYTE_SCALE_DECODE_CONFIGS"),
-                              ("--swap", args.swap, "SWAP_DECODE_CONFIGS")):
+                              ("--swap", args.swap, "SWAP_DECODE_CONFIGS"),
+                              ("--gluon", args.gluon, "GLUON_DECODE_CONFIGS")):
         if index is None:
             continue
         configs = getattr(att, name, ())

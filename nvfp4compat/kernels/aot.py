@@ -214,7 +214,12 @@ def build(kernel: AotKernel, variant: AotVariant, cc: int) -> Any:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    src = ASTSource(kernel.fn, variant.signature, variant.constexprs_for(cc), variant.attrs)
+    source: Any = ASTSource
+    if type(kernel.fn).__name__ == "GluonJITFunction":  # a Gluon kernel (triton.experimental.gluon)
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        source = GluonASTSource
+    src = source(kernel.fn, variant.signature, variant.constexprs_for(cc), variant.attrs)
     return triton.compile(
         src,
         target=GPUTarget("cuda", cc, 32),

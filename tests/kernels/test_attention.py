@@ -7,6 +7,8 @@ Each feature is checked alone and once all together; relative L2 of the output <
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -665,6 +667,81 @@ def test_decode_config_takes_byte_scales_where_timed():
     for hd, cfg in att._DECODE_CONFIGS_BYTE_SCALES.items():
         base = att._DECODE_CONFIGS[hd]
         assert (cfg.block_n, cfg.programs_per_sm) == (base.block_n, base.programs_per_sm), hd
+
+
+def test_decode_config_takes_the_gluon_kernel_where_it_can():
+    """head_dim 128, 16 rows, no rotation, a launch the Gluon kernel can take: its config (3 programs per SM at
+    <= 8 rows, 2 at 9-16); everything else as before. The split is sized from the config the launch takes
+    (its block_n and programs per SM), so the grid and the merge agree with the kernel."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    g = att._DECODE_CONFIGS_GLUON[128]
+    assert g.gluon and g.block_n * 1 == 64 and g.programs_per_sm == 3
+    assert att.decode_config(128, 16, 512, 132, gluon=True, rows=4) == g
+    assert att.decode_config(128, 16, 512, 132, gluon=True, rows=16).programs_per_sm == att.GLUON_ROWS16_PROGRAMS_PER_SM
+    assert att.decode_config(128, 16, 512, 132, gluon=True, rotate=True) == att.decode_config(128, 16, 512, 132,
+                                                                                              rotate=True)
+    assert not att.decode_config(128, 32, 512, 132, gluon=True).gluon
+    assert not att.decode_config(64, 16, 512, 132, gluon=True).gluon
+    assert not att.decode_config(128, 16, 512, 132).gluon
+    split = att.decode_split(4, 8, 128, 16, 1024, 132, g)
+    assert split.min_tiles == att.SPLIT_MIN_CHUNK_TOKENS // 64
+    assert split.programs == -(-3 * 132 // 8)
+    plain = att.decode_split(4, 8, 128, 16, 1024, 132)
+    assert plain.min_tiles == att.SPLIT_MIN_CHUNK_TOKENS // 128
+    with att.override_configs(decode=att.GLUON_DECODE_CONFIGS[2]):
+        assert att.decode_config(128, 16, gluon=False) == att.GLUON_DECODE_CONFIGS[2]
+
+
+def test_gluon_eligibility():
+    """What the Gluon kernel serves: bf16, head_dim 128, <= 16 rows, no rotation, 16-byte data rows, 2-byte scale
+    rows, no fused merge; on the CPU (and under the interpreter) no launch is eligible."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    if att._gluon is None:
+        pytest.skip("this triton has no Gluon")
+    def ok(*args, **kw):
+        return att._gluon.gluon_decode_eligible(*args, **{"full": True, **kw})
+
+    assert ok(128, 16, False, torch.bfloat16, 16, 8, False)
+    assert not ok(128, 16, False, torch.float16, 16, 8, False)
+    assert not ok(64, 16, False, torch.bfloat16, 16, 8, False)
+    assert not ok(128, 32, False, torch.bfloat16, 16, 8, False)
+    assert not ok(128, 16, True, torch.bfloat16, 16, 8, False)
+    assert not ok(128, 16, False, torch.bfloat16, 8, 8, False)  # vLLM's combined page: 8-byte rows
+    assert not ok(128, 16, False, torch.bfloat16, 16, 1, False)
+    assert not ok(128, 16, False, torch.bfloat16, 16, 8, True)
+    # the default envelope: <= 8 rows, no window, even pages (the paths that passed the GPU tier)
+    assert ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=8, window=0, page_size=32, full=False)
+    assert not ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=9, full=False)
+    assert not ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=4, window=100, full=False)
+    assert not ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=4, page_size=13, full=False)
+    assert ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=16, window=100, page_size=13)
+    c = _cache(head_dim=128)
+    cl = att._cache_launch(att.normalize_cache(c.paged_kv_cache, c.kv_cache_sf, c.kv_layout))
+    q = torch.zeros(1, 4, 128, dtype=torch.bfloat16)
+    assert not att._gluon_eligible(q, 128, 16, False, cl, 4, 0, 16)
+
+
+def test_gluon_build_failure_falls_back_once(monkeypatch):
+    """A Gluon build failure warns once, then every launch takes the plain kernel."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    monkeypatch.setattr(att, "_gluon_failed", False)
+    with pytest.warns(RuntimeWarning, match="falls back to the plain-Triton kernel"):
+        att._gluon_build_failed(RuntimeError("ptxas: out of registers"))
+    assert att._gluon_failed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        att._gluon_build_failed(RuntimeError("again"))  # no second warning
+
+
+def test_byte_extent():
+    from nvfp4compat.kernels.triton import attention as att
+
+    assert att._byte_extent(torch.empty(10, 4, 3)[:, 1]) == (9 * 12 + 2 + 1) * 4
+    assert att._byte_extent(torch.empty(0)) == 0
+    assert att._byte_extent(torch.empty(5, 7, dtype=torch.uint8).t()) == 35
 
 
 def test_aot_set_builds_the_launch_configs():

@@ -23,7 +23,8 @@ import pytest
 
 from nvfp4compat.kernels.aot import DEFAULT_CCS, AotReport
 
-KERNELS = ("attention_decode", "attention_decode_reduce", "attention_prefill", "attention_qsl_guard")
+KERNELS = ("attention_decode", "attention_decode_gluon", "attention_decode_reduce", "attention_prefill",
+           "attention_qsl_guard")
 
 # (kernel, variant label, targets): what every CI run builds.
 CORE = [
@@ -44,6 +45,10 @@ CORE = [
     # the fused Hadamard KV rotation (kv_rotation="hadamard"), on mma.sync and wgmma
     ("attention_decode", "bf16-d128-rotate", (80, 90)),
     ("attention_prefill", "bf16-d128-rotate", (80, 90)),
+    # the Gluon decode (the head_dim-128 bf16 default on CUDA): mma.sync with operands decoded in registers, on
+    # every target, and its 16-row orientation
+    ("attention_decode_gluon", "bf16-d128", DEFAULT_CCS),
+    ("attention_decode_gluon", "bf16-d128-g16", (80, 90)),
 ]
 
 _CHILD = r"""
@@ -108,6 +113,9 @@ def test_attention_is_an_aot_provider():
     for flag in ("HAS_WINDOW", "HAS_SOFTCAP", "HAS_SINKS", "RETURN_LSE", "VARLEN", "PAGE_POW2", "PREFETCH", "ROTATE"):
         assert {v.constexprs[flag] for v in decode} == {True, False}, flag
     assert {v.constexprs["ROTATE"] for v in variants["attention_prefill"]} == {True, False}
+    gluon = variants["attention_decode_gluon"]
+    for flag in ("ROWS8", "PAGE_EVEN", "OFF32", "PAGE_POW2", "HAS_WINDOW", "HAS_SINKS", "VARLEN"):
+        assert {v.constexprs[flag] for v in gluon} == {True, False}, flag
     for k, vs in variants.items():
         assert len({v.label for v in vs}) == len(vs), k
 

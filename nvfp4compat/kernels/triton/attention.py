@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -47,6 +48,11 @@ from nvfp4compat.kernels.layout import FP32_MAX, CacheViews, normalize_cache
 from nvfp4compat.kernels.rotation import fused_rotation
 from nvfp4compat.kernels.triton import attention_nvfp4 as fp4
 from nvfp4compat.kernels.triton.hadamard import rotate_planes, rotate_query
+
+try:  # Gluon ships inside the triton package (3.5+); without it every launch takes the plain kernel
+    from nvfp4compat.kernels.triton import decode_gluon as _gluon
+except ImportError:  # pragma: no cover - depends on the installed triton
+    _gluon = None  # type: ignore[assignment]
 
 __all__ = [
     "decode",
@@ -1173,6 +1179,10 @@ class DecodeConfig:
     scale_words: bool = True
     # K as the first operand of the logits' MMA (_attend_tile's SWAP_AB): opt-in, not yet timed on a GPU
     swap_ab: bool = False
+    # the Gluon kernel (decode_gluon.gluon_decode_kernel) where a launch is eligible
+    # (decode_gluon.gluon_decode_eligible; the plain-Triton kernel otherwise): warps own keys
+    # (block_n // num_warps each), operands decoded in registers, no shared memory in the key loop
+    gluon: bool = False
 
 
 @dataclass(frozen=True)
@@ -1252,6 +1262,32 @@ SWAP_DECODE_CONFIGS = (
     DecodeConfig(block_n=64, num_warps=4, num_stages=3, maxnreg=168, programs_per_sm=3, scale_words=False,
                  swap_ab=True),
     DecodeConfig(block_n=64, num_warps=4, num_stages=2, programs_per_sm=2, scale_words=False, swap_ab=True),
+)
+# The Gluon decode (DecodeConfig.gluon, decode_gluon.py): head_dim 128, up to 16 rows, bf16, no rotation. Compiled
+# for sm_90 (triton 3.6.0) with at most 8 rows (GQA x q_len <= 8: the O^T orientation), even pages, 32-bit offsets
+# (registers, spills, shared memory for the final merge of the warps): 64-key tiles on 4 warps (16 keys per warp
+# per tile): 168, none, 16 KB (3 programs per SM); capped at 128: 132 B spilled (4 per SM); 32-key tiles on 2 warps:
+# 164, none, 8 KB (6 per SM); 128-key tiles on 8 warps: 177, none (1 per SM), capped at 128 (2 per SM). With 9-16
+# rows the 64-key, 4-warp kernel takes 211 registers (2 per SM).
+# The default where a launch can take the Gluon kernel (decode_config(gluon=True)). Timed on an H200 against the
+# plain-Triton default in one run (2026-12-04, BENCHMARKS.md decode run K): see BENCHMARKS.md.
+_DECODE_CONFIGS_GLUON: dict[int, DecodeConfig] = {
+    128: DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, gluon=True),
+}
+# 9-16 rows (the 16-row orientation: 211 registers on sm_90) hold 2 programs per SM
+GLUON_ROWS16_PROGRAMS_PER_SM = 2
+# False: the Gluon kernel takes only the launches whose paths passed the GPU tier on an H200 (2026-12-04, run K):
+# at most 8 rows, no sliding window, an even page size; the rest take the plain-Triton kernel. True: everything
+# decode_gluon.gluon_decode_eligible serves (9-16 rows, windows, odd page sizes: built for every target, the
+# GPU tier not yet passed after the fixes of run K). tests/kernels/test_gpu_decode_gluon.py sets it for those cases.
+GLUON_FULL = False
+# set when the Gluon kernel failed to compile in this process: every later launch takes the plain-Triton kernel
+_gluon_failed = False
+GLUON_DECODE_CONFIGS = (
+    DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, gluon=True),
+    DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True),
+    DecodeConfig(block_n=32, num_warps=2, num_stages=1, programs_per_sm=6, gluon=True),
+    DecodeConfig(block_n=128, num_warps=8, num_stages=1, maxnreg=128, programs_per_sm=2, gluon=True),
 )
 # Warps of a decode launch whose config has fewer, when (a) BLOCK_M > 16: at 2 warps the
 # accumulators do not fit (SM90, head_dim 128: BLOCK_M 32 spills 8 bytes, BLOCK_M 64 spills 1.5 KB,
@@ -1333,7 +1369,7 @@ def override_configs(
 
 def decode_config(
     head_dim: int, block_m: int = 16, num_programs: int | None = None, num_sms: int | None = None,
-    rotate: bool = False,
+    rotate: bool = False, gluon: bool = False, rows: int | None = None,
 ) -> DecodeConfig:
     """The decode tile config for ``head_dim`` (override with :func:`override_configs`).
 
@@ -1342,12 +1378,19 @@ def decode_config(
     :data:`_DECODE_CONFIGS_BYTE_SCALES` has ``head_dim``, a launch of 16 rows without rotation takes
     that config (the one timed); others keep :data:`_DECODE_CONFIGS`. A config with fewer than
     :data:`DECODE_WIDE_WARPS` warps is widened to that many when ``block_m > 16`` or when
-    ``num_programs < num_sms``; ``block_n`` (and hence the split count) never changes. An override
-    is returned as it is.
+    ``num_programs < num_sms``; ``block_n`` (and hence the split count) never changes. ``gluon``: the
+    launch can take the Gluon kernel (:func:`_gluon_eligible`): where :data:`_DECODE_CONFIGS_GLUON` has
+    ``head_dim``, 16 rows without rotation take that config (``rows``, the real ``G x q_len``, above 8:
+    :data:`GLUON_ROWS16_PROGRAMS_PER_SM`). An override is returned as it is.
     """
     forced = _overrides.get("decode")
     if forced is not None:
         return forced
+    if gluon and block_m <= 16 and not rotate and head_dim in _DECODE_CONFIGS_GLUON:
+        cfg = _DECODE_CONFIGS_GLUON[head_dim]
+        if rows is not None and rows > 8:
+            cfg = replace(cfg, programs_per_sm=GLUON_ROWS16_PROGRAMS_PER_SM)
+        return cfg
     cfg = _DECODE_CONFIGS[head_dim]
     if block_m <= 16 and not rotate and head_dim in _DECODE_CONFIGS_BYTE_SCALES:
         cfg = _DECODE_CONFIGS_BYTE_SCALES[head_dim]
@@ -1436,12 +1479,14 @@ class DecodeSplit:
 
 
 def decode_split(
-    batch: int, num_kv_heads: int, head_dim: int, page_size: int, max_pages: int, num_sms: int
+    batch: int, num_kv_heads: int, head_dim: int, page_size: int, max_pages: int, num_sms: int,
+    cfg: DecodeConfig | None = None,
 ) -> DecodeSplit:
     """The split of a decode launch over ``batch`` block-table rows of ``max_pages`` pages:
     :func:`decode_programs` for one wave, :func:`decode_waves` (unless ``num_splits`` is forced),
-    then :func:`decode_grid`. Reads no length (CUDA graphs)."""
-    cfg = decode_config(head_dim)
+    then :func:`decode_grid`. Reads no length (CUDA graphs). ``cfg``: the launch's tile config
+    (its ``block_n`` and ``programs_per_sm`` size the split); default ``decode_config(head_dim)``."""
+    cfg = cfg or decode_config(head_dim)
     programs, min_tiles = decode_programs(cfg, num_kv_heads, num_sms)
     max_tiles = -(-max_pages * page_size // cfg.block_n)
     waves = 1 if "num_splits" in _overrides else decode_waves(batch, programs, min_tiles, max_tiles)
@@ -1712,6 +1757,14 @@ class _DecodeLaunch:
     rotate: bool = False  # a Hadamard-rotated cache (kv_rotation="hadamard"): the ROTATE constexpr
     fused_merge: bool = False  # FUSED_MERGE: the decode kernel merges the split partials itself
     merge_cb: int = 1  # its chunks per merge step (MERGE_STEP_ELEMENTS // (BLOCK_M x head_dim))
+    off32: bool = False  # every byte offset into the four cache tensors fits in int32 (the Gluon kernel's OFF32)
+
+
+def _byte_extent(t: torch.Tensor) -> int:
+    """One past the largest byte offset from ``t``'s data pointer that ``t`` addresses."""
+    if t.numel() == 0:
+        return 0
+    return (sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True) if st > 0) + 1) * t.element_size()
 
 
 def _decode_launch(
@@ -1723,7 +1776,10 @@ def _decode_launch(
     batch = block_table.shape[0]
     block_m = max(16, triton.next_power_of_2(a.group * qmax))
     num_sms = _sm_count(device)
-    split = decode_split(batch, views.num_kv_heads, views.head_dim, views.page_size, block_table.shape[1], num_sms)
+    rows = a.group * qmax
+    gluon = _gluon_eligible(query, views.head_dim, block_m, rotate, cl, rows, a.window, views.page_size)
+    split = decode_split(batch, views.num_kv_heads, views.head_dim, views.page_size, block_table.shape[1], num_sms,
+                         decode_config(views.head_dim, block_m, rotate=rotate, gluon=gluon, rows=rows))
     programs, min_tiles, chunks, slots = split.programs, split.min_tiles, split.chunks, split.slots
     merge_block_h, merge_chunk_block = merge_blocks(a.num_qo_heads, views.head_dim)
     return _DecodeLaunch(
@@ -1732,7 +1788,7 @@ def _decode_launch(
         min_tiles=min_tiles, chunks=chunks, slots=slots,
         batch_block=BATCH_BLOCK_SMALL if batch <= BATCH_BLOCK_SMALL else BATCH_BLOCK_MAX,
         max_pages=block_table.shape[1],
-        cfg=decode_config(views.head_dim, block_m, chunks * views.num_kv_heads, num_sms, rotate),
+        cfg=decode_config(views.head_dim, block_m, chunks * views.num_kv_heads, num_sms, rotate, gluon, rows),
         merge_block_h=merge_block_h, merge_chunk_block=merge_chunk_block, fast=_fast(device), dot_fp32=interpreting() and query.dtype == torch.bfloat16,
         k_ptr=isinstance(a.k_scale, torch.Tensor), v_ptr=isinstance(a.v_scale, torch.Tensor),
         sm_scale_log2=a.sm_scale_log2, softcap=a.softcap, window=a.window,
@@ -1740,6 +1796,7 @@ def _decode_launch(
         strides=tuple(cl.strides), data_align=cl.data_align, sf_align=cl.sf_align,
         num_pages=views.num_pages, rotate=rotate, fused_merge=bool(FUSED_MERGE),
         merge_cb=_pow2_floor(max(1, MERGE_STEP_ELEMENTS // (block_m * views.head_dim))),
+        off32=all(_byte_extent(t) < 2**31 for t in cl.tensors),
     )  # fmt: skip
 
 
@@ -1764,6 +1821,44 @@ def _launch_decode_path(
         a.v_scale, causal, status,
     )  # fmt: skip
     return d
+
+
+def _gluon_eligible(
+    query: torch.Tensor, head_dim: int, block_m: int, rotate: bool, cl: _CacheLaunch, rows: int, window: int,
+    page_size: int, fused: bool | None = None,
+) -> bool:
+    """Whether a decode launch can take the Gluon kernel: CUDA, not interpreted, Gluon importable, no
+    earlier compile failure of it in this process, and a launch it serves
+    (:func:`decode_gluon.gluon_decode_eligible`, within :data:`GLUON_FULL`)."""
+    return (
+        _gluon is not None and not _gluon_failed and query.is_cuda and not interpreting()
+        and _gluon.gluon_decode_eligible(head_dim, block_m, rotate, query.dtype, cl.data_align, cl.sf_align,
+                                         bool(FUSED_MERGE) if fused is None else fused, rows, window, page_size,
+                                         GLUON_FULL)
+    )
+
+
+def _gluon_build_failed(exc: Exception) -> None:
+    """Record that the Gluon decode kernel failed to build or launch here and warn once: every later
+    decode in this process takes the plain-Triton kernel (same results, its speed)."""
+    global _gluon_failed
+    if not _gluon_failed:
+        warnings.warn(
+            f"nvfp4compat: the Gluon decode kernel failed on this GPU and triton {triton.__version__} "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}); decode falls back to "
+            "the plain-Triton kernel for this process (same results, slower). Please report it with the output "
+            "of `nvfp4compat validate`.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    _gluon_failed = True
+
+
+def _gluon_ok(d: _DecodeLaunch, query: torch.Tensor, fused: bool) -> bool:
+    """:func:`_gluon_eligible` for a launch already derived (the launch path re-checks it: the config
+    may be forced by ``override_configs``)."""
+    cl = _CacheLaunch(tensors=[], strides=list(d.strides), data_align=d.data_align, sf_align=d.sf_align)
+    return _gluon_eligible(query, d.head_dim, d.block_m, d.rotate, cl, d.group * d.qmax, d.window, d.page_size, fused)
 
 
 _zero_statuses: dict[torch.device, torch.Tensor] = {}
@@ -1839,24 +1934,48 @@ def _run_decode(
     softcap = d.softcap if d.softcap else 1.0
     counters = _merge_counters(device, batch * d.num_kv_heads) if d.fused_merge else None
     fused = counters is not None
-    LAST_KERNELS["decode"] = _decode_kernel[(d.chunks * d.num_kv_heads,)](
-        query, out, lse_arg, part_o, part_lse,
-        *cache, block_table, seq_lens, qsl_arg, sinks_arg,
-        k_scale, v_scale, d.sm_scale_log2, softcap, d.window,
-        batch, d.programs, d.min_tiles, d.group, d.num_qo_heads, d.page_size, page_shift, d.max_pages,
-        num_tokens,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1), d.num_qo_heads,
-        *d.strides, block_table.stride(0),
-        HEAD_DIM=d.head_dim, BLOCK_M=d.block_m, BLOCK_N=d.cfg.block_n, QMAX=qmax,
-        VARLEN=qsl is not None, CAUSAL=causal and qmax > 1, HAS_WINDOW=d.window > 0,
-        HAS_SOFTCAP=d.softcap > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse,
-        BATCH_BLOCK=d.batch_block, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr, FAST=d.fast,
-        DOT_FP32=d.dot_fp32, DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
-        num_pages=d.num_pages, status_ptr=status_arg, PREFETCH=d.cfg.prefetch, ROTATE=d.rotate,
-        SCALE_WORDS=d.cfg.scale_words, counter_ptr=counters if fused else seq_lens, FUSED_MERGE=fused,
-        MERGE_CB=d.merge_cb if fused else 1, SWAP_AB=d.cfg.swap_ab,
-        num_warps=d.cfg.num_warps, num_stages=d.cfg.num_stages, maxnreg=d.cfg.maxnreg,
-    )  # fmt: skip
+    launched = False
+    if d.cfg.gluon and _gluon_ok(d, query, fused):
+        try:
+            LAST_KERNELS["decode"] = _gluon.gluon_decode_kernel[(d.chunks * d.num_kv_heads,)](
+                query, out, lse_arg, part_o, part_lse,
+                *cache, block_table, seq_lens, qsl_arg, sinks_arg,
+                k_scale, v_scale, d.sm_scale_log2, softcap, d.window,
+                batch, d.programs, d.min_tiles, d.group, d.num_qo_heads, d.page_size, page_shift, d.max_pages,
+                num_tokens,
+                query.stride(0), query.stride(1), out.stride(0), out.stride(1), d.num_qo_heads,
+                *d.strides, block_table.stride(0),
+                HEAD_DIM=d.head_dim, BLOCK_M=d.block_m, BLOCK_N=d.cfg.block_n, QMAX=qmax,
+                VARLEN=qsl is not None, CAUSAL=causal and qmax > 1, HAS_WINDOW=d.window > 0,
+                HAS_SOFTCAP=d.softcap > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse,
+                BATCH_BLOCK=d.batch_block, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr,
+                DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
+                num_pages=d.num_pages, status_ptr=status_arg, NW=d.cfg.num_warps,
+                ROWS8=d.group * qmax <= 8, PAGE_EVEN=d.page_size % 2 == 0 and d.window <= 0, OFF32=d.off32,
+                num_warps=d.cfg.num_warps, maxnreg=d.cfg.maxnreg,
+            )  # fmt: skip
+            launched = True
+        except Exception as exc:  # a build failure on this GPU / triton: the plain kernel from now on
+            _gluon_build_failed(exc)
+    if not launched:
+        LAST_KERNELS["decode"] = _decode_kernel[(d.chunks * d.num_kv_heads,)](
+            query, out, lse_arg, part_o, part_lse,
+            *cache, block_table, seq_lens, qsl_arg, sinks_arg,
+            k_scale, v_scale, d.sm_scale_log2, softcap, d.window,
+            batch, d.programs, d.min_tiles, d.group, d.num_qo_heads, d.page_size, page_shift, d.max_pages,
+            num_tokens,
+            query.stride(0), query.stride(1), out.stride(0), out.stride(1), d.num_qo_heads,
+            *d.strides, block_table.stride(0),
+            HEAD_DIM=d.head_dim, BLOCK_M=d.block_m, BLOCK_N=d.cfg.block_n, QMAX=qmax,
+            VARLEN=qsl is not None, CAUSAL=causal and qmax > 1, HAS_WINDOW=d.window > 0,
+            HAS_SOFTCAP=d.softcap > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse,
+            BATCH_BLOCK=d.batch_block, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr, FAST=d.fast,
+            DOT_FP32=d.dot_fp32, DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
+            num_pages=d.num_pages, status_ptr=status_arg, PREFETCH=d.cfg.prefetch, ROTATE=d.rotate,
+            SCALE_WORDS=d.cfg.scale_words, counter_ptr=counters if fused else seq_lens, FUSED_MERGE=fused,
+            MERGE_CB=d.merge_cb if fused else 1, SWAP_AB=d.cfg.swap_ab,
+            num_warps=d.cfg.num_warps, num_stages=d.cfg.num_stages, maxnreg=d.cfg.maxnreg,
+        )  # fmt: skip
     if fused:
         return
     _decode_reduce_kernel[(batch * qmax, triton.cdiv(d.num_qo_heads, d.merge_block_h))](
@@ -1903,6 +2022,7 @@ def _knobs() -> tuple:
     return (
         SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, SPLIT_WAVES, SPLIT_MAX_WAVES, SPLIT_WAVE_GAIN, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
         MERGE_STEP_ELEMENTS, MERGE_CHUNK_BLOCK, FUSED_MERGE, tuple(_DECODE_CONFIGS.items()), tuple(_DECODE_CONFIGS_BYTE_SCALES.items()), tuple(sorted(_overrides.items())), interpreting(),
+        GLUON_FULL, _gluon_failed, tuple(_DECODE_CONFIGS_GLUON.items()),
     )  # fmt: skip
 
 
@@ -2303,6 +2423,36 @@ def aot_variants() -> dict[str, list[Any]]:
     add_prefill("fp16-d512-portable", "fp16", 512, decoder="portable")
     add_prefill("bf16-d128-table", "bf16", 128, decoder="table")
 
+    # the Gluon decode: the default launch (<= 8 rows, even pages, 32-bit offsets), 16 rows, every feature with q_len
+    # 2 and 64-bit offsets, pages of any size, a batch block of 1024, and every config of GLUON_DECODE_CONFIGS
+    glu: list[AotVariant] = []
+
+    def add_gluon(label: str, cfg: DecodeConfig, *, group: int = 4, qmax: int = 1, pow2: bool = True,
+                  even: bool = True, off32: bool = True, batch_block: int = 128, ptr: bool = True,
+                  **features: Any) -> None:
+        sig = _decode_signature("bf16", ptr, ptr)
+        for name in ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "counter_ptr", "FUSED_MERGE",
+                     "MERGE_CB", "SWAP_AB"):
+            sig.pop(name)
+        sig.update({"NW": "constexpr", "ROWS8": "constexpr", "PAGE_EVEN": "constexpr", "OFF32": "constexpr"})
+        c: dict[str, Any] = {"HEAD_DIM": 128, "BLOCK_M": 16, "BLOCK_N": cfg.block_n, "QMAX": qmax, "VARLEN": False,
+                             "CAUSAL": qmax > 1, "BATCH_BLOCK": batch_block, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr,
+                             "DATA_ALIGN": 16, "SF_ALIGN": 8, "PAGE_POW2": pow2, "NW": cfg.num_warps,
+                             "ROWS8": group * qmax <= 8, "PAGE_EVEN": even, "OFF32": off32}
+        c.update(_FEATURES_OFF)
+        c.update(features)
+        glu.append(AotVariant(label, sig, c, cfg.num_warps, 1, _pointer_attrs(sig), maxnreg=cfg.maxnreg))
+
+    gdef = _DECODE_CONFIGS_GLUON[128]
+    add_gluon("bf16-d128", gdef)
+    add_gluon("bf16-d128-g16", gdef, group=16)
+    add_gluon("bf16-d128-q2-all-off64", gdef, qmax=2, off32=False, **_FEATURES_ON)
+    add_gluon("bf16-d128-g8-q2-varlen", gdef, group=8, qmax=2, VARLEN=True)
+    add_gluon("bf16-d128-page-any", gdef, pow2=False, even=False, ptr=False)
+    add_gluon("bf16-d128-batch1024", gdef, batch_block=1024)
+    for i, gcfg in enumerate(GLUON_DECODE_CONFIGS):
+        add_gluon(f"bf16-d128-sweep{i}", gcfg)
+
     red_sig_base = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "o_ptr": "*bf16", "lse_ptr": "*fp32",
                     "seq_lens_ptr": "*i32", "qsl_ptr": "*i32", "sinks_ptr": "*fp32", "batch": "i32",
                     "programs": "i32", "min_tiles": "i32", "window": "i32", "max_pages": "i32",
@@ -2335,7 +2485,7 @@ def aot_variants() -> dict[str, list[Any]]:
                "RETURN_LSE": "constexpr"}
         c = {"HEAD_DIM": hd, "ROWS": _GUARD_ROWS, "BLOCK_B": _GUARD_BLOCK_B, "RETURN_LSE": lse}
         guard.append(AotVariant(f"{dtype}-d{hd}{'-lse' if lse else ''}", sig, c, 4, 1, _pointer_attrs(sig)))
-    return {"attention_decode": dec, "attention_decode_reduce": red, "attention_prefill": pre,
+    return {"attention_decode": dec, "attention_decode_gluon": glu, "attention_decode_reduce": red, "attention_prefill": pre,
             "attention_qsl_guard": guard}
 
 
@@ -2347,6 +2497,8 @@ def aot_kernels() -> list[Any]:
     v = aot_variants()
     return [
         AotKernel("attention_decode", _decode_kernel, v["attention_decode"]),
+        *([AotKernel("attention_decode_gluon", _gluon.gluon_decode_kernel, v["attention_decode_gluon"])]
+          if _gluon is not None else []),
         AotKernel("attention_decode_reduce", _decode_reduce_kernel, v["attention_decode_reduce"]),
         AotKernel("attention_prefill", _prefill_kernel, v["attention_prefill"]),
         AotKernel("attention_qsl_guard", _qsl_guard_kernel, v["attention_qsl_guard"]),

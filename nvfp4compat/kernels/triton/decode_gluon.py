@@ -1,0 +1,733 @@
+"""Split-KV NVFP4 decode in Gluon (SM80+ CUDA): the E2M1 nibbles are decoded straight into the
+registers of the tensor-core operands, with no shared-memory round trip and no barrier in the key loop.
+
+Same contract, same work split and same partial-result protocol as the plain-Triton decode kernel
+(:func:`nvfp4compat.kernels.triton.attention._decode_kernel`, whose arguments this kernel takes): the
+plain-Triton kernel's merge kernel merges what this one writes, and the plain-Triton kernel stays the
+path of the CPU interpreter and of the cases this one does not take (:func:`gluon_decode_eligible`).
+
+How it differs:
+
+* **Warps own keys.** Each of the ``NW`` warps of a program runs its own online softmax over its own
+  ``KW`` keys of every tile (the tile is ``NW * KW`` keys) with its own accumulator; the warps' states
+  are merged once, after the loop. Nothing in the loop crosses a warp: the logits ``S = Q K^T`` and
+  ``O += P V`` are ``mma.sync`` m16n8k16 per warp (3-D ``mma_v2`` with the warps on the batch axis), and
+  ``P`` goes from the logits' accumulator registers to the A operand without moving.
+* **Loads in the operand layout.** A dot product does not care in which order it visits the head
+  dimension, so the kernel picks the order in which the cache's bytes already lie. In the logits'
+  B operand (``K^T``, k = head dim, n = keys) a thread holds four consecutive k values of one key per
+  k16 slab: the kernel assigns them so that each thread's values of a key are 16 consecutive cache
+  bytes (one 128-bit load, one 16-bit load of its two block scales), and loads the query in the same
+  permuted order once. In ``P V``'s B operand (``V``, k = keys, n = head dim) a thread holds one
+  column of two neighbouring keys: the output columns are permuted so that each thread's columns are
+  eight consecutive bytes of a key (one 64-bit load, one scale byte), and the output is stored
+  un-permuted. The key order is natural in both.
+* **Decode.** Four cache bytes become four packed bf16 pairs with the bit-placement decode of
+  :mod:`~nvfp4compat.kernels.triton.attention_nvfp4` (``e2m1 * sf * 2^-8``, exact; the ``2^8`` is
+  folded into the global scales as there) in inline PTX; for V the bytes of two keys are interleaved
+  first (two ``prmt``), so every output register is one operand register.
+* **Prefetch.** The unmasked tiles are software-pipelined in registers: tile ``i + 1``'s cache words
+  and tile ``i + 2``'s page ids are loaded before tile ``i`` is decoded.
+
+Metadata is handled as in the plain-Triton kernel: lengths and ``query_start_loc`` are clamped the
+same way, the unmasked tiles run only after one scan found every page id of the range inside the
+cache, and on a masked tile a key whose page id is outside the cache is masked (nothing is read there).
+"""
+
+from __future__ import annotations
+
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+# Four cache bytes ($4) with the scale sf * 2^118 as fp32 ($5) -> four bf16x2 registers:
+# $0 / $1 = low nibbles of bytes (0, 1) / (2, 3), $2 / $3 = high nibbles of bytes (0, 1) / (2, 3),
+# each value e2m1 * sf * 2^-8 (the bit placement of attention_nvfp4._ASM_BF16_BITWISE_TEXT).
+_ASM_K_BF16 = """
+{
+.reg .b32 z, nz, s, r0, r1, h0, h1, s0, s1, l0, l1, c0, c1;
+cvt.rn.bf16x2.f32 s, $5, $5;
+mov.b32 z, 0;
+mov.b32 nz, 0x80008000;
+prmt.b32 r0, $4, z, 0x1404;
+prmt.b32 r1, $4, z, 0x3424;
+shr.b32 h0, r0, 6;
+shr.b32 h1, r1, 6;
+and.b32 h0, h0, 0x01C001C0;
+and.b32 h1, h1, 0x01C001C0;
+and.b32 s0, r0, nz;
+and.b32 s1, r1, nz;
+or.b32 h0, h0, s0;
+or.b32 h1, h1, s1;
+shl.b32 l0, r0, 4;
+shl.b32 l1, r1, 4;
+shr.b32 c0, r0, 2;
+shr.b32 c1, r1, 2;
+or.b32 l0, l0, c0;
+or.b32 l1, l1, c1;
+and.b32 l0, l0, 0x81C081C0;
+and.b32 l1, l1, 0x81C081C0;
+fma.rn.bf16x2 $0, l0, s, nz;
+fma.rn.bf16x2 $1, l1, s, nz;
+fma.rn.bf16x2 $2, h0, s, nz;
+fma.rn.bf16x2 $3, h1, s, nz;
+}
+"""
+
+# Four cache bytes of key a ($8) and of key b ($9), scales sf_a, sf_b * 2^118 as fp32 ($10, $11) ->
+# eight bf16x2 registers (value of key a low, key b high): $(2m) / $(2m+1) = low / high nibble of
+# byte m. The bytes are interleaved (a0 b0 a1 b1 | a2 b2 a3 b3) and decoded as above.
+_ASM_V_BF16 = """
+{
+.reg .b32 z, nz, s, x0, x1, r0, r1, r2, r3, t0, t1, t2, t3;
+cvt.rn.bf16x2.f32 s, $11, $10;
+mov.b32 z, 0;
+mov.b32 nz, 0x80008000;
+prmt.b32 x0, $8, $9, 0x5140;
+prmt.b32 x1, $8, $9, 0x7362;
+prmt.b32 r0, x0, z, 0x1404;
+prmt.b32 r1, x0, z, 0x3424;
+prmt.b32 r2, x1, z, 0x1404;
+prmt.b32 r3, x1, z, 0x3424;
+shl.b32 t0, r0, 4;
+shr.b32 t1, r0, 2;
+or.b32 t0, t0, t1;
+and.b32 t0, t0, 0x81C081C0;
+fma.rn.bf16x2 $0, t0, s, nz;
+shr.b32 t2, r0, 6;
+and.b32 t2, t2, 0x01C001C0;
+and.b32 t3, r0, nz;
+or.b32 t2, t2, t3;
+fma.rn.bf16x2 $1, t2, s, nz;
+shl.b32 t0, r1, 4;
+shr.b32 t1, r1, 2;
+or.b32 t0, t0, t1;
+and.b32 t0, t0, 0x81C081C0;
+fma.rn.bf16x2 $2, t0, s, nz;
+shr.b32 t2, r1, 6;
+and.b32 t2, t2, 0x01C001C0;
+and.b32 t3, r1, nz;
+or.b32 t2, t2, t3;
+fma.rn.bf16x2 $3, t2, s, nz;
+shl.b32 t0, r2, 4;
+shr.b32 t1, r2, 2;
+or.b32 t0, t0, t1;
+and.b32 t0, t0, 0x81C081C0;
+fma.rn.bf16x2 $4, t0, s, nz;
+shr.b32 t2, r2, 6;
+and.b32 t2, t2, 0x01C001C0;
+and.b32 t3, r2, nz;
+or.b32 t2, t2, t3;
+fma.rn.bf16x2 $5, t2, s, nz;
+shl.b32 t0, r3, 4;
+shr.b32 t1, r3, 2;
+or.b32 t0, t0, t1;
+and.b32 t0, t0, 0x81C081C0;
+fma.rn.bf16x2 $6, t0, s, nz;
+shr.b32 t2, r3, 6;
+and.b32 t2, t2, 0x01C001C0;
+and.b32 t3, r3, nz;
+or.b32 t2, t2, t3;
+fma.rn.bf16x2 $7, t2, s, nz;
+}
+"""
+
+_LOG2E = gl.constexpr(1.4426950408889634)
+_K_BF16 = gl.constexpr(_ASM_K_BF16)
+_V_BF16 = gl.constexpr(_ASM_V_BF16)
+
+
+@gluon.constexpr_function
+def _axis_layout(layout, rank, axis):
+    """The 1-D layout of an index vector on ``axis`` of a rank-``rank`` tensor in ``layout``."""
+    out = layout
+    for d in reversed(range(rank)):
+        if d != axis:
+            out = gl.SliceLayout(d, out)
+    return out
+
+
+@gluon.jit
+def _iota(N: gl.constexpr, L: gl.constexpr, RANK: gl.constexpr, AXIS: gl.constexpr):
+    """``arange(N)`` on axis ``AXIS`` of a rank-``RANK`` tensor in layout ``L`` (other axes of size 1)."""
+    x = gl.arange(0, N, layout=_axis_layout(L, RANK, AXIS))
+    for d in gl.static_range(RANK):
+        if d != AXIS:
+            x = gl.expand_dims(x, d)
+    return x
+
+
+@gluon.jit
+def _halves(x):
+    """int32 holding a bf16 pair -> ``[..., 2]`` bf16 (low half first)."""
+    lo = (x & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    hi = (x >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    return gl.join(lo, hi)
+
+
+@gluon.jit
+def _rows8(x):
+    """Rows 0..7 of ``x`` (``[NW, 16]`` or ``[NW, 16, N]``, the rows on axis 1)."""
+    if len(x.shape) == 2:
+        return gl.split(gl.permute(gl.reshape(x, [x.shape[0], 2, 8]), (0, 2, 1)))[0]
+    else:
+        return gl.split(gl.permute(gl.reshape(x, [x.shape[0], 2, 8, x.shape[2]]), (0, 2, 3, 1)))[0]
+
+
+@gluon.jit
+def _scale_biased(sf_byte):
+    """E4M3 scale bytes (int32 0..255, non-negative) -> fp32 ``sf * 2^118`` exactly."""
+    bits = (sf_byte & 0x7F) << 20
+    return bits.to(gl.float32, bitcast=True) * 1.329227995784916e36 * 3.32306998946229e35
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _query_span(q0, q1, num_tokens):
+    start = gl.minimum(gl.maximum(q0, 0), num_tokens)
+    return start, gl.minimum(gl.maximum(q1, start), num_tokens) - start
+
+
+@gluon.jit
+def _request_tiles(
+    bs, ok, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+    BLOCK_N: gl.constexpr, QMAX: gl.constexpr, VARLEN: gl.constexpr, HAS_WINDOW: gl.constexpr,
+):
+    """attention._request_tiles (same clamps, same arithmetic)."""
+    seq_len = gl.load(seq_lens_ptr + bs, mask=ok, other=0).to(gl.int64)
+    seq_len = gl.minimum(gl.maximum(seq_len, 0), max_kv)
+    if VARLEN:
+        _, q_len = _query_span(
+            gl.load(qsl_ptr + bs, mask=ok, other=0), gl.load(qsl_ptr + bs + 1, mask=ok, other=0), num_tokens
+        )
+        q_len = q_len.to(gl.int64)
+        live = ok & (q_len > 0) & (q_len <= QMAX)
+    else:
+        q_len = QMAX
+        live = ok
+    if HAS_WINDOW:
+        kv_lo = gl.maximum(seq_len - q_len - window + 1, 0)
+    else:
+        kv_lo = seq_len * 0
+    tiles = (gl.maximum(seq_len - kv_lo, 0) + BLOCK_N - 1) // BLOCK_N
+    return gl.where(live, tiles, 0).to(gl.int32)
+
+
+@gluon.jit
+def _request_chunks(tiles, total, programs, min_tiles):
+    """attention._request_chunks."""
+    t64 = tiles.to(gl.int64)
+    share = (t64 * programs) // total
+    n = gl.minimum(gl.maximum(share, 1), gl.maximum(t64 // min_tiles, 1))
+    return gl.where(tiles > 0, n, 0).to(gl.int32)
+
+
+@gluon.jit
+def _find_chunk(
+    c, batch, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+    BLOCK_N: gl.constexpr, QMAX: gl.constexpr, VARLEN: gl.constexpr, HAS_WINDOW: gl.constexpr,
+    BATCH_BLOCK: gl.constexpr, NW: gl.constexpr,
+):
+    """Chunk ``c``'s request ``b`` (-1: none), its index ``j`` there, the request's chunk count and
+    first partial slot: the plain-Triton kernel's scan over the batch, step for step."""
+    LB: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+    zero = gl.program_id(0) * 0  # a run-time int32 (batch may be specialized to the constant 1)
+    total = zero.to(gl.int64)
+    for b0 in range(0, batch, BATCH_BLOCK):
+        bs = b0 + gl.arange(0, BATCH_BLOCK, layout=LB)
+        t = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                           BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
+        total += gl.sum(t.to(gl.int64), 0)
+    total = gl.maximum(total, 1)
+    base = zero
+    base_m = zero
+    b = zero - 1
+    j = zero
+    n_chunks = zero
+    slot0 = zero
+    for b0 in range(0, batch, BATCH_BLOCK):
+        bs = b0 + gl.arange(0, BATCH_BLOCK, layout=LB)
+        tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                               BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
+        ch = _request_chunks(tiles, total, programs, min_tiles)
+        lo = base + gl.associative_scan(ch, 0, _add) - ch
+        multi = gl.where(ch > 1, ch, 0)
+        lo_m = base_m + gl.associative_scan(multi, 0, _add) - multi
+        hit = (c >= lo) & (c < lo + ch)
+        b = gl.maximum(b, gl.max(gl.where(hit, bs, -1), 0))
+        j += gl.sum(gl.where(hit, c - lo, 0), 0)
+        n_chunks += gl.sum(gl.where(hit, ch, 0), 0)
+        slot0 += gl.sum(gl.where(hit, lo_m, 0), 0)
+        base += gl.sum(ch, 0)
+        base_m += gl.sum(multi, 0)
+    return b, j, n_chunks, slot0
+
+
+@gluon.jit
+def _bad_pages(bt_row, p_lo, p_hi, num_pages, NW: gl.constexpr):
+    """1 if any ``bt_row[p_lo:p_hi]`` is outside ``[0, num_pages)``, else 0."""
+    LB: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+    bad = gl.zeros([32 * NW], gl.int32, layout=LB)
+    for p0 in range(p_lo, p_hi, 32 * NW):
+        offs = p0 + gl.arange(0, 32 * NW, layout=LB)
+        page = gl.load(bt_row + offs, mask=offs < p_hi, other=0)
+        bad |= ((page < 0) | (page >= num_pages)).to(gl.int32)
+    return gl.max(bad, 0)
+
+
+@gluon.jit
+def _slot_of(key, page_size, page_shift, PAGE_POW2: gl.constexpr):
+    """Keys -> (block-table index, slot in the page), int32."""
+    if PAGE_POW2:
+        return key >> page_shift, key & (page_size - 1)
+    else:
+        return key // page_size, key % page_size
+
+
+@gluon.jit
+def _tile_keys(n0, LK: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr):
+    """Key positions of a tile at ``n0`` (warp ``w``: ``n0 + w * KW + [0, KW)``) as the K words hold
+    them (``[NW, KW, 1, 1]``) and the even keys of the V word pairs (``[NW, KW/2, 1, 1]``)."""
+    key_k = n0 + _iota(NW, LK, 4, 0) * KW + _iota(KW, LK, 4, 1)
+    key_a = n0 + _iota(NW, LV, 4, 0) * KW + 2 * _iota(KW // 2, LV, 4, 1)
+    return key_k, key_a
+
+
+@gluon.jit
+def _tile_pages(
+    n0, lim, bt_row, page_size, page_shift,
+    LK: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, PAGE_POW2: gl.constexpr,
+    PAGE_EVEN: gl.constexpr,
+):
+    """Page ids (int32) of a tile's keys in the K and V word layouts; -1 (nothing read) for keys
+    ``>= lim``. ``PAGE_EVEN`` (even page sizes): the odd keys of the V pairs share their even key's
+    page, whose id stands for both."""
+    key_k, key_a = _tile_keys(n0, LK, LV, NW, KW)
+    pk = gl.load(bt_row + _slot_of(key_k, page_size, page_shift, PAGE_POW2)[0], mask=key_k < lim, other=-1)
+    pa = gl.load(bt_row + _slot_of(key_a, page_size, page_shift, PAGE_POW2)[0], mask=key_a < lim, other=-1)
+    if PAGE_EVEN:  # keys 2 kp and 2 kp + 1 share a page
+        pb = pa
+    else:
+        pb = gl.load(bt_row + _slot_of(key_a + 1, page_size, page_shift, PAGE_POW2)[0], mask=key_a + 1 < lim,
+                     other=-1)
+    return pk, pa, pb
+
+
+@gluon.jit
+def _tile_words(
+    n0, lim, pk, pa, pb, page_size, page_shift, num_pages,
+    k_base, v_base, ks_base, vs_base,
+    stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
+    LK: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, PAGE_POW2: gl.constexpr,
+    PAGE_EVEN: gl.constexpr, OFF32: gl.constexpr,
+):
+    """The raw words of one tile at page ids ``pk, pa, pb`` (:func:`_tile_pages`): K words
+    ``[NW, KW, 4, 4]`` int32 (thread ``(key, t)``: bytes ``[16 t, 16 t + 16)`` of its key's row) with
+    the K scale pairs ``[NW, KW, 4, 1]`` int16 (scales ``2t, 2t + 1``); V words of the even / odd keys
+    ``[NW, KW/2, 8, 2]`` int32 (thread ``(c, kp)``: bytes ``[8 c, 8 c + 8)`` of keys ``2 kp, 2 kp + 1``)
+    with their scale bytes ``[NW, KW/2, 8, 1]``. Keys ``>= lim`` or on a page outside
+    ``[0, num_pages)`` read nothing (zeros). ``OFF32``: every byte offset into the cache tensors fits
+    in int32 (the host checked their extents), so the row offsets are 32-bit products."""
+    IT: gl.constexpr = gl.int32 if OFF32 else gl.int64
+    key_k, key_a = _tile_keys(n0, LK, LV, NW, KW)
+    t_k = _iota(4, LK, 4, 2)
+    w_k = _iota(4, LK, 4, 3)
+    c_v = _iota(8, LV, 4, 2)
+    wv = _iota(2, LV, 4, 3)
+    ok_k = (key_k < lim) & (pk >= 0) & (pk < num_pages)
+    ok_a = (key_a < lim) & (pa >= 0) & (pa < num_pages)
+    pk_ = gl.where(ok_k, pk, 0).to(IT)
+    pa_ = gl.where(ok_a, pa, 0).to(IT)
+    sk = _slot_of(key_k, page_size, page_shift, PAGE_POW2)[1].to(IT)
+    sa = _slot_of(key_a, page_size, page_shift, PAGE_POW2)[1].to(IT)
+    row_k = pk_ * stride_kp + sk * stride_kt
+    srow_k = pk_ * stride_ksp + sk * stride_kst
+    row_a = pa_ * stride_vp + sa * stride_vt
+    srow_a = pa_ * stride_vsp + sa * stride_vst
+    if PAGE_EVEN:
+        ok_b = (key_a + 1 < lim) & ok_a
+        row_b = row_a + stride_vt
+        srow_b = srow_a + stride_vst
+    else:
+        ok_b = (key_a + 1 < lim) & (pb >= 0) & (pb < num_pages)
+        pb_ = gl.where(ok_b, pb, 0).to(IT)
+        sb = _slot_of(key_a + 1, page_size, page_shift, PAGE_POW2)[1].to(IT)
+        row_b = pb_ * stride_vp + sb * stride_vt
+        srow_b = pb_ * stride_vsp + sb * stride_vst
+    k_ptr = (k_base + row_k).to(gl.pointer_type(gl.int32)) + t_k * 4 + w_k
+    ks_ptr = (ks_base + srow_k).to(gl.pointer_type(gl.int16)) + t_k
+    va_ptr = (v_base + row_a + c_v * 8).to(gl.pointer_type(gl.int32)) + wv
+    vb_ptr = (v_base + row_b + c_v * 8).to(gl.pointer_type(gl.int32)) + wv
+    vsa_ptr = vs_base + srow_a + c_v
+    vsb_ptr = vs_base + srow_b + c_v
+    kw = gl.load(k_ptr, mask=ok_k & (w_k >= 0) & (t_k >= 0), other=0)
+    ks = gl.load(ks_ptr, mask=ok_k & (t_k >= 0), other=0)
+    va = gl.load(va_ptr, mask=ok_a & (wv >= 0) & (c_v >= 0), other=0)
+    vb = gl.load(vb_ptr, mask=ok_b & (wv >= 0) & (c_v >= 0), other=0)
+    vsa = gl.load(vsa_ptr, mask=ok_a & (c_v >= 0), other=0)
+    vsb = gl.load(vsb_ptr, mask=ok_b & (c_v >= 0), other=0)
+    return kw, ks, va, vb, vsa, vsb
+
+
+@gluon.jit
+def _attend(
+    acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+    bt_row, page_size, page_shift, num_pages,
+    kw, ks, va, vb, vsa, vsb,
+    MMA: gl.constexpr, LK: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr,
+    MASKED: gl.constexpr, CAUSAL_ROWS: gl.constexpr, WINDOW_ROWS: gl.constexpr,
+    HAS_SOFTCAP: gl.constexpr, PAGE_POW2: gl.constexpr, ROWS8: gl.constexpr,
+):
+    """Online-softmax update of each warp's state with its keys of the tile at ``n0``, from the tile's
+    raw words (:func:`_tile_words`). ``MASKED``: keys past ``kv_hi``, on a page outside the cache or
+    outside a row's causal / window range get no weight."""
+    OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    OPB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    KP: gl.constexpr = KW // 2
+    # K^T operand [NW, 128, KW]: k = 16 q + 8 h + 2 t + p <-> cache byte 2 q + p of thread t's 16
+    # (word q // 2), nibble h; q = 2 w + qlow
+    k_sf = ks.to(gl.int32)
+    wsel = _iota(4, LK, 4, 3)
+    sf_k = gl.where(wsel < 2, _scale_biased(k_sf & 0xFF), _scale_biased((k_sf >> 8) & 0xFF))
+    o0, o1, o2, o3 = gl.inline_asm_elementwise(
+        _K_BF16, "=r,=r,=r,=r,r,r", [kw, sf_k], dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+        is_pure=True, pack=1,
+    )
+    x = _halves(gl.join(gl.join(o0, o1), gl.join(o2, o3)))  # [NW, KW, t, w, qlow, h, p]
+    x = gl.permute(x, (0, 3, 4, 5, 2, 6, 1))
+    k_op = gl.convert_layout(gl.reshape(x, [NW, 128, KW]), OPB, assert_trivial=True)
+    s = mma_v2(q_op, k_op, gl.zeros([NW, 16, KW], gl.float32, layout=MMA))
+    if ROWS8:  # rows 8..15 hold no query: the softmax runs on rows 0..7 only (the same registers)
+        s = _rows8(s)
+
+    if HAS_SOFTCAP:
+        y = s * softcap_pre
+        s = (1.0 - 2.0 / (gl.exp2(y * 2.8853900817779268) + 1.0)) * softcap_post
+    if MASKED:
+        key_s = n0 + _iota(NW, MMA, 3, 0) * KW + _iota(KW, MMA, 3, 2)
+        if ROWS8:
+            key_s = _rows8(key_s + gl.zeros([NW, 16, KW], gl.int32, layout=MMA))
+        ok_s = key_s < kv_hi
+        page_s = gl.load(bt_row + _slot_of(key_s, page_size, page_shift, PAGE_POW2)[0], mask=ok_s, other=-1)
+        s = gl.where(ok_s & (page_s >= 0) & (page_s < num_pages), s, float("-inf"))
+        if CAUSAL_ROWS:
+            s = gl.where(key_s <= gl.expand_dims(qpos, 2), s, float("-inf"))
+        if WINDOW_ROWS:
+            s = gl.where(key_s > gl.expand_dims(qpos - window, 2), s, float("-inf"))
+    if HAS_SOFTCAP:
+        m_new = gl.maximum(m_i, gl.max(s, 2))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s - gl.expand_dims(m_safe, 2))
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, 2) * qk_scale2)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s * qk_scale2 - gl.expand_dims(m_safe, 2))
+    alpha = gl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + gl.sum(p, 2)
+    p16 = p.to(gl.bfloat16)
+
+    # V [NW, KW, 128] (k = 2 kp + pair, the keys; n = 8 (8 wv + 4 m1 + 2 m0 + h) + c) <-> byte
+    # 8 c + 4 wv + 2 m1 + m0 of the key, nibble h (head dim 16 c + 2 (4 wv + 2 m1 + m0) + h)
+    r = gl.inline_asm_elementwise(
+        _V_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r",
+        [va, vb, _scale_biased(vsa.to(gl.int32)), _scale_biased(vsb.to(gl.int32))],
+        dtype=(gl.int32,) * 8, is_pure=True, pack=1,
+    )
+    y = gl.join(
+        gl.join(gl.join(r[0], r[1]), gl.join(r[2], r[3])),
+        gl.join(gl.join(r[4], r[5]), gl.join(r[6], r[7])),
+    )  # [NW, KP, c, wv, h, m0, m1]
+    y = _halves(y)  # [..., pair]
+    if ROWS8:
+        # O^T += V^T P^T: V^T the A operand (m = the permuted head dim, k = keys), P^T the B operand
+        # straight from the logits' accumulator registers (rows 0..7, n = row), O^T [NW, 128, 8]
+        p_t = gl.convert_layout(gl.permute(p16, (0, 2, 1)), OPB, assert_trivial=True)
+        y = gl.permute(y, (0, 3, 6, 5, 4, 2, 1, 7))  # [NW, wv, m1, m0, h, c, kp, pair]
+        v_t = gl.convert_layout(gl.reshape(y, [NW, 128, 2 * KP]), OPA, assert_trivial=True)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, MMA)), 1)
+        acc = mma_v2(v_t, p_t, acc)
+    else:
+        p_op = gl.convert_layout(p16, OPA, assert_trivial=True)
+        y = gl.permute(y, (0, 1, 7, 3, 6, 5, 4, 2))  # [NW, kp, pair, wv, m1, m0, h, c]
+        v_op = gl.convert_layout(gl.reshape(y, [NW, 2 * KP, 128]), OPB, assert_trivial=True)
+        acc = acc * gl.expand_dims(alpha, 2)
+        acc = mma_v2(p_op, v_op, acc)
+    return acc, m_new, l_i
+
+
+@gluon.jit
+def gluon_decode_kernel(
+    q_ptr, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+    k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,
+    k_scale, v_scale, sm_scale_log2, softcap, window,
+    batch, programs, min_tiles, group, num_qo_heads, page_size, page_shift, max_pages, num_tokens,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_lt,
+    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+    stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
+    stride_bt,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, QMAX: gl.constexpr,
+    VARLEN: gl.constexpr, CAUSAL: gl.constexpr, HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+    HAS_SINKS: gl.constexpr, RETURN_LSE: gl.constexpr, BATCH_BLOCK: gl.constexpr,
+    K_SCALE_PTR: gl.constexpr, V_SCALE_PTR: gl.constexpr,
+    DATA_ALIGN: gl.constexpr, SF_ALIGN: gl.constexpr, PAGE_POW2: gl.constexpr,
+    num_pages, status_ptr, NW: gl.constexpr, ROWS8: gl.constexpr = False, PAGE_EVEN: gl.constexpr = False,
+    OFF32: gl.constexpr = False,
+):
+    """:func:`attention._decode_kernel` (bf16 queries, head_dim 128, 16 rows, no rotation, no fused
+    merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``."""
+    gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
+    gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
+    gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
+    gl.static_assert(SF_ALIGN >= 2, "scale rows must start on 2-byte boundaries")
+    KW: gl.constexpr = BLOCK_N // NW
+    gl.static_assert(KW * NW == BLOCK_N, "BLOCK_N must be a multiple of the warps")
+    gl.static_assert(KW % 16 == 0, "each warp takes a multiple of 16 keys per tile")
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1], instr_shape=[1, 16, 8])
+    OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    LK: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [NW, 1, 1, 1], [3, 2, 1, 0])
+    LV: gl.constexpr = gl.BlockedLayout([1, 1, 1, 2], [1, 4, 8, 1], [NW, 1, 1, 1], [3, 1, 2, 0])
+    LQ: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 2, 16], [NW, 1, 1], [2, 1, 0])
+
+    num_kv_heads = num_qo_heads // group
+    c = gl.program_id(0) // num_kv_heads
+    kvh = gl.program_id(0) % num_kv_heads
+    if VARLEN:  # noqa: SIM102
+        if gl.load(status_ptr) != 0:
+            return
+    # (gl.to_tensor: an int argument equal to 1 arrives as the constant 1, which has no .to)
+    max_kv = gl.to_tensor(max_pages).to(gl.int64) * page_size
+    b, j, n_chunks, slot0 = _find_chunk(
+        c, batch, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+        BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, NW,
+    )
+    if b < 0:
+        return
+
+    seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b).to(gl.int64), 0), max_kv)
+    if VARLEN:
+        q_start, q_len = _query_span(gl.load(qsl_ptr + b), gl.load(qsl_ptr + b + 1), num_tokens)
+    else:
+        q_start = b * QMAX
+        q_len = QMAX
+
+    # the query, k permuted as the K operand's (see _attend): k = 16 q + 8 h + 2 t + p <-> dim
+    # 32 t + 4 q + 2 p + h
+    rq = _iota(16, LQ, 3, 1)
+    kq = _iota(128, LQ, 3, 2)
+    dim_q = 32 * ((kq // 2) % 4) + 4 * (kq // 16) + 2 * (kq % 2) + (kq // 8) % 2
+    tq = rq // group
+    q_rows = q_ptr + (q_start + tq).to(gl.int64) * stride_qt + (kvh * group + rq % group).to(gl.int64) * stride_qh
+    q_val = gl.load(q_rows + dim_q + _iota(NW, LQ, 3, 0) * 0, mask=(tq < q_len) & (kq >= 0), other=0.0)
+    q_op = gl.convert_layout(q_val, OPA)
+
+    if K_SCALE_PTR:
+        ks_g = gl.load(k_scale)
+    else:
+        ks_g = k_scale
+    if V_SCALE_PTR:
+        vs_g = gl.load(v_scale)
+    else:
+        vs_g = v_scale
+    qk_scale2 = sm_scale_log2 * ks_g * 256.0
+    vs_g = vs_g * 256.0
+    softcap_pre = qk_scale2 / (softcap * _LOG2E)
+    softcap_post = softcap * _LOG2E
+
+    kv_hi = seq_len
+    if HAS_WINDOW:
+        kv_lo = gl.minimum(gl.maximum(seq_len - q_len - window + 1, 0), kv_hi)
+        full_lo = seq_len - window
+    else:
+        kv_lo = seq_len * 0
+        full_lo = seq_len * 0
+    if CAUSAL:
+        full_hi = gl.minimum(seq_len - q_len + 1, kv_hi)
+    else:
+        full_hi = kv_hi
+    n_tiles = (kv_hi - kv_lo + BLOCK_N - 1) // BLOCK_N
+    t_begin = ((j.to(gl.int64) * n_tiles) // n_chunks).to(gl.int32)
+    t_end = (((j + 1).to(gl.int64) * n_tiles) // n_chunks).to(gl.int32)
+    n_mask_lo = gl.minimum(gl.maximum((full_lo - kv_lo + BLOCK_N - 1) // BLOCK_N, 0), n_tiles).to(gl.int32)
+    n_full_end = gl.minimum(gl.maximum((full_hi - kv_lo) // BLOCK_N, 0), n_tiles).to(gl.int32)
+    kv_lo = kv_lo.to(gl.int32)
+    kv_hi = kv_hi.to(gl.int32)
+
+    # rows of the logits: row m = token m // group, head m % group
+    rs = _iota(16, gl.SliceLayout(2, MMA), 2, 1) + _iota(NW, gl.SliceLayout(2, MMA), 2, 0) * 0
+    qpos = (seq_len - q_len).to(gl.int32) + rs // group
+
+    bt_row = bt_ptr + b.to(gl.int64) * stride_bt
+    k_base = k_ptr + kvh * (stride_kh * DATA_ALIGN)
+    v_base = v_ptr + kvh * (stride_vh * DATA_ALIGN)
+    ks_base = ks_ptr + kvh * (stride_ksh * SF_ALIGN)
+    vs_base = vs_ptr + kvh * (stride_vsh * SF_ALIGN)
+    IT: gl.constexpr = gl.int32 if OFF32 else gl.int64
+    s_kp = gl.to_tensor(stride_kp).to(IT) * DATA_ALIGN
+    s_kt = gl.to_tensor(stride_kt).to(IT) * DATA_ALIGN
+    s_vp = gl.to_tensor(stride_vp).to(IT) * DATA_ALIGN
+    s_vt = gl.to_tensor(stride_vt).to(IT) * DATA_ALIGN
+    s_ksp = gl.to_tensor(stride_ksp).to(IT) * SF_ALIGN
+    s_kst = gl.to_tensor(stride_kst).to(IT) * SF_ALIGN
+    s_vsp = gl.to_tensor(stride_vsp).to(IT) * SF_ALIGN
+    s_vst = gl.to_tensor(stride_vst).to(IT) * SF_ALIGN
+    WINDOW_ROWS: gl.constexpr = HAS_WINDOW and (QMAX > 1)
+
+    if ROWS8:  # O^T: [NW, head dim, 8 rows]
+        acc = gl.zeros([NW, HEAD_DIM, 8], gl.float32, layout=MMA)
+    else:
+        acc = gl.zeros([NW, 16, HEAD_DIM], gl.float32, layout=MMA)
+    if ROWS8:  # the softmax state of rows 0..7, in the layout the logits' rows 0..7 reduce to
+        m_i = gl.max(_rows8(gl.full([NW, 16, KW], float("-inf"), gl.float32, layout=MMA)), 2)
+        qpos = gl.convert_layout(_rows8(qpos), m_i.type.layout)
+    else:
+        m_i = gl.full([NW, 16], float("-inf"), gl.float32, layout=gl.SliceLayout(2, MMA))
+    l_i = gl.zeros_like(m_i)
+
+    # masked tiles below the window edge
+    a_end = gl.minimum(t_end, n_mask_lo)
+    for i in range(t_begin, a_end):
+        n0 = kv_lo + i * BLOCK_N
+        pk, pa, pb = _tile_pages(n0, kv_hi, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
+        kw, ks, va, vb, vsa, vsb = _tile_words(
+            n0, kv_hi, pk, pa, pb, page_size, page_shift, num_pages, k_base, v_base, ks_base, vs_base,
+            s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32,
+        )
+        acc, m_i, l_i = _attend(
+            acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+            bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
+            MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8,
+        )
+    # unmasked tiles once every page id of theirs is checked: tile i + 1's words and tile i + 2's
+    # page ids are loaded before tile i is decoded (nothing is read past b_end)
+    b_begin = gl.maximum(t_begin, n_mask_lo)
+    b_end = gl.minimum(t_end, n_full_end)
+    if b_end > b_begin:
+        if PAGE_POW2:
+            p_lo = (kv_lo + b_begin * BLOCK_N) >> page_shift
+            p_last = (kv_lo + b_end * BLOCK_N - 1) >> page_shift
+        else:
+            p_lo = (kv_lo + b_begin * BLOCK_N) // page_size
+            p_last = (kv_lo + b_end * BLOCK_N - 1) // page_size
+        if _bad_pages(bt_row, p_lo, p_last + 1, num_pages, NW) > 0:
+            b_end = b_begin
+    if b_end > b_begin:
+        end_key = kv_lo + b_end * BLOCK_N  # (<= kv_hi)
+        n0 = kv_lo + b_begin * BLOCK_N
+        pk, pa, pb = _tile_pages(n0, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
+        kw, ks, va, vb, vsa, vsb = _tile_words(
+            n0, end_key, pk, pa, pb, page_size, page_shift, num_pages, k_base, v_base, ks_base, vs_base,
+            s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32,
+        )
+        pk, pa, pb = _tile_pages(n0 + BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
+        for i in range(b_begin, b_end):
+            n0 = kv_lo + i * BLOCK_N
+            kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
+                n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
+                k_base, v_base, ks_base, vs_base,
+                s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32,
+            )
+            pk, pa, pb = _tile_pages(
+                n0 + 2 * BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
+            )
+            acc, m_i, l_i = _attend(
+                acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+                bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
+                MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8,
+            )
+            kw, ks, va, vb, vsa, vsb = kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n
+    # masked tiles from the causal diagonal / sequence end on
+    c_begin = gl.maximum(b_begin, b_end)
+    for i in range(c_begin, t_end):
+        n0 = kv_lo + i * BLOCK_N
+        pk, pa, pb = _tile_pages(n0, kv_hi, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
+        kw, ks, va, vb, vsa, vsb = _tile_words(
+            n0, kv_hi, pk, pa, pb, page_size, page_shift, num_pages, k_base, v_base, ks_base, vs_base,
+            s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32,
+        )
+        acc, m_i, l_i = _attend(
+            acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+            bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
+            MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8,
+        )
+
+    # merge the warps' states, then store rows R (16, or 8 with ROWS8) from a plain layout
+    m = gl.max(m_i, 0)
+    m_safe = gl.where(m == float("-inf"), 0.0, m)
+    wgt = gl.exp2(m_i - gl.expand_dims(m_safe, 0))
+    l_sum = gl.sum(l_i * wgt, 0)
+    R: gl.constexpr = 8 if ROWS8 else 16
+    LO: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [1, NW], [1, 0])
+    LR: gl.constexpr = gl.SliceLayout(1, LO)
+    if ROWS8:
+        w8 = gl.convert_layout(wgt, gl.SliceLayout(1, MMA))
+        o = gl.convert_layout(gl.permute(gl.sum(acc * gl.expand_dims(w8, 1), 0), (1, 0)), LO)
+    else:
+        o = gl.convert_layout(gl.sum(acc * gl.expand_dims(wgt, 2), 0), LO)
+    m1 = gl.convert_layout(m, LR)
+    l1 = gl.convert_layout(l_sum, LR)
+    # o [R, 128]: column n holds head dim 16 (n % 8) + n // 8
+    ro = _iota(R, LO, 2, 0)
+    no = _iota(HEAD_DIM, LO, 2, 1)
+    dim_o = 16 * (no % 8) + no // 8
+    to = ro // group
+    head_o = kvh * group + ro % group
+    ok_o = (to < q_len) & (no >= 0)
+    r1 = gl.arange(0, R, layout=LR)
+    t1 = r1 // group
+    head1 = kvh * group + r1 % group
+    ok1 = t1 < q_len
+    tok1 = q_start + t1
+    if n_chunks == 1:
+        if HAS_SINKS:
+            sink2 = gl.load(sinks_ptr + head1, mask=ok1, other=0.0) * _LOG2E
+            m_fin = gl.maximum(m1, sink2)
+            w_fin = gl.exp2(m1 - m_fin)
+            l_tot = l1 * w_fin + gl.exp2(sink2 - m_fin)
+        else:
+            m_fin = m1
+            w_fin = gl.full([R], 1.0, gl.float32, layout=LR)
+            l_tot = l1
+        l_safe = gl.where(l_tot > 0.0, l_tot, 1.0)
+        out = o * gl.expand_dims(w_fin * vs_g / l_safe, 1)
+        o_row = o_ptr + (q_start + to).to(gl.int64) * stride_ot + head_o.to(gl.int64) * stride_oh
+        gl.store(o_row + dim_o, out.to(o_ptr.dtype.element_ty), mask=ok_o)
+        if RETURN_LSE:
+            lse = gl.where(l_tot > 0.0, (m_fin + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+            gl.store(lse_ptr + tok1.to(gl.int64) * stride_lt + head1, lse, mask=ok1)
+    else:
+        l_safe = gl.where(l1 > 0.0, l1, 1.0)
+        lse2 = gl.where(l1 > 0.0, m1 + gl.log2(l_safe), float("-inf"))
+        out = o * gl.expand_dims(vs_g / l_safe, 1)
+        prow = ((slot0 + j).to(gl.int64) * num_qo_heads + head_o) * QMAX + to
+        gl.store(part_o_ptr + prow * HEAD_DIM + dim_o, out, mask=ok_o)
+        prow1 = ((slot0 + j).to(gl.int64) * num_qo_heads + head1) * QMAX + t1
+        gl.store(part_lse_ptr + prow1, lse2, mask=ok1)
+
+
+def gluon_decode_eligible(
+    head_dim: int, block_m: int, rotate: bool, query_dtype, data_align: int, sf_align: int, fused_merge: bool,
+    rows: int = 16, window: int = 0, page_size: int = 16, full: bool = False,
+) -> bool:
+    """Whether a decode launch can take :func:`gluon_decode_kernel` (else the plain-Triton kernel).
+
+    What the kernel serves: bf16 queries, head_dim 128, at most 16 rows (``G x q_len``), no rotation,
+    cache rows on 16-byte boundaries and scale rows on 2-byte ones (not vLLM's combined page), the split
+    merge kernel (no ``FUSED_MERGE``). Unless ``full`` (``attention.GLUON_FULL``), only the paths that
+    have passed the GPU tier are taken: at most 8 rows (the ``O^T`` orientation), no sliding window,
+    an even page size.
+    """
+    import torch
+
+    served = (
+        head_dim == 128 and block_m == 16 and not rotate and query_dtype == torch.bfloat16
+        and data_align >= 16 and sf_align >= 2 and not fused_merge
+    )
+    return served and (full or (rows <= 8 and window <= 0 and page_size % 2 == 0))
+
+
+_ = tl  # (the plain-Triton module is imported for its types only)

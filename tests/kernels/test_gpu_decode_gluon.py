@@ -1,0 +1,164 @@
+"""GPU tier: the Gluon decode kernel (``DecodeConfig.gluon``) against the float32 reference and against the
+plain-Triton kernel, on every launch it serves and on those it must hand back to the plain kernel.
+
+Run on a CUDA machine: ``pytest -m gpu tests/kernels/test_gpu_decode_gluon.py``. The default Gluon config and
+the 2-warp one of ``GLUON_DECODE_CONFIGS`` run every case; each case checks which kernel ran (``LAST_KERNELS``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from _attention_helpers import HAS_CUDA, run_case
+
+from nvfp4compat.kernels import reference_attention as ra
+from nvfp4compat.kernels.triton import attention as att
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
+
+
+@pytest.fixture(autouse=True)
+def _full_envelope(monkeypatch):
+    """Every path the kernel serves (``GLUON_FULL``): 9-16 rows, windows and odd pages too, which the default
+    envelope leaves to the plain kernel until they have passed here."""
+    monkeypatch.setattr(att, "GLUON_FULL", True)
+
+bf16, fp16 = torch.bfloat16, torch.float16
+CONFIGS = [pytest.param(c, id=f"n{c.block_n}-w{c.num_warps}-r{c.maxnreg}")
+           for c in (att._DECODE_CONFIGS_GLUON[128], att.GLUON_DECODE_CONFIGS[2])]
+
+
+def _ran_gluon() -> bool:
+    k = att.LAST_KERNELS.get("decode")
+    return k is not None and "gluon" in str(getattr(k, "name", "") or getattr(getattr(k, "src", None), "fn", ""))
+
+
+def _lens(batch: int, max_len: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, max_len + 1, (batch,), generator=g).tolist()
+    lens[0] = max_len
+    return lens
+
+
+# (hq, hkv, q_len, page, layout, batch, max_len): every one has GQA x q_len <= 16 rows, bf16, head_dim 128
+SERVED = [
+    pytest.param(32, 8, 1, 16, "NHD", 8, 32768, id="g4-p16-NHD-B8-32k"),
+    pytest.param(32, 8, 1, 16, "NHD", 64, 3000, id="g4-p16-NHD-B64-3k"),
+    pytest.param(40, 8, 1, 32, "NHD", 4, 20000, id="g5-p32-NHD-B4-20k"),
+    pytest.param(64, 8, 2, 16, "HND", 6, 9000, id="g8-q2-p16-HND"),
+    pytest.param(16, 1, 1, 13, "NHD", 3, 5000, id="g16-p13-NHD"),
+    pytest.param(8, 8, 4, 16, "NHD", 5, 2000, id="g1-q4-p16"),
+    pytest.param(32, 8, 1, 16, "NHD-stacked", 2, 777, id="g4-stacked-short"),
+    pytest.param(32, 8, 1, 64, "HND", 1, 8192, id="g4-p64-HND-one-request"),
+]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("hq,hkv,q_len,page,layout,batch,max_len", SERVED)
+def test_gluon_decode_matches_reference(cfg, hq, hkv, q_len, page, layout, batch, max_len):
+    kw = dict(seq_lens=_lens(batch, max_len, batch + page), q_len_per_req=q_len, num_qo_heads=hq, num_kv_heads=hkv,
+              head_dim=128, page_size=page, layout=layout, dtype=bf16, return_lse=True, device="cuda")
+    with att.override_configs(decode=cfg):
+        res = run_case("triton", "decode", **kw)
+        assert _ran_gluon(), f"the Gluon kernel did not run: {att.LAST_KERNELS.get('decode')}"
+    res.check()
+    plain = run_case("triton", "decode", **kw)
+    assert ra.relative_l2(res.out, plain.out) <= 5e-3
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("window,softcap,sinks,q_len", [(4096, 30.0, True, 3), (700, None, False, 1),
+                                                        (100, 10.0, True, 4), (None, 50.0, False, 2)])
+def test_gluon_decode_features(cfg, window, softcap, sinks, q_len):
+    kw = dict(seq_lens=_lens(6, 16384, 3), q_len_per_req=q_len, num_qo_heads=32, num_kv_heads=8, head_dim=128,
+              dtype=bf16, return_lse=True, device="cuda", sliding_window=window, logits_soft_cap=softcap,
+              scale_as_tensor=True, strided_query=True, use_sinks=sinks)
+    with att.override_configs(decode=cfg):
+        res = run_case("triton", "decode", **kw)
+        assert _ran_gluon()
+    res.check()
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("splits", [1, 2, 5, 33])
+def test_gluon_decode_split_counts(cfg, splits):
+    kw = dict(seq_lens=[5000, 1, 17, 12000], num_qo_heads=32, num_kv_heads=8, head_dim=128, dtype=bf16,
+              return_lse=True, device="cuda")
+    with att.override_configs(decode=cfg, num_splits=splits):
+        res = run_case("triton", "decode", **kw)
+        assert _ran_gluon()
+    res.check()
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_gluon_decode_bad_page_ids_read_nothing(cfg):
+    """Page ids outside the cache are masked as the plain kernel masks them: same output."""
+    case = ra.make_paged_cache([3000, 4000], 8, 128, 16, dtype=bf16, device="cuda",
+                               generator=torch.Generator().manual_seed(1))
+    bt = case.block_table.clone()
+    bt[0, 5] = -7
+    bt[1, 100] = 10**9
+    bad = dataclasses.replace(case, block_table=bt)
+    q = torch.randn(2, 32, 128, device="cuda").to(bf16)
+    args = (q, bad.paged_kv_cache, bad.kv_cache_sf, bad.block_table, bad.seq_lens, bad.k_scale, bad.v_scale)
+    with att.override_configs(decode=cfg):
+        out_g = att.decode(*args, sm_scale=128**-0.5, kv_layout=bad.kv_layout)
+        assert _ran_gluon()
+    out_p = att.decode(*args, sm_scale=128**-0.5, kv_layout=bad.kv_layout)
+    assert torch.isfinite(out_g).all()
+    assert ra.relative_l2(out_g, out_p) <= 5e-3
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("dtype,hq,hkv,q_len,layout", [(fp16, 32, 8, 1, "NHD"), (bf16, 64, 2, 1, "NHD"),
+                                                       (bf16, 32, 8, 1, "combined-NHD")],
+                         ids=["fp16", "rows-32", "combined-page"])
+def test_gluon_config_falls_back_where_not_served(cfg, dtype, hq, hkv, q_len, layout):
+    """fp16, more than 16 rows and vLLM's combined page take the plain kernel where the Gluon one does not serve
+    them (the combined page's rows are 8-byte aligned at head_dim 128: ``9 * 128 / 16 = 72`` bytes apart)."""
+    kw = dict(seq_lens=_lens(3, 5000, 2), q_len_per_req=q_len, num_qo_heads=hq, num_kv_heads=hkv, head_dim=128,
+              layout=layout, dtype=dtype, return_lse=True, device="cuda")
+    with att.override_configs(decode=cfg):
+        res = run_case("triton", "decode", **kw)
+        ran = _ran_gluon()
+    res.check()
+    cl = att._cache_launch(att.normalize_cache(res.case.paged_kv_cache, res.case.kv_cache_sf, res.case.kv_layout))
+    assert ran == (dtype == bf16 and hq // hkv <= 16 and cl.data_align >= 16 and cl.sf_align >= 2)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_gluon_decode_cuda_graph(cfg):
+    """Captured once, replayed with other lengths: the split is made on the device."""
+    case = ra.make_paged_cache([8192] * 4, 8, 128, 16, dtype=bf16, device="cuda",
+                               generator=torch.Generator().manual_seed(2))
+    q = torch.randn(4, 32, 128, device="cuda").to(bf16)
+    out = torch.empty_like(q)
+    args = (q, case.paged_kv_cache, case.kv_cache_sf, case.block_table, case.seq_lens, case.k_scale, case.v_scale)
+    with att.override_configs(decode=cfg):
+        att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout, out=out)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout, out=out)
+        case.seq_lens.copy_(torch.tensor([100, 8192, 3000, 1], dtype=case.seq_lens.dtype))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout)
+    plain = att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout)
+    assert ra.relative_l2(out, ref) <= 1e-6
+    assert ra.relative_l2(out, plain) <= 5e-3
+
+
+def test_gluon_is_the_default_for_bf16_head_dim_128(monkeypatch):
+    """The default envelope (GLUON_FULL off): bf16, <= 8 rows, no window, even pages take the Gluon kernel; fp16,
+    16 rows, a window or an odd page size take the plain kernel."""
+    monkeypatch.setattr(att, "GLUON_FULL", False)
+    kw = dict(seq_lens=[3000, 40], num_qo_heads=32, num_kv_heads=8, head_dim=128, dtype=bf16, device="cuda")
+    run_case("triton", "decode", **kw).check()
+    assert _ran_gluon()
+    for other in ({"dtype": fp16}, {"num_qo_heads": 64, "q_len_per_req": 2}, {"sliding_window": 500},
+                  {"page_size": 13}):
+        run_case("triton", "decode", **{**kw, **other}).check()
+        assert not _ran_gluon(), other
