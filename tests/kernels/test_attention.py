@@ -694,8 +694,9 @@ def test_decode_config_takes_the_gluon_kernel_where_it_can():
 
 
 def test_gluon_eligibility():
-    """What the Gluon kernel serves: bf16, head_dim 128, <= 16 rows, no rotation, 16-byte data rows, 2-byte scale
-    rows, no fused merge; on the CPU (and under the interpreter) no launch is eligible."""
+    """What the Gluon kernel serves: bf16 or fp16, head_dim 128, <= 16 rows, no rotation, 16-byte data rows, 2-byte
+    scale rows, no fused merge; by default only bf16, <= 8 rows, no window, even pages (what passed the GPU tier);
+    on the CPU (and under the interpreter) no launch is eligible."""
     from nvfp4compat.kernels.triton import attention as att
 
     if att._gluon is None:
@@ -704,7 +705,8 @@ def test_gluon_eligibility():
         return att._gluon.gluon_decode_eligible(*args, **{"full": True, **kw})
 
     assert ok(128, 16, False, torch.bfloat16, 16, 8, False)
-    assert not ok(128, 16, False, torch.float16, 16, 8, False)
+    assert ok(128, 16, False, torch.float16, 16, 8, False)
+    assert not ok(128, 16, False, torch.float32, 16, 8, False)
     assert not ok(64, 16, False, torch.bfloat16, 16, 8, False)
     assert not ok(128, 32, False, torch.bfloat16, 16, 8, False)
     assert not ok(128, 16, True, torch.bfloat16, 16, 8, False)
@@ -716,6 +718,7 @@ def test_gluon_eligibility():
     assert not ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=9, full=False)
     assert not ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=4, window=100, full=False)
     assert not ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=4, page_size=13, full=False)
+    assert not ok(128, 16, False, torch.float16, 16, 8, False, rows=4, full=False)
     assert ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=16, window=100, page_size=13)
     c = _cache(head_dim=128)
     cl = att._cache_launch(att.normalize_cache(c.paged_kv_cache, c.kv_cache_sf, c.kv_layout))

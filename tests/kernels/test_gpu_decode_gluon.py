@@ -55,11 +55,12 @@ SERVED = [
 ]
 
 
+@pytest.mark.parametrize("dtype", [bf16, fp16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("cfg", CONFIGS)
 @pytest.mark.parametrize("hq,hkv,q_len,page,layout,batch,max_len", SERVED)
-def test_gluon_decode_matches_reference(cfg, hq, hkv, q_len, page, layout, batch, max_len):
+def test_gluon_decode_matches_reference(cfg, hq, hkv, q_len, page, layout, batch, max_len, dtype):
     kw = dict(seq_lens=_lens(batch, max_len, batch + page), q_len_per_req=q_len, num_qo_heads=hq, num_kv_heads=hkv,
-              head_dim=128, page_size=page, layout=layout, dtype=bf16, return_lse=True, device="cuda")
+              head_dim=128, page_size=page, layout=layout, dtype=dtype, return_lse=True, device="cuda")
     with att.override_configs(decode=cfg):
         res = run_case("triton", "decode", **kw)
         assert _ran_gluon(), f"the Gluon kernel did not run: {att.LAST_KERNELS.get('decode')}"
@@ -112,12 +113,12 @@ def test_gluon_decode_bad_page_ids_read_nothing(cfg):
 
 
 @pytest.mark.parametrize("cfg", CONFIGS)
-@pytest.mark.parametrize("dtype,hq,hkv,q_len,layout", [(fp16, 32, 8, 1, "NHD"), (bf16, 64, 2, 1, "NHD"),
+@pytest.mark.parametrize("dtype,hq,hkv,q_len,layout", [(bf16, 64, 2, 1, "NHD"), (fp16, 32, 8, 1, "combined-NHD"),
                                                        (bf16, 32, 8, 1, "combined-NHD")],
-                         ids=["fp16", "rows-32", "combined-page"])
+                         ids=["rows-32", "combined-page-fp16", "combined-page"])
 def test_gluon_config_falls_back_where_not_served(cfg, dtype, hq, hkv, q_len, layout):
-    """fp16, more than 16 rows and vLLM's combined page take the plain kernel where the Gluon one does not serve
-    them (the combined page's rows are 8-byte aligned at head_dim 128: ``9 * 128 / 16 = 72`` bytes apart)."""
+    """More than 16 rows and vLLM's combined page take the plain kernel where the Gluon one does not serve them
+    (the combined page's rows are 8-byte aligned at head_dim 128: ``9 * 128 / 16 = 72`` bytes apart)."""
     kw = dict(seq_lens=_lens(3, 5000, 2), q_len_per_req=q_len, num_qo_heads=hq, num_kv_heads=hkv, head_dim=128,
               layout=layout, dtype=dtype, return_lse=True, device="cuda")
     with att.override_configs(decode=cfg):
@@ -125,7 +126,7 @@ def test_gluon_config_falls_back_where_not_served(cfg, dtype, hq, hkv, q_len, la
         ran = _ran_gluon()
     res.check()
     cl = att._cache_launch(att.normalize_cache(res.case.paged_kv_cache, res.case.kv_cache_sf, res.case.kv_layout))
-    assert ran == (dtype == bf16 and hq // hkv <= 16 and cl.data_align >= 16 and cl.sf_align >= 2)
+    assert ran == (hq // hkv <= 16 and cl.data_align >= 16 and cl.sf_align >= 2)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS)

@@ -1277,9 +1277,9 @@ _DECODE_CONFIGS_GLUON: dict[int, DecodeConfig] = {
 # 9-16 rows (the 16-row orientation: 211 registers on sm_90) hold 2 programs per SM
 GLUON_ROWS16_PROGRAMS_PER_SM = 2
 # False: the Gluon kernel takes only the launches whose paths passed the GPU tier on an H200 (2026-12-04, run K):
-# at most 8 rows, no sliding window, an even page size; the rest take the plain-Triton kernel. True: everything
-# decode_gluon.gluon_decode_eligible serves (9-16 rows, windows, odd page sizes: built for every target, the
-# GPU tier not yet passed after the fixes of run K). tests/kernels/test_gpu_decode_gluon.py sets it for those cases.
+# bf16, at most 8 rows, no sliding window, an even page size; the rest take the plain-Triton kernel. True:
+# everything decode_gluon.gluon_decode_eligible serves (fp16 queries, 9-16 rows, windows, odd page sizes: built for
+# every target, not yet run on a GPU in this form). tests/kernels/test_gpu_decode_gluon.py sets it.
 GLUON_FULL = False
 # set when the Gluon kernel failed to compile in this process: every later launch takes the plain-Triton kernel
 _gluon_failed = False
@@ -2424,13 +2424,14 @@ def aot_variants() -> dict[str, list[Any]]:
     add_prefill("bf16-d128-table", "bf16", 128, decoder="table")
 
     # the Gluon decode: the default launch (<= 8 rows, even pages, 32-bit offsets), 16 rows, every feature with q_len
-    # 2 and 64-bit offsets, pages of any size, a batch block of 1024, and every config of GLUON_DECODE_CONFIGS
+    # 2 and 64-bit offsets, pages of any size, a batch block of 1024, fp16 queries, and every config of
+    # GLUON_DECODE_CONFIGS
     glu: list[AotVariant] = []
 
-    def add_gluon(label: str, cfg: DecodeConfig, *, group: int = 4, qmax: int = 1, pow2: bool = True,
-                  even: bool = True, off32: bool = True, batch_block: int = 128, ptr: bool = True,
+    def add_gluon(label: str, cfg: DecodeConfig, *, dtype: str = "bf16", group: int = 4, qmax: int = 1,
+                  pow2: bool = True, even: bool = True, off32: bool = True, batch_block: int = 128, ptr: bool = True,
                   **features: Any) -> None:
-        sig = _decode_signature("bf16", ptr, ptr)
+        sig = _decode_signature(dtype, ptr, ptr)
         for name in ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "counter_ptr", "FUSED_MERGE",
                      "MERGE_CB", "SWAP_AB"):
             sig.pop(name)
@@ -2450,6 +2451,8 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-g8-q2-varlen", gdef, group=8, qmax=2, VARLEN=True)
     add_gluon("bf16-d128-page-any", gdef, pow2=False, even=False, ptr=False)
     add_gluon("bf16-d128-batch1024", gdef, batch_block=1024)
+    add_gluon("fp16-d128", gdef, dtype="fp16")
+    add_gluon("fp16-d128-q2-all", gdef, dtype="fp16", qmax=2, **_FEATURES_ON)
     for i, gcfg in enumerate(GLUON_DECODE_CONFIGS):
         add_gluon(f"bf16-d128-sweep{i}", gcfg)
 

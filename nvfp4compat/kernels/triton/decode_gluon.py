@@ -133,9 +133,94 @@ fma.rn.bf16x2 $7, t2, s, nz;
 }
 """
 
+# fp16 (FlashInfer's prmt table, attention_nvfp4._ASM_F16_TEXT): four cache bytes ($4), the scale sf * 2^-8 as fp32
+# ($5) -> four f16x2 registers in the order of _ASM_K_BF16, each value e2m1 * sf * 2^-8 (exact in fp16).
+_ASM_K_F16 = """
+{
+.reg .b32 m, m16, ka, kb, ha, hb, x4, sa, sb, z, l0, l1, h0, h1, s;
+cvt.rn.f16x2.f32 s, $5, $5;
+mov.b32 ka, 0x3E3C3800;
+mov.b32 kb, 0x46444240;
+mov.b32 z, 0;
+and.b32 m, $4, 0x77777777;
+shr.b32 m16, m, 16;
+prmt.b32 ha, ka, kb, m;
+prmt.b32 hb, ka, kb, m16;
+shl.b32 x4, $4, 4;
+prmt.b32 sa, x4, $4, 0xD9C8;
+prmt.b32 sb, x4, $4, 0xFBEA;
+and.b32 sa, sa, 0x80808080;
+and.b32 sb, sb, 0x80808080;
+or.b32 ha, ha, sa;
+or.b32 hb, hb, sb;
+prmt.b32 l0, ha, z, 0x2404;
+prmt.b32 l1, hb, z, 0x2404;
+prmt.b32 h0, ha, z, 0x3414;
+prmt.b32 h1, hb, z, 0x3414;
+mul.rn.f16x2 $0, l0, s;
+mul.rn.f16x2 $1, l1, s;
+mul.rn.f16x2 $2, h0, s;
+mul.rn.f16x2 $3, h1, s;
+}
+"""
+
+# fp16 V: four bytes of key a ($8) and of key b ($9), scales sf_a, sf_b * 2^-8 as fp32 ($10, $11) -> eight f16x2
+# registers in the order of _ASM_V_BF16: the bytes interleaved (a0 b0 a1 b1 | a2 b2 a3 b3), then the table decode.
+_ASM_V_F16 = """
+{
+.reg .b32 m, m16, ka, kb, ha, hb, x4, sa, sb, z, s, x0, x1, l0, l1, h0, h1;
+cvt.rn.f16x2.f32 s, $11, $10;
+mov.b32 ka, 0x3E3C3800;
+mov.b32 kb, 0x46444240;
+mov.b32 z, 0;
+prmt.b32 x0, $8, $9, 0x5140;
+prmt.b32 x1, $8, $9, 0x7362;
+and.b32 m, x0, 0x77777777;
+shr.b32 m16, m, 16;
+prmt.b32 ha, ka, kb, m;
+prmt.b32 hb, ka, kb, m16;
+shl.b32 x4, x0, 4;
+prmt.b32 sa, x4, x0, 0xD9C8;
+prmt.b32 sb, x4, x0, 0xFBEA;
+and.b32 sa, sa, 0x80808080;
+and.b32 sb, sb, 0x80808080;
+or.b32 ha, ha, sa;
+or.b32 hb, hb, sb;
+prmt.b32 l0, ha, z, 0x2404;
+prmt.b32 l1, hb, z, 0x2404;
+prmt.b32 h0, ha, z, 0x3414;
+prmt.b32 h1, hb, z, 0x3414;
+mul.rn.f16x2 $0, l0, s;
+mul.rn.f16x2 $1, h0, s;
+mul.rn.f16x2 $2, l1, s;
+mul.rn.f16x2 $3, h1, s;
+and.b32 m, x1, 0x77777777;
+shr.b32 m16, m, 16;
+prmt.b32 ha, ka, kb, m;
+prmt.b32 hb, ka, kb, m16;
+shl.b32 x4, x1, 4;
+prmt.b32 sa, x4, x1, 0xD9C8;
+prmt.b32 sb, x4, x1, 0xFBEA;
+and.b32 sa, sa, 0x80808080;
+and.b32 sb, sb, 0x80808080;
+or.b32 ha, ha, sa;
+or.b32 hb, hb, sb;
+prmt.b32 l0, ha, z, 0x2404;
+prmt.b32 l1, hb, z, 0x2404;
+prmt.b32 h0, ha, z, 0x3414;
+prmt.b32 h1, hb, z, 0x3414;
+mul.rn.f16x2 $4, l0, s;
+mul.rn.f16x2 $5, h0, s;
+mul.rn.f16x2 $6, l1, s;
+mul.rn.f16x2 $7, h1, s;
+}
+"""
+
 _LOG2E = gl.constexpr(1.4426950408889634)
 _K_BF16 = gl.constexpr(_ASM_K_BF16)
 _V_BF16 = gl.constexpr(_ASM_V_BF16)
+_K_F16 = gl.constexpr(_ASM_K_F16)
+_V_F16 = gl.constexpr(_ASM_V_F16)
 
 
 @gluon.constexpr_function
@@ -159,10 +244,10 @@ def _iota(N: gl.constexpr, L: gl.constexpr, RANK: gl.constexpr, AXIS: gl.constex
 
 
 @gluon.jit
-def _halves(x):
-    """int32 holding a bf16 pair -> ``[..., 2]`` bf16 (low half first)."""
-    lo = (x & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    hi = (x >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+def _halves(x, DT: gl.constexpr):
+    """int32 holding a pair of 16-bit floats ``DT`` -> ``[..., 2]`` ``DT`` (low half first)."""
+    lo = (x & 0xFFFF).to(gl.int16).to(DT, bitcast=True)
+    hi = (x >> 16).to(gl.int16).to(DT, bitcast=True)
     return gl.join(lo, hi)
 
 
@@ -176,10 +261,14 @@ def _rows8(x):
 
 
 @gluon.jit
-def _scale_biased(sf_byte):
-    """E4M3 scale bytes (int32 0..255, non-negative) -> fp32 ``sf * 2^118`` exactly."""
+def _scale_biased(sf_byte, DT: gl.constexpr):
+    """E4M3 scale bytes (int32 0..255, non-negative) -> fp32 scale operand of the decoders, exactly: ``sf * 2^118``
+    for bf16 (the bit placement), ``sf * 2^-8`` for fp16 (the table). ``(b & 0x7F) << 20`` is ``sf * 2^-120``."""
     bits = (sf_byte & 0x7F) << 20
-    return bits.to(gl.float32, bitcast=True) * 1.329227995784916e36 * 3.32306998946229e35
+    if DT == gl.float16:  # noqa: SIM300 (DT is a constexpr, not a constant)
+        return bits.to(gl.float32, bitcast=True) * 5.192296858534828e33  # 2^112
+    else:
+        return bits.to(gl.float32, bitcast=True) * 1.329227995784916e36 * 3.32306998946229e35
 
 
 @gluon.jit
@@ -391,14 +480,21 @@ def _attend(
     KP: gl.constexpr = KW // 2
     # K^T operand [NW, 128, KW]: k = 16 q + 8 h + 2 t + p <-> cache byte 2 q + p of thread t's 16
     # (word q // 2), nibble h; q = 2 w + qlow
+    DT: gl.constexpr = q_op.dtype
     k_sf = ks.to(gl.int32)
     wsel = _iota(4, LK, 4, 3)
-    sf_k = gl.where(wsel < 2, _scale_biased(k_sf & 0xFF), _scale_biased((k_sf >> 8) & 0xFF))
-    o0, o1, o2, o3 = gl.inline_asm_elementwise(
-        _K_BF16, "=r,=r,=r,=r,r,r", [kw, sf_k], dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
-        is_pure=True, pack=1,
-    )
-    x = _halves(gl.join(gl.join(o0, o1), gl.join(o2, o3)))  # [NW, KW, t, w, qlow, h, p]
+    sf_k = gl.where(wsel < 2, _scale_biased(k_sf & 0xFF, DT), _scale_biased((k_sf >> 8) & 0xFF, DT))
+    if DT == gl.float16:  # noqa: SIM300 (DT is a constexpr, not a constant)
+        o0, o1, o2, o3 = gl.inline_asm_elementwise(
+            _K_F16, "=r,=r,=r,=r,r,r", [kw, sf_k], dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+            is_pure=True, pack=1,
+        )
+    else:
+        o0, o1, o2, o3 = gl.inline_asm_elementwise(
+            _K_BF16, "=r,=r,=r,=r,r,r", [kw, sf_k], dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+            is_pure=True, pack=1,
+        )
+    x = _halves(gl.join(gl.join(o0, o1), gl.join(o2, o3)), DT)  # [NW, KW, t, w, qlow, h, p]
     x = gl.permute(x, (0, 3, 4, 5, 2, 6, 1))
     k_op = gl.convert_layout(gl.reshape(x, [NW, 128, KW]), OPB, assert_trivial=True)
     s = mma_v2(q_op, k_op, gl.zeros([NW, 16, KW], gl.float32, layout=MMA))
@@ -429,20 +525,27 @@ def _attend(
         p = gl.exp2(s * qk_scale2 - gl.expand_dims(m_safe, 2))
     alpha = gl.exp2(m_i - m_safe)
     l_i = l_i * alpha + gl.sum(p, 2)
-    p16 = p.to(gl.bfloat16)
+    p16 = p.to(DT)
 
     # V [NW, KW, 128] (k = 2 kp + pair, the keys; n = 8 (8 wv + 4 m1 + 2 m0 + h) + c) <-> byte
     # 8 c + 4 wv + 2 m1 + m0 of the key, nibble h (head dim 16 c + 2 (4 wv + 2 m1 + m0) + h)
-    r = gl.inline_asm_elementwise(
-        _V_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r",
-        [va, vb, _scale_biased(vsa.to(gl.int32)), _scale_biased(vsb.to(gl.int32))],
-        dtype=(gl.int32,) * 8, is_pure=True, pack=1,
-    )
+    sf_a = _scale_biased(vsa.to(gl.int32), DT)
+    sf_b = _scale_biased(vsb.to(gl.int32), DT)
+    if DT == gl.float16:  # noqa: SIM300 (DT is a constexpr, not a constant)
+        r = gl.inline_asm_elementwise(
+            _V_F16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [va, vb, sf_a, sf_b], dtype=(gl.int32,) * 8, is_pure=True,
+            pack=1,
+        )
+    else:
+        r = gl.inline_asm_elementwise(
+            _V_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [va, vb, sf_a, sf_b], dtype=(gl.int32,) * 8, is_pure=True,
+            pack=1,
+        )
     y = gl.join(
         gl.join(gl.join(r[0], r[1]), gl.join(r[2], r[3])),
         gl.join(gl.join(r[4], r[5]), gl.join(r[6], r[7])),
     )  # [NW, KP, c, wv, h, m0, m1]
-    y = _halves(y)  # [..., pair]
+    y = _halves(y, DT)  # [..., pair]
     if ROWS8:
         # O^T += V^T P^T: V^T the A operand (m = the permuted head dim, k = keys), P^T the B operand
         # straight from the logits' accumulator registers (rows 0..7, n = row), O^T [NW, 128, 8]
@@ -715,19 +818,19 @@ def gluon_decode_eligible(
 ) -> bool:
     """Whether a decode launch can take :func:`gluon_decode_kernel` (else the plain-Triton kernel).
 
-    What the kernel serves: bf16 queries, head_dim 128, at most 16 rows (``G x q_len``), no rotation,
+    What the kernel serves: bf16 or fp16 queries, head_dim 128, at most 16 rows (``G x q_len``), no rotation,
     cache rows on 16-byte boundaries and scale rows on 2-byte ones (not vLLM's combined page), the split
     merge kernel (no ``FUSED_MERGE``). Unless ``full`` (``attention.GLUON_FULL``), only the paths that
-    have passed the GPU tier are taken: at most 8 rows (the ``O^T`` orientation), no sliding window,
-    an even page size.
+    have passed the GPU tier are taken: bf16, at most 8 rows (the ``O^T`` orientation), no sliding
+    window, an even page size.
     """
     import torch
 
     served = (
-        head_dim == 128 and block_m == 16 and not rotate and query_dtype == torch.bfloat16
+        head_dim == 128 and block_m == 16 and not rotate and query_dtype in (torch.bfloat16, torch.float16)
         and data_align >= 16 and sf_align >= 2 and not fused_merge
     )
-    return served and (full or (rows <= 8 and window <= 0 and page_size % 2 == 0))
+    return served and (full or (query_dtype == torch.bfloat16 and rows <= 8 and window <= 0 and page_size % 2 == 0))
 
 
 _ = tl  # (the plain-Triton module is imported for its types only)
