@@ -710,7 +710,7 @@ def test_gluon_eligibility():
     assert not ok(64, 16, False, torch.bfloat16, 16, 8, False)
     assert not ok(128, 32, False, torch.bfloat16, 16, 8, False)
     assert not ok(128, 16, True, torch.bfloat16, 16, 8, False)
-    assert not ok(128, 16, False, torch.bfloat16, 8, 8, False)  # vLLM's combined page: 8-byte rows
+    assert not ok(128, 16, False, torch.bfloat16, 8, 8, False)  # cache rows on 8-byte boundaries only
     assert not ok(128, 16, False, torch.bfloat16, 16, 1, False)
     assert not ok(128, 16, False, torch.bfloat16, 16, 8, True)
     # the default envelope: <= 8 rows, no window, even pages (the paths that passed the GPU tier)

@@ -117,8 +117,8 @@ def test_gluon_decode_bad_page_ids_read_nothing(cfg):
                                                        (bf16, 32, 8, 1, "combined-NHD")],
                          ids=["rows-32", "combined-page-fp16", "combined-page"])
 def test_gluon_config_falls_back_where_not_served(cfg, dtype, hq, hkv, q_len, layout):
-    """More than 16 rows and vLLM's combined page take the plain kernel where the Gluon one does not serve them
-    (the combined page's rows are 8-byte aligned at head_dim 128: ``9 * 128 / 16 = 72`` bytes apart)."""
+    """More than 16 rows take the plain kernel; vLLM's combined page is served where its views are 16-byte aligned
+    (head_dim 128: 64-byte data rows, 8-byte scale rows), the plain kernel serves it otherwise; correct either way."""
     kw = dict(seq_lens=_lens(3, 5000, 2), q_len_per_req=q_len, num_qo_heads=hq, num_kv_heads=hkv, head_dim=128,
               layout=layout, dtype=dtype, return_lse=True, device="cuda")
     with att.override_configs(decode=cfg):

@@ -819,7 +819,7 @@ def gluon_decode_eligible(
     """Whether a decode launch can take :func:`gluon_decode_kernel` (else the plain-Triton kernel).
 
     What the kernel serves: bf16 or fp16 queries, head_dim 128, at most 16 rows (``G x q_len``), no rotation,
-    cache rows on 16-byte boundaries and scale rows on 2-byte ones (not vLLM's combined page), the split
+    cache rows on 16-byte boundaries and scale rows on 2-byte ones (vLLM's page at head_dim 128 has both), the split
     merge kernel (no ``FUSED_MERGE``). Unless ``full`` (``attention.GLUON_FULL``), only the paths that
     have passed the GPU tier are taken: bf16, at most 8 rows (the ``O^T`` orientation), no sliding
     window, an even page size.
