@@ -14,6 +14,9 @@
 #               racecheck (decode, prefill); the decoders' bit-exactness test on the GPU
 #   decode-check the decode shapes, default config only, against .gpu/att_baseline.py (no FlashInfer)
 #   prefill     benchmarks/bench_prefill.py (FA3/FA2 bf16, FA2 NVFP4, fused Triton, dequant + FA3)
+#   gluon       the Gluon decode: its GPU tests (every path it builds, GLUON_FULL on: fp16, 9-16 rows, windows,
+#               odd pages), the decode tier, memcheck over the decode cases, the decode shapes against
+#               FlashInfer (default config and the plain-Triton default), Nsight Compute counters
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 SCRATCH=${TMPDIR:-/tmp}
@@ -90,6 +93,18 @@ for stage in "$@"; do
         --json "$OUT/bench_decode_check.json" ;;
     prefill)
       use_fi 0.7.2.post1 && step bench-prefill timeout 400 python3 benchmarks/bench_prefill.py --json "$OUT/bench_prefill.json" ;;
+    gluon)
+      use_fi 0.7.2.post1 || exit 1
+      step gluon-tests timeout 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_gpu_decode_gluon.py
+      step decode-tier timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_gpu_attention.py \
+        -k "decode and not flashinfer"
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 step memcheck-decode timeout 300 compute-sanitizer --tool memcheck \
+        --error-exitcode 3 python3 scripts/sanitize.py --ops decode
+      step bench-decode-gluon timeout 500 python3 benchmarks/bench_attention.py --no-sweep --shapes decode \
+        --json "$OUT/bench_decode_gluon.json"
+      step ncu-gluon-16x16K ncu --clock-control none --kernel-name regex:gluon_decode --launch-skip 2 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        python3 benchmarks/profile_attention.py --shape "decode 16 x 16K" ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
