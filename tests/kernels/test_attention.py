@@ -719,11 +719,16 @@ def test_gluon_eligibility():
     assert not ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=4, window=100, full=False)
     assert not ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=4, page_size=13, full=False)
     assert not ok(128, 16, False, torch.float16, 16, 8, False, rows=4, full=False)
+    assert not ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=4, varlen=True, full=False)
+    assert not ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=4, sinks=True, full=False)
+    assert ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=4, varlen=True, sinks=True)
     assert ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=16, window=100, page_size=13)
     c = _cache(head_dim=128)
     cl = att._cache_launch(att.normalize_cache(c.paged_kv_cache, c.kv_cache_sf, c.kv_layout))
     q = torch.zeros(1, 4, 128, dtype=torch.bfloat16)
     assert not att._gluon_eligible(q, 128, 16, False, cl, 4, 0, 16)
+    assert not att._gluon_eligible(q.cuda() if torch.cuda.is_available() else q, 128, 16, False, cl, 4, 0, 16,
+                                   sinks=True)
 
 
 def test_gluon_build_failure_falls_back_once(monkeypatch):

@@ -153,13 +153,13 @@ def test_gluon_decode_cuda_graph(cfg):
 
 
 def test_gluon_is_the_default_for_bf16_head_dim_128(monkeypatch):
-    """The default envelope (GLUON_FULL off): bf16, <= 8 rows, no window, even pages take the Gluon kernel; fp16,
-    16 rows, a window or an odd page size take the plain kernel."""
+    """The default envelope (GLUON_FULL off): bf16, <= 8 rows, no window, even pages, no sinks take the Gluon
+    kernel; fp16, 16 rows, a window, an odd page size or sinks take the plain kernel."""
     monkeypatch.setattr(att, "GLUON_FULL", False)
     kw = dict(seq_lens=[3000, 40], num_qo_heads=32, num_kv_heads=8, head_dim=128, dtype=bf16, device="cuda")
     run_case("triton", "decode", **kw).check()
     assert _ran_gluon()
     for other in ({"dtype": fp16}, {"num_qo_heads": 64, "q_len_per_req": 2}, {"sliding_window": 500},
-                  {"page_size": 13}):
+                  {"page_size": 13}, {"use_sinks": True}):
         run_case("triton", "decode", **{**kw, **other}).check()
         assert not _ran_gluon(), other

@@ -1277,9 +1277,10 @@ _DECODE_CONFIGS_GLUON: dict[int, DecodeConfig] = {
 # 9-16 rows (the 16-row orientation: 211 registers on sm_90) hold 2 programs per SM
 GLUON_ROWS16_PROGRAMS_PER_SM = 2
 # False: the Gluon kernel takes only the launches whose paths passed the GPU tier on an H200 (2026-12-04, run K):
-# bf16, at most 8 rows, no sliding window, an even page size; the rest take the plain-Triton kernel. True:
-# everything decode_gluon.gluon_decode_eligible serves (fp16 queries, 9-16 rows, windows, odd page sizes: built for
-# every target, not yet run on a GPU in this form). tests/kernels/test_gpu_decode_gluon.py sets it.
+# bf16, at most 8 rows, no sliding window, an even page size, no sinks, decode() itself (not the decode rows of a
+# varlen prefill batch); the rest take the plain-Triton kernel. True:
+# everything decode_gluon.gluon_decode_eligible serves (fp16 queries, 9-16 rows, windows, odd page sizes, sinks,
+# varlen rows: built for every target, not yet passed on a GPU in this form). tests/kernels/test_gpu_decode_gluon.py sets it.
 GLUON_FULL = False
 # set when the Gluon kernel failed to compile in this process: every later launch takes the plain-Triton kernel
 _gluon_failed = False
@@ -1769,7 +1770,7 @@ def _byte_extent(t: torch.Tensor) -> int:
 
 def _decode_launch(
     a: _Args, query: torch.Tensor, block_table: torch.Tensor, qmax: int, cl: _CacheLaunch,
-    rotate: bool = False,
+    rotate: bool = False, varlen: bool = False,
 ) -> _DecodeLaunch:
     views = a.views
     device = views.device
@@ -1777,7 +1778,8 @@ def _decode_launch(
     block_m = max(16, triton.next_power_of_2(a.group * qmax))
     num_sms = _sm_count(device)
     rows = a.group * qmax
-    gluon = _gluon_eligible(query, views.head_dim, block_m, rotate, cl, rows, a.window, views.page_size)
+    gluon = _gluon_eligible(query, views.head_dim, block_m, rotate, cl, rows, a.window, views.page_size,
+                            varlen=varlen, sinks=a.sinks is not None)
     split = decode_split(batch, views.num_kv_heads, views.head_dim, views.page_size, block_table.shape[1], num_sms,
                          decode_config(views.head_dim, block_m, rotate=rotate, gluon=gluon, rows=rows))
     programs, min_tiles, chunks, slots = split.programs, split.min_tiles, split.chunks, split.slots
@@ -1815,7 +1817,7 @@ def _launch_decode_path(
     returns what the launch derived (``decode()`` caches it). ``status``: the guard kernel's word
     (with ``qsl``); ``rotate``: a Hadamard-rotated cache."""
     cl = _cache_launch(a.views)
-    d = _decode_launch(a, query, block_table, qmax, cl, rotate)
+    d = _decode_launch(a, query, block_table, qmax, cl, rotate, varlen=qsl is not None)
     _run_decode(
         d, query, a.out, a.lse, cl.tensors, block_table, seq_lens, qsl, a.sinks, a.k_scale,
         a.v_scale, causal, status,
@@ -1825,7 +1827,7 @@ def _launch_decode_path(
 
 def _gluon_eligible(
     query: torch.Tensor, head_dim: int, block_m: int, rotate: bool, cl: _CacheLaunch, rows: int, window: int,
-    page_size: int, fused: bool | None = None,
+    page_size: int, fused: bool | None = None, varlen: bool = False, sinks: bool = False,
 ) -> bool:
     """Whether a decode launch can take the Gluon kernel: CUDA, not interpreted, Gluon importable, no
     earlier compile failure of it in this process, and a launch it serves
@@ -1834,7 +1836,7 @@ def _gluon_eligible(
         _gluon is not None and not _gluon_failed and query.is_cuda and not interpreting()
         and _gluon.gluon_decode_eligible(head_dim, block_m, rotate, query.dtype, cl.data_align, cl.sf_align,
                                          bool(FUSED_MERGE) if fused is None else fused, rows, window, page_size,
-                                         GLUON_FULL)
+                                         GLUON_FULL, varlen, sinks)
     )
 
 
@@ -1854,11 +1856,12 @@ def _gluon_build_failed(exc: Exception) -> None:
     _gluon_failed = True
 
 
-def _gluon_ok(d: _DecodeLaunch, query: torch.Tensor, fused: bool) -> bool:
+def _gluon_ok(d: _DecodeLaunch, query: torch.Tensor, fused: bool, varlen: bool) -> bool:
     """:func:`_gluon_eligible` for a launch already derived (the launch path re-checks it: the config
     may be forced by ``override_configs``)."""
     cl = _CacheLaunch(tensors=[], strides=list(d.strides), data_align=d.data_align, sf_align=d.sf_align)
-    return _gluon_eligible(query, d.head_dim, d.block_m, d.rotate, cl, d.group * d.qmax, d.window, d.page_size, fused)
+    return _gluon_eligible(query, d.head_dim, d.block_m, d.rotate, cl, d.group * d.qmax, d.window, d.page_size, fused,
+                           varlen, d.has_sinks)
 
 
 _zero_statuses: dict[torch.device, torch.Tensor] = {}
@@ -1935,7 +1938,7 @@ def _run_decode(
     counters = _merge_counters(device, batch * d.num_kv_heads) if d.fused_merge else None
     fused = counters is not None
     launched = False
-    if d.cfg.gluon and _gluon_ok(d, query, fused):
+    if d.cfg.gluon and _gluon_ok(d, query, fused, qsl is not None):
         try:
             LAST_KERNELS["decode"] = _gluon.gluon_decode_kernel[(d.chunks * d.num_kv_heads,)](
                 query, out, lse_arg, part_o, part_lse,
