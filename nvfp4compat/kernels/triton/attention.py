@@ -1759,6 +1759,7 @@ class _DecodeLaunch:
     fused_merge: bool = False  # FUSED_MERGE: the decode kernel merges the split partials itself
     merge_cb: int = 1  # its chunks per merge step (MERGE_STEP_ELEMENTS // (BLOCK_M x head_dim))
     off32: bool = False  # every byte offset into the four cache tensors fits in int32 (the Gluon kernel's OFF32)
+    gluon: bool = False  # the launch takes the Gluon kernel (cfg.gluon and _gluon_eligible)
 
 
 def _byte_extent(t: torch.Tensor) -> int:
@@ -1784,13 +1785,14 @@ def _decode_launch(
                          decode_config(views.head_dim, block_m, rotate=rotate, gluon=gluon, rows=rows))
     programs, min_tiles, chunks, slots = split.programs, split.min_tiles, split.chunks, split.slots
     merge_block_h, merge_chunk_block = merge_blocks(a.num_qo_heads, views.head_dim)
+    cfg = decode_config(views.head_dim, block_m, chunks * views.num_kv_heads, num_sms, rotate, gluon, rows)
     return _DecodeLaunch(
         num_kv_heads=views.num_kv_heads, head_dim=views.head_dim, page_size=views.page_size,
         num_qo_heads=a.num_qo_heads, group=a.group, qmax=qmax, block_m=block_m, programs=programs,
         min_tiles=min_tiles, chunks=chunks, slots=slots,
         batch_block=BATCH_BLOCK_SMALL if batch <= BATCH_BLOCK_SMALL else BATCH_BLOCK_MAX,
         max_pages=block_table.shape[1],
-        cfg=decode_config(views.head_dim, block_m, chunks * views.num_kv_heads, num_sms, rotate, gluon, rows),
+        cfg=cfg,
         merge_block_h=merge_block_h, merge_chunk_block=merge_chunk_block, fast=_fast(device), dot_fp32=interpreting() and query.dtype == torch.bfloat16,
         k_ptr=isinstance(a.k_scale, torch.Tensor), v_ptr=isinstance(a.v_scale, torch.Tensor),
         sm_scale_log2=a.sm_scale_log2, softcap=a.softcap, window=a.window,
@@ -1799,6 +1801,7 @@ def _decode_launch(
         num_pages=views.num_pages, rotate=rotate, fused_merge=bool(FUSED_MERGE),
         merge_cb=_pow2_floor(max(1, MERGE_STEP_ELEMENTS // (block_m * views.head_dim))),
         off32=all(_byte_extent(t) < 2**31 for t in cl.tensors),
+        gluon=gluon and cfg.gluon,  # (a forced config may ask for the Gluon kernel where it cannot run)
     )  # fmt: skip
 
 
@@ -1854,14 +1857,6 @@ def _gluon_build_failed(exc: Exception) -> None:
             stacklevel=3,
         )
     _gluon_failed = True
-
-
-def _gluon_ok(d: _DecodeLaunch, query: torch.Tensor, fused: bool, varlen: bool) -> bool:
-    """:func:`_gluon_eligible` for a launch already derived (the launch path re-checks it: the config
-    may be forced by ``override_configs``)."""
-    cl = _CacheLaunch(tensors=[], strides=list(d.strides), data_align=d.data_align, sf_align=d.sf_align)
-    return _gluon_eligible(query, d.head_dim, d.block_m, d.rotate, cl, d.group * d.qmax, d.window, d.page_size, fused,
-                           varlen, d.has_sinks)
 
 
 _zero_statuses: dict[torch.device, torch.Tensor] = {}
@@ -1938,7 +1933,7 @@ def _run_decode(
     counters = _merge_counters(device, batch * d.num_kv_heads) if d.fused_merge else None
     fused = counters is not None
     launched = False
-    if d.cfg.gluon and _gluon_ok(d, query, fused, qsl is not None):
+    if d.gluon and not fused and not _gluon_failed:
         try:
             LAST_KERNELS["decode"] = _gluon.gluon_decode_kernel[(d.chunks * d.num_kv_heads,)](
                 query, out, lse_arg, part_o, part_lse,
