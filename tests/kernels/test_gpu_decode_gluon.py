@@ -2,7 +2,7 @@
 plain-Triton kernel, on every launch it serves and on those it must hand back to the plain kernel.
 
 Run on a CUDA machine: ``pytest -m gpu tests/kernels/test_gpu_decode_gluon.py``. The default Gluon config and
-the 2-warp one of ``GLUON_DECODE_CONFIGS`` run every case; each case checks which kernel ran (``LAST_KERNELS``).
+the 2-warp and the E4M3-conversion ones of ``GLUON_DECODE_CONFIGS`` run every case; each case checks which kernel ran (``LAST_KERNELS``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def _full_envelope(monkeypatch):
     monkeypatch.setattr(att, "GLUON_FULL", True)
 
 bf16, fp16 = torch.bfloat16, torch.float16
-CONFIGS = [pytest.param(c, id=f"n{c.block_n}-w{c.num_warps}-r{c.maxnreg}")
-           for c in (att._DECODE_CONFIGS_GLUON[128], att.GLUON_DECODE_CONFIGS[2])]
+CONFIGS = [pytest.param(c, id=f"n{c.block_n}-w{c.num_warps}-r{c.maxnreg}{'-cvt8' if c.e4m3_cvt else ''}")
+           for c in (att._DECODE_CONFIGS_GLUON[128], att.GLUON_DECODE_CONFIGS[2], att.GLUON_DECODE_CONFIGS[-1])]
 
 
 def _ran_gluon() -> bool:

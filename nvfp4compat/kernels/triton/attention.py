@@ -1183,6 +1183,9 @@ class DecodeConfig:
     # (decode_gluon.gluon_decode_eligible; the plain-Triton kernel otherwise): warps own keys
     # (block_n // num_warps each), operands decoded in registers, no shared memory in the key loop
     gluon: bool = False
+    # with gluon, on SM89+: E2M1 to E4M3 by bit placement and the hardware E4M3 -> f16 conversion, fp16 MMAs
+    # (a bf16 query scaled by a power of two into fp16's range); opt-in, not yet run on a GPU
+    e4m3_cvt: bool = False
 
 
 @dataclass(frozen=True)
@@ -1289,6 +1292,10 @@ GLUON_DECODE_CONFIGS = (
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True),
     DecodeConfig(block_n=32, num_warps=2, num_stages=1, programs_per_sm=6, gluon=True),
     DecodeConfig(block_n=128, num_warps=8, num_stages=1, maxnreg=128, programs_per_sm=2, gluon=True),
+    # the E4M3-conversion decode (SM89+): compiled for sm_90 (triton 3.6.0, <= 8 rows) 152 registers, no spill, and
+    # 524 instructions in the unmasked loop per 16 keys and warp against 580 (64 F2FP.F16.E4M3 in place of the
+    # bit placement); not yet timed
+    DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, gluon=True, e4m3_cvt=True),
 )
 # Warps of a decode launch whose config has fewer, when (a) BLOCK_M > 16: at 2 warps the
 # accumulators do not fit (SM90, head_dim 128: BLOCK_M 32 spills 8 bytes, BLOCK_M 64 spills 1.5 KB,
@@ -1760,6 +1767,7 @@ class _DecodeLaunch:
     merge_cb: int = 1  # its chunks per merge step (MERGE_STEP_ELEMENTS // (BLOCK_M x head_dim))
     off32: bool = False  # every byte offset into the four cache tensors fits in int32 (the Gluon kernel's OFF32)
     gluon: bool = False  # the launch takes the Gluon kernel (cfg.gluon and _gluon_eligible)
+    cvt8: bool = False  # ... with the E4M3 conversion (cfg.e4m3_cvt on an SM89+ device)
 
 
 def _byte_extent(t: torch.Tensor) -> int:
@@ -1802,6 +1810,7 @@ def _decode_launch(
         merge_cb=_pow2_floor(max(1, MERGE_STEP_ELEMENTS // (block_m * views.head_dim))),
         off32=all(_byte_extent(t) < 2**31 for t in cl.tensors),
         gluon=gluon and cfg.gluon,  # (a forced config may ask for the Gluon kernel where it cannot run)
+        cvt8=gluon and cfg.gluon and cfg.e4m3_cvt and torch.cuda.get_device_capability(device) >= (8, 9),
     )  # fmt: skip
 
 
@@ -1950,6 +1959,7 @@ def _run_decode(
                 DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
                 num_pages=d.num_pages, status_ptr=status_arg, NW=d.cfg.num_warps,
                 ROWS8=d.group * qmax <= 8, PAGE_EVEN=d.page_size % 2 == 0 and d.window <= 0, OFF32=d.off32,
+                CVT8=d.cvt8,
                 num_warps=d.cfg.num_warps, maxnreg=d.cfg.maxnreg,
             )  # fmt: skip
             launched = True
@@ -2433,14 +2443,17 @@ def aot_variants() -> dict[str, list[Any]]:
         for name in ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "counter_ptr", "FUSED_MERGE",
                      "MERGE_CB", "SWAP_AB"):
             sig.pop(name)
-        sig.update({"NW": "constexpr", "ROWS8": "constexpr", "PAGE_EVEN": "constexpr", "OFF32": "constexpr"})
+        sig.update({"NW": "constexpr", "ROWS8": "constexpr", "PAGE_EVEN": "constexpr", "OFF32": "constexpr",
+                    "CVT8": "constexpr"})
         c: dict[str, Any] = {"HEAD_DIM": 128, "BLOCK_M": 16, "BLOCK_N": cfg.block_n, "QMAX": qmax, "VARLEN": False,
                              "CAUSAL": qmax > 1, "BATCH_BLOCK": batch_block, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr,
                              "DATA_ALIGN": 16, "SF_ALIGN": 8, "PAGE_POW2": pow2, "NW": cfg.num_warps,
-                             "ROWS8": group * qmax <= 8, "PAGE_EVEN": even, "OFF32": off32}
+                             "ROWS8": group * qmax <= 8, "PAGE_EVEN": even, "OFF32": off32, "CVT8": False}
         c.update(_FEATURES_OFF)
         c.update(features)
-        glu.append(AotVariant(label, sig, c, cfg.num_warps, 1, _pointer_attrs(sig), maxnreg=cfg.maxnreg))
+        # the E4M3 conversion where the launcher takes it: SM89+
+        by_cc = (lambda cc: {"CVT8": cc >= 89}) if cfg.e4m3_cvt else None
+        glu.append(AotVariant(label, sig, c, cfg.num_warps, 1, _pointer_attrs(sig), maxnreg=cfg.maxnreg, by_cc=by_cc))
 
     gdef = _DECODE_CONFIGS_GLUON[128]
     add_gluon("bf16-d128", gdef)
@@ -2451,6 +2464,9 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-batch1024", gdef, batch_block=1024)
     add_gluon("fp16-d128", gdef, dtype="fp16")
     add_gluon("fp16-d128-q2-all", gdef, dtype="fp16", qmax=2, **_FEATURES_ON)
+    cvt = GLUON_DECODE_CONFIGS[-1]
+    add_gluon("bf16-d128-cvt8-q2-all", cvt, qmax=2, **_FEATURES_ON)
+    add_gluon("fp16-d128-cvt8-g16", cvt, dtype="fp16", group=16)
     for i, gcfg in enumerate(GLUON_DECODE_CONFIGS):
         add_gluon(f"bf16-d128-sweep{i}", gcfg)
 

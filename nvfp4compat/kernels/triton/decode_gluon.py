@@ -216,11 +216,94 @@ mul.rn.f16x2 $7, h1, s;
 }
 """
 
+# E2M1 -> E4M3 is a bit placement (``e4m3 = e2m1 * 2^-6``: sign to bit 7, the three magnitude bits to bits
+# 4..2, E2M1's subnormal 0.5 landing on E4M3's subnormal 2^-7), and SM89+ converts an E4M3 pair to f16x2 in one
+# instruction (``cvt.rn.f16x2.e4m3x2``). Four cache bytes ($4), the scale sf * 2^-2 as fp32 ($5) -> four f16x2
+# registers in the order of _ASM_K_BF16, each value e2m1 * sf * 2^-8 (exact in fp16). SM89+ only (CVT8).
+_ASM_K_CVT8 = """
+{
+.reg .b32 a, b, lo, hi, s, t0, t1, t2, t3;
+.reg .b16 l0, l1, h0, h1;
+cvt.rn.f16x2.f32 s, $5, $5;
+shl.b32 a, $4, 2;
+and.b32 a, a, 0x1C1C1C1C;
+shl.b32 b, $4, 4;
+and.b32 b, b, 0x80808080;
+or.b32 lo, a, b;
+shr.b32 a, $4, 2;
+and.b32 a, a, 0x1C1C1C1C;
+and.b32 b, $4, 0x80808080;
+or.b32 hi, a, b;
+mov.b32 {l0, l1}, lo;
+mov.b32 {h0, h1}, hi;
+cvt.rn.f16x2.e4m3x2 t0, l0;
+cvt.rn.f16x2.e4m3x2 t1, l1;
+cvt.rn.f16x2.e4m3x2 t2, h0;
+cvt.rn.f16x2.e4m3x2 t3, h1;
+mul.rn.f16x2 $0, t0, s;
+mul.rn.f16x2 $1, t1, s;
+mul.rn.f16x2 $2, t2, s;
+mul.rn.f16x2 $3, t3, s;
+}
+"""
+
+# V with the E4M3 conversion: bytes of keys a ($8) and b ($9) interleaved, scales sf_a, sf_b * 2^-2 ($10, $11) ->
+# eight f16x2 registers in the order of _ASM_V_BF16. SM89+ only (CVT8).
+_ASM_V_CVT8 = """
+{
+.reg .b32 a, b, lo, hi, s, x0, x1, t0, t1, t2, t3;
+.reg .b16 l0, l1, h0, h1;
+cvt.rn.f16x2.f32 s, $11, $10;
+prmt.b32 x0, $8, $9, 0x5140;
+prmt.b32 x1, $8, $9, 0x7362;
+shl.b32 a, x0, 2;
+and.b32 a, a, 0x1C1C1C1C;
+shl.b32 b, x0, 4;
+and.b32 b, b, 0x80808080;
+or.b32 lo, a, b;
+shr.b32 a, x0, 2;
+and.b32 a, a, 0x1C1C1C1C;
+and.b32 b, x0, 0x80808080;
+or.b32 hi, a, b;
+mov.b32 {l0, l1}, lo;
+mov.b32 {h0, h1}, hi;
+cvt.rn.f16x2.e4m3x2 t0, l0;
+cvt.rn.f16x2.e4m3x2 t1, h0;
+cvt.rn.f16x2.e4m3x2 t2, l1;
+cvt.rn.f16x2.e4m3x2 t3, h1;
+mul.rn.f16x2 $0, t0, s;
+mul.rn.f16x2 $1, t1, s;
+mul.rn.f16x2 $2, t2, s;
+mul.rn.f16x2 $3, t3, s;
+shl.b32 a, x1, 2;
+and.b32 a, a, 0x1C1C1C1C;
+shl.b32 b, x1, 4;
+and.b32 b, b, 0x80808080;
+or.b32 lo, a, b;
+shr.b32 a, x1, 2;
+and.b32 a, a, 0x1C1C1C1C;
+and.b32 b, x1, 0x80808080;
+or.b32 hi, a, b;
+mov.b32 {l0, l1}, lo;
+mov.b32 {h0, h1}, hi;
+cvt.rn.f16x2.e4m3x2 t0, l0;
+cvt.rn.f16x2.e4m3x2 t1, h0;
+cvt.rn.f16x2.e4m3x2 t2, l1;
+cvt.rn.f16x2.e4m3x2 t3, h1;
+mul.rn.f16x2 $4, t0, s;
+mul.rn.f16x2 $5, t1, s;
+mul.rn.f16x2 $6, t2, s;
+mul.rn.f16x2 $7, t3, s;
+}
+"""
+
 _LOG2E = gl.constexpr(1.4426950408889634)
 _K_BF16 = gl.constexpr(_ASM_K_BF16)
 _V_BF16 = gl.constexpr(_ASM_V_BF16)
 _K_F16 = gl.constexpr(_ASM_K_F16)
 _V_F16 = gl.constexpr(_ASM_V_F16)
+_K_CVT8 = gl.constexpr(_ASM_K_CVT8)
+_V_CVT8 = gl.constexpr(_ASM_V_CVT8)
 
 
 @gluon.constexpr_function
@@ -261,11 +344,14 @@ def _rows8(x):
 
 
 @gluon.jit
-def _scale_biased(sf_byte, DT: gl.constexpr):
+def _scale_biased(sf_byte, DT: gl.constexpr, CVT8: gl.constexpr = False):
     """E4M3 scale bytes (int32 0..255, non-negative) -> fp32 scale operand of the decoders, exactly: ``sf * 2^118``
-    for bf16 (the bit placement), ``sf * 2^-8`` for fp16 (the table). ``(b & 0x7F) << 20`` is ``sf * 2^-120``."""
+    for bf16 (the bit placement), ``sf * 2^-8`` for fp16 (the table), ``sf * 2^-2`` for the E4M3 conversion
+    (``CVT8``, whose E2M1 values come out times ``2^-6``). ``(b & 0x7F) << 20`` is ``sf * 2^-120``."""
     bits = (sf_byte & 0x7F) << 20
-    if DT == gl.float16:  # noqa: SIM300 (DT is a constexpr, not a constant)
+    if CVT8:
+        return bits.to(gl.float32, bitcast=True) * 3.32306998946229e35  # 2^118
+    elif DT == gl.float16:  # noqa: SIM300 (DT is a constexpr, not a constant)
         return bits.to(gl.float32, bitcast=True) * 5.192296858534828e33  # 2^112
     else:
         return bits.to(gl.float32, bitcast=True) * 1.329227995784916e36 * 3.32306998946229e35
@@ -470,7 +556,7 @@ def _attend(
     kw, ks, va, vb, vsa, vsb,
     MMA: gl.constexpr, LK: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr,
     MASKED: gl.constexpr, CAUSAL_ROWS: gl.constexpr, WINDOW_ROWS: gl.constexpr,
-    HAS_SOFTCAP: gl.constexpr, PAGE_POW2: gl.constexpr, ROWS8: gl.constexpr,
+    HAS_SOFTCAP: gl.constexpr, PAGE_POW2: gl.constexpr, ROWS8: gl.constexpr, CVT8: gl.constexpr = False,
 ):
     """Online-softmax update of each warp's state with its keys of the tile at ``n0``, from the tile's
     raw words (:func:`_tile_words`). ``MASKED``: keys past ``kv_hi``, on a page outside the cache or
@@ -483,8 +569,13 @@ def _attend(
     DT: gl.constexpr = q_op.dtype
     k_sf = ks.to(gl.int32)
     wsel = _iota(4, LK, 4, 3)
-    sf_k = gl.where(wsel < 2, _scale_biased(k_sf & 0xFF, DT), _scale_biased((k_sf >> 8) & 0xFF, DT))
-    if DT == gl.float16:  # noqa: SIM300 (DT is a constexpr, not a constant)
+    sf_k = gl.where(wsel < 2, _scale_biased(k_sf & 0xFF, DT, CVT8), _scale_biased((k_sf >> 8) & 0xFF, DT, CVT8))
+    if CVT8:
+        o0, o1, o2, o3 = gl.inline_asm_elementwise(
+            _K_CVT8, "=r,=r,=r,=r,r,r", [kw, sf_k], dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+            is_pure=True, pack=1,
+        )
+    elif DT == gl.float16:  # noqa: SIM300 (DT is a constexpr, not a constant)
         o0, o1, o2, o3 = gl.inline_asm_elementwise(
             _K_F16, "=r,=r,=r,=r,r,r", [kw, sf_k], dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
             is_pure=True, pack=1,
@@ -529,9 +620,14 @@ def _attend(
 
     # V [NW, KW, 128] (k = 2 kp + pair, the keys; n = 8 (8 wv + 4 m1 + 2 m0 + h) + c) <-> byte
     # 8 c + 4 wv + 2 m1 + m0 of the key, nibble h (head dim 16 c + 2 (4 wv + 2 m1 + m0) + h)
-    sf_a = _scale_biased(vsa.to(gl.int32), DT)
-    sf_b = _scale_biased(vsb.to(gl.int32), DT)
-    if DT == gl.float16:  # noqa: SIM300 (DT is a constexpr, not a constant)
+    sf_a = _scale_biased(vsa.to(gl.int32), DT, CVT8)
+    sf_b = _scale_biased(vsb.to(gl.int32), DT, CVT8)
+    if CVT8:
+        r = gl.inline_asm_elementwise(
+            _V_CVT8, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [va, vb, sf_a, sf_b], dtype=(gl.int32,) * 8, is_pure=True,
+            pack=1,
+        )
+    elif DT == gl.float16:  # noqa: SIM300 (DT is a constexpr, not a constant)
         r = gl.inline_asm_elementwise(
             _V_F16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [va, vb, sf_a, sf_b], dtype=(gl.int32,) * 8, is_pure=True,
             pack=1,
@@ -579,7 +675,7 @@ def gluon_decode_kernel(
     K_SCALE_PTR: gl.constexpr, V_SCALE_PTR: gl.constexpr,
     DATA_ALIGN: gl.constexpr, SF_ALIGN: gl.constexpr, PAGE_POW2: gl.constexpr,
     num_pages, status_ptr, NW: gl.constexpr, ROWS8: gl.constexpr = False, PAGE_EVEN: gl.constexpr = False,
-    OFF32: gl.constexpr = False,
+    OFF32: gl.constexpr = False, CVT8: gl.constexpr = False,
 ):
     """:func:`attention._decode_kernel` (bf16 queries, head_dim 128, 16 rows, no rotation, no fused
     merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``."""
@@ -626,6 +722,16 @@ def gluon_decode_kernel(
     tq = rq // group
     q_rows = q_ptr + (q_start + tq).to(gl.int64) * stride_qt + (kvh * group + rq % group).to(gl.int64) * stride_qh
     q_val = gl.load(q_rows + dim_q + _iota(NW, LQ, 3, 0) * 0, mask=(tq < q_len) & (kq >= 0), other=0.0)
+    q_shift = 1.0
+    if CVT8 and q_ptr.dtype.element_ty == gl.bfloat16:
+        # fp16 MMAs for a bf16 query: scaled by 2^-e into fp16's range (the largest |q| below 2^15), 2^e folded
+        # back into the softmax scale; both exact powers of two
+        qf = q_val.to(gl.float32)
+        qmax = gl.max(gl.max(gl.max(gl.abs(qf), 2), 1), 0)
+        e = gl.maximum(((qmax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127 - 14, 0)
+        e = gl.minimum(e, 100)
+        q_val = (qf * ((127 - e) << 23).to(gl.float32, bitcast=True)).to(gl.float16)
+        q_shift = ((127 + e) << 23).to(gl.float32, bitcast=True)
     q_op = gl.convert_layout(q_val, OPA)
 
     if K_SCALE_PTR:
@@ -636,7 +742,7 @@ def gluon_decode_kernel(
         vs_g = gl.load(v_scale)
     else:
         vs_g = v_scale
-    qk_scale2 = sm_scale_log2 * ks_g * 256.0
+    qk_scale2 = sm_scale_log2 * ks_g * 256.0 * q_shift
     vs_g = vs_g * 256.0
     softcap_pre = qk_scale2 / (softcap * _LOG2E)
     softcap_post = softcap * _LOG2E
@@ -703,7 +809,7 @@ def gluon_decode_kernel(
         acc, m_i, l_i = _attend(
             acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
             bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
-            MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8,
+            MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8,
         )
     # unmasked tiles once every page id of theirs is checked: tile i + 1's words and tile i + 2's
     # page ids are loaded before tile i is decoded (nothing is read past b_end)
@@ -740,7 +846,7 @@ def gluon_decode_kernel(
             acc, m_i, l_i = _attend(
                 acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
                 bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
-                MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8,
+                MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8,
             )
             kw, ks, va, vb, vsa, vsb = kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n
     # masked tiles from the causal diagonal / sequence end on
@@ -755,7 +861,7 @@ def gluon_decode_kernel(
         acc, m_i, l_i = _attend(
             acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
             bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
-            MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8,
+            MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8,
         )
 
     # merge the warps' states, then store rows R (16, or 8 with ROWS8) from a plain layout
