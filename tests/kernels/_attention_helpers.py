@@ -32,6 +32,14 @@ IMPLS = [
 ]
 
 
+def random_lens(batch: int, max_len: int, seed: int) -> list[int]:
+    """``batch`` random lengths in ``[1, max_len]``, the first one ``max_len`` (seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, max_len + 1, (batch,), generator=g).tolist()
+    lens[0] = max_len
+    return lens
+
+
 def fi_refuses_head_dim_64(impl: str, op: str, head_dim: int, q_len_per_req: int = 1) -> bool:
     """The flashinfer implementation refuses head_dim 64 wherever FlashInfer's FA2 prefill wrapper would
     run (``prefill``, multi-token ``decode``): it misread an NVFP4 cache there on an H200."""

@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _attention_helpers import FI_D64_REFUSAL, HAS_CUDA, IMPLS, fi_refuses_head_dim_64, run_case
+from _attention_helpers import (
+    FI_D64_REFUSAL,
+    HAS_CUDA,
+    IMPLS,
+    fi_refuses_head_dim_64,
+    random_lens,
+    run_case,
+)
 
 from nvfp4compat.kernels import reference_attention as ra
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
 
 bf16, fp16 = torch.bfloat16, torch.float16
-
-
-def _lens(batch: int, max_len: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(1, max_len + 1, (batch,), generator=g).tolist()
-    lens[0] = max_len
-    return lens
 
 
 # (dtype, head_dim, page, layout, q_len, hq, hkv, batch, max_len)
@@ -47,7 +47,7 @@ def _fi_too_many_modules(impl: str, dtype, head_dim: int) -> bool:
 def test_gpu_decode(impl, dtype, head_dim, page, layout, q_len, hq, hkv, batch, max_len):
     if _fi_too_many_modules(impl, dtype, head_dim):
         pytest.skip("FlashInfer covered at bf16/d128 and fp16/d64 only (JIT time on the shared GPU)")
-    kw = dict(seq_lens=_lens(batch, max_len, batch), q_len_per_req=q_len, num_qo_heads=hq, num_kv_heads=hkv,
+    kw = dict(seq_lens=random_lens(batch, max_len, batch), q_len_per_req=q_len, num_qo_heads=hq, num_kv_heads=hkv,
               head_dim=head_dim, page_size=page, layout=layout, dtype=dtype, return_lse=True, device="cuda")
     if fi_refuses_head_dim_64(impl, "decode", head_dim, q_len):
         with pytest.raises(NotImplementedError, match=FI_D64_REFUSAL):
@@ -58,7 +58,7 @@ def test_gpu_decode(impl, dtype, head_dim, page, layout, q_len, hq, hkv, batch, 
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_gpu_decode_all_features(impl):
-    kw = dict(seq_lens=_lens(6, 16384, 3), q_len_per_req=3, num_qo_heads=32, num_kv_heads=8, head_dim=128,
+    kw = dict(seq_lens=random_lens(6, 16384, 3), q_len_per_req=3, num_qo_heads=32, num_kv_heads=8, head_dim=128,
               dtype=bf16, return_lse=True, device="cuda", sliding_window=4096, logits_soft_cap=30.0,
               scale_as_tensor=True, strided_query=True)
     if impl == "flashinfer":
@@ -131,7 +131,7 @@ def test_gpu_split_counts(splits, dtype):
     from nvfp4compat.kernels.triton import attention as att
 
     with att.override_configs(num_splits=splits):
-        run_case("triton", "decode", seq_lens=_lens(8, 6000, splits), num_qo_heads=32, num_kv_heads=8,
+        run_case("triton", "decode", seq_lens=random_lens(8, 6000, splits), num_qo_heads=32, num_kv_heads=8,
                  head_dim=128, dtype=dtype, return_lse=True, use_sinks=True, device="cuda").check()
 
 

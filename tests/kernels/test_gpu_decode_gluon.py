@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from _attention_helpers import HAS_CUDA, run_case
+from _attention_helpers import HAS_CUDA, random_lens, run_case
 
 from nvfp4compat.kernels import reference_attention as ra
 from nvfp4compat.kernels.triton import attention as att
@@ -35,13 +35,6 @@ def _ran_gluon() -> bool:
     return k is not None and "gluon" in str(getattr(k, "name", "") or getattr(getattr(k, "src", None), "fn", ""))
 
 
-def _lens(batch: int, max_len: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(1, max_len + 1, (batch,), generator=g).tolist()
-    lens[0] = max_len
-    return lens
-
-
 # (hq, hkv, q_len, page, layout, batch, max_len): every one has GQA x q_len <= 16 rows, bf16, head_dim 128
 SERVED = [
     pytest.param(32, 8, 1, 16, "NHD", 8, 32768, id="g4-p16-NHD-B8-32k"),
@@ -59,7 +52,7 @@ SERVED = [
 @pytest.mark.parametrize("cfg", CONFIGS)
 @pytest.mark.parametrize("hq,hkv,q_len,page,layout,batch,max_len", SERVED)
 def test_gluon_decode_matches_reference(cfg, hq, hkv, q_len, page, layout, batch, max_len, dtype):
-    kw = dict(seq_lens=_lens(batch, max_len, batch + page), q_len_per_req=q_len, num_qo_heads=hq, num_kv_heads=hkv,
+    kw = dict(seq_lens=random_lens(batch, max_len, batch + page), q_len_per_req=q_len, num_qo_heads=hq, num_kv_heads=hkv,
               head_dim=128, page_size=page, layout=layout, dtype=dtype, return_lse=True, device="cuda")
     with att.override_configs(decode=cfg):
         res = run_case("triton", "decode", **kw)
@@ -73,7 +66,7 @@ def test_gluon_decode_matches_reference(cfg, hq, hkv, q_len, page, layout, batch
 @pytest.mark.parametrize("window,softcap,sinks,q_len", [(4096, 30.0, True, 3), (700, None, False, 1),
                                                         (100, 10.0, True, 4), (None, 50.0, False, 2)])
 def test_gluon_decode_features(cfg, window, softcap, sinks, q_len):
-    kw = dict(seq_lens=_lens(6, 16384, 3), q_len_per_req=q_len, num_qo_heads=32, num_kv_heads=8, head_dim=128,
+    kw = dict(seq_lens=random_lens(6, 16384, 3), q_len_per_req=q_len, num_qo_heads=32, num_kv_heads=8, head_dim=128,
               dtype=bf16, return_lse=True, device="cuda", sliding_window=window, logits_soft_cap=softcap,
               scale_as_tensor=True, strided_query=True, use_sinks=sinks)
     with att.override_configs(decode=cfg):
@@ -119,7 +112,7 @@ def test_gluon_decode_bad_page_ids_read_nothing(cfg):
 def test_gluon_config_falls_back_where_not_served(cfg, dtype, hq, hkv, q_len, layout):
     """More than 16 rows take the plain kernel; vLLM's combined page is served where its views are 16-byte aligned
     (head_dim 128: 64-byte data rows, 8-byte scale rows), the plain kernel serves it otherwise; correct either way."""
-    kw = dict(seq_lens=_lens(3, 5000, 2), q_len_per_req=q_len, num_qo_heads=hq, num_kv_heads=hkv, head_dim=128,
+    kw = dict(seq_lens=random_lens(3, 5000, 2), q_len_per_req=q_len, num_qo_heads=hq, num_kv_heads=hkv, head_dim=128,
               layout=layout, dtype=dtype, return_lse=True, device="cuda")
     with att.override_configs(decode=cfg):
         res = run_case("triton", "decode", **kw)
