@@ -25,7 +25,11 @@ How it differs:
 * **Decode.** Four cache bytes become four packed bf16 pairs with the bit-placement decode of
   :mod:`~nvfp4compat.kernels.triton.attention_nvfp4` (``e2m1 * sf * 2^-8``, exact; the ``2^8`` is
   folded into the global scales as there) in inline PTX; for V the bytes of two keys are interleaved
-  first (two ``prmt``), so every output register is one operand register.
+  first (two ``prmt``), so every output register is one operand register. fp16 queries take FlashInfer's
+  ``prmt`` table instead; ``CVT8`` (SM89+, opt-in) places E2M1 into E4M3 bits and converts pairs with
+  ``cvt.rn.f16x2.e4m3x2``, with fp16 MMAs (a bf16 query scaled into fp16's range by a power of two).
+* **At most 8 rows** (``ROWS8``): the output is accumulated transposed, ``O^T = V^T P^T``, with ``P^T``
+  taken from the logits' accumulator registers: half the registers and ``P V`` MMAs of 16 rows.
 * **Prefetch.** The unmasked tiles are software-pipelined in registers: tile ``i + 1``'s cache words
   and tile ``i + 2``'s page ids are loaded before tile ``i`` is decoded.
 
@@ -524,8 +528,10 @@ def gluon_decode_kernel(
     num_pages, status_ptr, NW: gl.constexpr, ROWS8: gl.constexpr = False, PAGE_EVEN: gl.constexpr = False,
     OFF32: gl.constexpr = False, CVT8: gl.constexpr = False,
 ):
-    """:func:`attention._decode_kernel` (bf16 queries, head_dim 128, 16 rows, no rotation, no fused
-    merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``."""
+    """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation,
+    no fused merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
+    ``ROWS8``: ``G x q_len <= 8``; ``PAGE_EVEN``: an even page size and no window; ``OFF32``: every cache
+    offset fits in int32; ``CVT8``: the E4M3-conversion decode (SM89+)."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
     gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
     gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
