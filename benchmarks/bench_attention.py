@@ -311,15 +311,16 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
         if hasattr(att, "decode_split"):
             sms = att._sm_count(case.q.device)
             # the config decode() launches (BLOCK_M 16 for GQA <= 16 and one query token; the Gluon kernel's
-            # where it can take the launch: bf16, NHD, CUDA, Gluon importable)
-            gluon = getattr(att, "_gluon", None) is not None and case.q.is_cuda and case.q.dtype == torch.bfloat16
+            # where decode() would take it)
             n_rows = s.num_qo_heads // s.num_kv_heads
             try:
+                cl = att._cache_launch(att.normalize_cache(case.nv_data, case.nv_sf, "NHD"))
+                gluon = att._gluon_eligible(case.q, s.head_dim, 16, False, cl, n_rows, 0, s.page_size)
                 cfg0 = att.decode_config(s.head_dim, 16, gluon=gluon, rows=n_rows)
                 split = att.decode_split(len(s.seq_lens), s.num_kv_heads, s.head_dim, s.page_size,
                                          case.block_table.shape[1], sms, cfg0)
                 base = att.decode_config(s.head_dim, 16, split.chunks * s.num_kv_heads, sms, gluon=gluon, rows=n_rows)
-            except TypeError:  # an attention.py from before the Gluon kernel (--baseline)
+            except (AttributeError, TypeError):  # an attention.py from before the Gluon kernel (--baseline)
                 split = att.decode_split(len(s.seq_lens), s.num_kv_heads, s.head_dim, s.page_size,
                                          case.block_table.shape[1], sms)
                 base = att.decode_config(s.head_dim, 16, split.chunks * s.num_kv_heads, sms)

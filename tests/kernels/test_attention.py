@@ -744,6 +744,21 @@ def test_gluon_build_failure_falls_back_once(monkeypatch):
         att._gluon_build_failed(RuntimeError("again"))  # no second warning
 
 
+def test_decode_kernels_share_their_arguments():
+    """_run_decode passes one argument list to both decode kernels: beside their own constexprs
+    (_PLAIN_DECODE_ONLY, _GLUON_DECODE_ONLY) they take the same parameters in the same order."""
+    import inspect
+
+    from nvfp4compat.kernels.triton import attention as att
+
+    if att._gluon is None:
+        pytest.skip("this triton has no Gluon")
+    plain = list(inspect.signature(att._decode_kernel.fn).parameters)
+    gluon = list(inspect.signature(att._gluon.gluon_decode_kernel.fn).parameters)
+    assert set(att._PLAIN_DECODE_ONLY) <= set(plain) and set(att._GLUON_DECODE_ONLY) <= set(gluon)
+    assert [p for p in plain if p not in att._PLAIN_DECODE_ONLY] == [p for p in gluon if p not in att._GLUON_DECODE_ONLY]
+
+
 def test_byte_extent():
     from nvfp4compat.kernels.triton import attention as att
 

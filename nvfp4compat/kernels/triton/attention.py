@@ -1287,6 +1287,10 @@ GLUON_ROWS16_PROGRAMS_PER_SM = 2
 GLUON_FULL = False
 # set when the Gluon kernel failed to compile in this process: every later launch takes the plain-Triton kernel
 _gluon_failed = False
+# The decode kernels' arguments beyond the ones they share (_run_decode passes the shared ones to both)
+_PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "counter_ptr", "FUSED_MERGE",
+                      "MERGE_CB", "SWAP_AB")
+_GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8")
 GLUON_DECODE_CONFIGS = (
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, gluon=True),
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True),
@@ -1839,7 +1843,7 @@ def _launch_decode_path(
 
 def _gluon_eligible(
     query: torch.Tensor, head_dim: int, block_m: int, rotate: bool, cl: _CacheLaunch, rows: int, window: int,
-    page_size: int, fused: bool | None = None, varlen: bool = False, sinks: bool = False,
+    page_size: int, varlen: bool = False, sinks: bool = False,
 ) -> bool:
     """Whether a decode launch can take the Gluon kernel: CUDA, not interpreted, Gluon importable, no
     earlier compile failure of it in this process, and a launch it serves
@@ -1847,8 +1851,7 @@ def _gluon_eligible(
     return (
         _gluon is not None and not _gluon_failed and query.is_cuda and not interpreting()
         and _gluon.gluon_decode_eligible(head_dim, block_m, rotate, query.dtype, cl.data_align, cl.sf_align,
-                                         bool(FUSED_MERGE) if fused is None else fused, rows, window, page_size,
-                                         GLUON_FULL, varlen, sinks)
+                                         bool(FUSED_MERGE), rows, window, page_size, GLUON_FULL, varlen, sinks)
     )
 
 
@@ -1941,48 +1944,40 @@ def _run_decode(
     softcap = d.softcap if d.softcap else 1.0
     counters = _merge_counters(device, batch * d.num_kv_heads) if d.fused_merge else None
     fused = counters is not None
+    # what both decode kernels take; each adds its own constexprs (_PLAIN_DECODE_ONLY / _GLUON_DECODE_ONLY)
+    args = (
+        query, out, lse_arg, part_o, part_lse,
+        *cache, block_table, seq_lens, qsl_arg, sinks_arg,
+        k_scale, v_scale, d.sm_scale_log2, softcap, d.window,
+        batch, d.programs, d.min_tiles, d.group, d.num_qo_heads, d.page_size, page_shift, d.max_pages,
+        num_tokens,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1), d.num_qo_heads,
+        *d.strides, block_table.stride(0),
+    )
+    common = dict(
+        HEAD_DIM=d.head_dim, BLOCK_M=d.block_m, BLOCK_N=d.cfg.block_n, QMAX=qmax,
+        VARLEN=qsl is not None, CAUSAL=causal and qmax > 1, HAS_WINDOW=d.window > 0,
+        HAS_SOFTCAP=d.softcap > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse,
+        BATCH_BLOCK=d.batch_block, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr,
+        DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
+        num_pages=d.num_pages, status_ptr=status_arg,
+        num_warps=d.cfg.num_warps, maxnreg=d.cfg.maxnreg,
+    )  # fmt: skip
     launched = False
     if d.gluon and not fused and not _gluon_failed:
         try:
             LAST_KERNELS["decode"] = _gluon.gluon_decode_kernel[(d.chunks * d.num_kv_heads,)](
-                query, out, lse_arg, part_o, part_lse,
-                *cache, block_table, seq_lens, qsl_arg, sinks_arg,
-                k_scale, v_scale, d.sm_scale_log2, softcap, d.window,
-                batch, d.programs, d.min_tiles, d.group, d.num_qo_heads, d.page_size, page_shift, d.max_pages,
-                num_tokens,
-                query.stride(0), query.stride(1), out.stride(0), out.stride(1), d.num_qo_heads,
-                *d.strides, block_table.stride(0),
-                HEAD_DIM=d.head_dim, BLOCK_M=d.block_m, BLOCK_N=d.cfg.block_n, QMAX=qmax,
-                VARLEN=qsl is not None, CAUSAL=causal and qmax > 1, HAS_WINDOW=d.window > 0,
-                HAS_SOFTCAP=d.softcap > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse,
-                BATCH_BLOCK=d.batch_block, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr,
-                DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
-                num_pages=d.num_pages, status_ptr=status_arg, NW=d.cfg.num_warps,
-                ROWS8=d.group * qmax <= 8, PAGE_EVEN=d.page_size % 2 == 0 and d.window <= 0, OFF32=d.off32,
-                CVT8=d.cvt8,
-                num_warps=d.cfg.num_warps, maxnreg=d.cfg.maxnreg,
+                *args, **common, NW=d.cfg.num_warps, ROWS8=d.group * qmax <= 8,
+                PAGE_EVEN=d.page_size % 2 == 0 and d.window <= 0, OFF32=d.off32, CVT8=d.cvt8,
             )  # fmt: skip
             launched = True
         except Exception as exc:  # a build failure on this GPU / triton: the plain kernel from now on
             _gluon_build_failed(exc)
     if not launched:
         LAST_KERNELS["decode"] = _decode_kernel[(d.chunks * d.num_kv_heads,)](
-            query, out, lse_arg, part_o, part_lse,
-            *cache, block_table, seq_lens, qsl_arg, sinks_arg,
-            k_scale, v_scale, d.sm_scale_log2, softcap, d.window,
-            batch, d.programs, d.min_tiles, d.group, d.num_qo_heads, d.page_size, page_shift, d.max_pages,
-            num_tokens,
-            query.stride(0), query.stride(1), out.stride(0), out.stride(1), d.num_qo_heads,
-            *d.strides, block_table.stride(0),
-            HEAD_DIM=d.head_dim, BLOCK_M=d.block_m, BLOCK_N=d.cfg.block_n, QMAX=qmax,
-            VARLEN=qsl is not None, CAUSAL=causal and qmax > 1, HAS_WINDOW=d.window > 0,
-            HAS_SOFTCAP=d.softcap > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse,
-            BATCH_BLOCK=d.batch_block, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr, FAST=d.fast,
-            DOT_FP32=d.dot_fp32, DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
-            num_pages=d.num_pages, status_ptr=status_arg, PREFETCH=d.cfg.prefetch, ROTATE=d.rotate,
+            *args, **common, FAST=d.fast, DOT_FP32=d.dot_fp32, PREFETCH=d.cfg.prefetch, ROTATE=d.rotate,
             SCALE_WORDS=d.cfg.scale_words, counter_ptr=counters if fused else seq_lens, FUSED_MERGE=fused,
-            MERGE_CB=d.merge_cb if fused else 1, SWAP_AB=d.cfg.swap_ab,
-            num_warps=d.cfg.num_warps, num_stages=d.cfg.num_stages, maxnreg=d.cfg.maxnreg,
+            MERGE_CB=d.merge_cb if fused else 1, SWAP_AB=d.cfg.swap_ab, num_stages=d.cfg.num_stages,
         )  # fmt: skip
     if fused:
         return
@@ -2440,11 +2435,9 @@ def aot_variants() -> dict[str, list[Any]]:
                   pow2: bool = True, even: bool = True, off32: bool = True, batch_block: int = 128, ptr: bool = True,
                   **features: Any) -> None:
         sig = _decode_signature(dtype, ptr, ptr)
-        for name in ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "counter_ptr", "FUSED_MERGE",
-                     "MERGE_CB", "SWAP_AB"):
+        for name in _PLAIN_DECODE_ONLY:
             sig.pop(name)
-        sig.update({"NW": "constexpr", "ROWS8": "constexpr", "PAGE_EVEN": "constexpr", "OFF32": "constexpr",
-                    "CVT8": "constexpr"})
+        sig.update(dict.fromkeys(_GLUON_DECODE_ONLY, "constexpr"))
         c: dict[str, Any] = {"HEAD_DIM": 128, "BLOCK_M": 16, "BLOCK_N": cfg.block_n, "QMAX": qmax, "VARLEN": False,
                              "CAUSAL": qmax > 1, "BATCH_BLOCK": batch_block, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr,
                              "DATA_ALIGN": 16, "SF_ALIGN": 8, "PAGE_POW2": pow2, "NW": cfg.num_warps,

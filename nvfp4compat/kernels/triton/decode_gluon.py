@@ -40,6 +40,7 @@ cache, and on a masked tile a key whose page id is outside the cache is masked (
 
 from __future__ import annotations
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
@@ -785,8 +786,6 @@ def gluon_decode_eligible(
     window, an even page size, no attention sinks, and the decode op's own launches (not the decode rows
     of a varlen prefill batch).
     """
-    import torch
-
     served = (
         head_dim == 128 and block_m == 16 and not rotate and query_dtype in (torch.bfloat16, torch.float16)
         and data_align >= 16 and sf_align >= 2 and not fused_merge
