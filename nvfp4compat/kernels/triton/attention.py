@@ -1274,8 +1274,10 @@ SWAP_DECODE_CONFIGS = (
 # rows the 64-key, 4-warp kernel takes 211 registers (2 per SM).
 # The default where a launch can take the Gluon kernel (decode_config(gluon=True)). Timed on an H200 against the
 # plain-Triton default in one run (2026-12-04, BENCHMARKS.md decode run K): see BENCHMARKS.md.
+# The E4M3 conversion (e4m3_cvt: SM89+; SM80/86 take the bit placement of the same config) was 6-12% faster than
+# the bit placement on five of six decode shapes and 2% slower on one 8K request (run L, BENCHMARKS.md).
 _DECODE_CONFIGS_GLUON: dict[int, DecodeConfig] = {
-    128: DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, gluon=True),
+    128: DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, gluon=True, e4m3_cvt=True),
 }
 # 9-16 rows (the 16-row orientation: 211 registers on sm_90) hold 2 programs per SM
 GLUON_ROWS16_PROGRAMS_PER_SM = 2
@@ -1292,14 +1294,14 @@ _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "
                       "MERGE_CB", "SWAP_AB")
 _GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8")
 GLUON_DECODE_CONFIGS = (
+    _DECODE_CONFIGS_GLUON[128],
+    DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True),
+    DecodeConfig(block_n=32, num_warps=2, num_stages=1, programs_per_sm=6, gluon=True, e4m3_cvt=True),
+    DecodeConfig(block_n=128, num_warps=8, num_stages=1, maxnreg=128, programs_per_sm=2, gluon=True, e4m3_cvt=True),
+    # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
+    # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
+    # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, gluon=True),
-    DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True),
-    DecodeConfig(block_n=32, num_warps=2, num_stages=1, programs_per_sm=6, gluon=True),
-    DecodeConfig(block_n=128, num_warps=8, num_stages=1, maxnreg=128, programs_per_sm=2, gluon=True),
-    # the E4M3-conversion decode (SM89+): compiled for sm_90 (triton 3.6.0, <= 8 rows) 152 registers, no spill, and
-    # 524 instructions in the unmasked loop per 16 keys and warp against 580 (64 F2FP.F16.E4M3 in place of the
-    # bit placement); not yet timed
-    DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, gluon=True, e4m3_cvt=True),
 )
 # Warps of a decode launch whose config has fewer, when (a) BLOCK_M > 16: at 2 warps the
 # accumulators do not fit (SM90, head_dim 128: BLOCK_M 32 spills 8 bytes, BLOCK_M 64 spills 1.5 KB,
@@ -2426,9 +2428,9 @@ def aot_variants() -> dict[str, list[Any]]:
     add_prefill("fp16-d512-portable", "fp16", 512, decoder="portable")
     add_prefill("bf16-d128-table", "bf16", 128, decoder="table")
 
-    # the Gluon decode: the default launch (<= 8 rows, even pages, 32-bit offsets), 16 rows, every feature with q_len
-    # 2 and 64-bit offsets, pages of any size, a batch block of 1024, fp16 queries, and every config of
-    # GLUON_DECODE_CONFIGS
+    # the Gluon decode: the default launch (<= 8 rows, even pages, 32-bit offsets; the E4M3 conversion on SM89+),
+    # 16 rows, every feature with q_len 2 and 64-bit offsets, pages of any size, a batch block of 1024, fp16 queries,
+    # the bit placement everywhere, and every config of GLUON_DECODE_CONFIGS
     glu: list[AotVariant] = []
 
     def add_gluon(label: str, cfg: DecodeConfig, *, dtype: str = "bf16", group: int = 4, qmax: int = 1,
@@ -2457,9 +2459,9 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-batch1024", gdef, batch_block=1024)
     add_gluon("fp16-d128", gdef, dtype="fp16")
     add_gluon("fp16-d128-q2-all", gdef, dtype="fp16", qmax=2, **_FEATURES_ON)
-    cvt = GLUON_DECODE_CONFIGS[-1]
-    add_gluon("bf16-d128-cvt8-q2-all", cvt, qmax=2, **_FEATURES_ON)
-    add_gluon("fp16-d128-cvt8-g16", cvt, dtype="fp16", group=16)
+    placed = GLUON_DECODE_CONFIGS[-1]  # the bit placement on every target
+    add_gluon("bf16-d128-placed-q2-all", placed, qmax=2, **_FEATURES_ON)
+    add_gluon("fp16-d128-placed-g16", placed, dtype="fp16", group=16)
     for i, gcfg in enumerate(GLUON_DECODE_CONFIGS):
         add_gluon(f"bf16-d128-sweep{i}", gcfg)
 
