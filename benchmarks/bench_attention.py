@@ -315,7 +315,7 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
             n_rows = s.num_qo_heads // s.num_kv_heads
             try:
                 cl = att._cache_launch(att.normalize_cache(case.nv_data, case.nv_sf, "NHD"))
-                gluon = att._gluon_eligible(case.q, s.head_dim, 16, False, cl, n_rows, 0, s.page_size)
+                gluon = att._gluon_eligible(case.q, s.head_dim, 16, False, cl)
                 cfg0 = att.decode_config(s.head_dim, 16, gluon=gluon, rows=n_rows)
                 split = att.decode_split(len(s.seq_lens), s.num_kv_heads, s.head_dim, s.page_size,
                                          case.block_table.shape[1], sms, cfg0)

@@ -14,8 +14,8 @@
 #               racecheck (decode, prefill); the decoders' bit-exactness test on the GPU
 #   decode-check the decode shapes, default config only, against .gpu/att_baseline.py (no FlashInfer)
 #   prefill     benchmarks/bench_prefill.py (FA3/FA2 bf16, FA2 NVFP4, fused Triton, dequant + FA3)
-#   gluon       the Gluon decode: its GPU tests (every path it builds, GLUON_FULL on: fp16, 9-16 rows, windows,
-#               odd pages), the decode tier, memcheck over the decode cases, the decode shapes against
+#   gluon       the Gluon decode: its GPU tests (every path it builds: bf16/fp16, 1-16 rows, windows, sinks,
+#               odd pages, varlen rows), the decode tier, memcheck over the decode cases, the decode shapes against
 #               FlashInfer (default config and the plain-Triton default), Nsight Compute counters
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -695,40 +695,27 @@ def test_decode_config_takes_the_gluon_kernel_where_it_can():
 
 def test_gluon_eligibility():
     """What the Gluon kernel serves: bf16 or fp16, head_dim 128, <= 16 rows, no rotation, 16-byte data rows, 2-byte
-    scale rows, no fused merge; by default only bf16, <= 8 rows, no window, even pages (what passed the GPU tier);
-    on the CPU (and under the interpreter) no launch is eligible."""
+    scale rows, no fused merge (every feature within that: windows, sinks, any page size, varlen rows); on the CPU
+    (and under the interpreter) no launch is eligible."""
     from nvfp4compat.kernels.triton import attention as att
 
     if att._gluon is None:
         pytest.skip("this triton has no Gluon")
-    def ok(*args, **kw):
-        return att._gluon.gluon_decode_eligible(*args, **{"full": True, **kw})
-
+    ok = att._gluon.gluon_decode_eligible
     assert ok(128, 16, False, torch.bfloat16, 16, 8, False)
     assert ok(128, 16, False, torch.float16, 16, 8, False)
+    assert ok(128, 16, False, torch.bfloat16, 16, 2, False)
     assert not ok(128, 16, False, torch.float32, 16, 8, False)
     assert not ok(64, 16, False, torch.bfloat16, 16, 8, False)
-    assert not ok(128, 32, False, torch.bfloat16, 16, 8, False)
+    assert not ok(128, 32, False, torch.bfloat16, 16, 8, False)  # more than 16 rows
     assert not ok(128, 16, True, torch.bfloat16, 16, 8, False)
     assert not ok(128, 16, False, torch.bfloat16, 8, 8, False)  # cache rows on 8-byte boundaries only
     assert not ok(128, 16, False, torch.bfloat16, 16, 1, False)
     assert not ok(128, 16, False, torch.bfloat16, 16, 8, True)
-    # the default envelope: <= 8 rows, no window, even pages (the paths that passed the GPU tier)
-    assert ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=8, window=0, page_size=32, full=False)
-    assert not ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=9, full=False)
-    assert not ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=4, window=100, full=False)
-    assert not ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=4, page_size=13, full=False)
-    assert not ok(128, 16, False, torch.float16, 16, 8, False, rows=4, full=False)
-    assert not ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=4, varlen=True, full=False)
-    assert not ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=4, sinks=True, full=False)
-    assert ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=4, varlen=True, sinks=True)
-    assert ok(128, 16, False, torch.bfloat16, 16, 8, False, rows=16, window=100, page_size=13)
     c = _cache(head_dim=128)
     cl = att._cache_launch(att.normalize_cache(c.paged_kv_cache, c.kv_cache_sf, c.kv_layout))
     q = torch.zeros(1, 4, 128, dtype=torch.bfloat16)
-    assert not att._gluon_eligible(q, 128, 16, False, cl, 4, 0, 16)
-    assert not att._gluon_eligible(q.cuda() if torch.cuda.is_available() else q, 128, 16, False, cl, 4, 0, 16,
-                                   sinks=True)
+    assert not att._gluon_eligible(q, 128, 16, False, cl)
 
 
 def test_gluon_build_failure_falls_back_once(monkeypatch):

@@ -2,7 +2,8 @@
 plain-Triton kernel, on every launch it serves and on those it must hand back to the plain kernel.
 
 Run on a CUDA machine: ``pytest -m gpu tests/kernels/test_gpu_decode_gluon.py``. The default Gluon config and
-the 2-warp and the E4M3-conversion ones of ``GLUON_DECODE_CONFIGS`` run every case; each case checks which kernel ran (``LAST_KERNELS``).
+the 2-warp one and the bit placement (what SM80/86 run) of ``GLUON_DECODE_CONFIGS`` run every case; each case checks
+which kernel ran (``LAST_KERNELS``).
 """
 
 from __future__ import annotations
@@ -19,15 +20,17 @@ from nvfp4compat.kernels.triton import attention as att
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
 
 
-@pytest.fixture(autouse=True)
-def _full_envelope(monkeypatch):
-    """Every path the kernel serves (``GLUON_FULL``): 9-16 rows, windows and odd pages too, which the default
-    envelope leaves to the plain kernel until they have passed here."""
-    monkeypatch.setattr(att, "GLUON_FULL", True)
-
 bf16, fp16 = torch.bfloat16, torch.float16
 CONFIGS = [pytest.param(c, id=f"n{c.block_n}-w{c.num_warps}-r{c.maxnreg}{'-cvt8' if c.e4m3_cvt else ''}")
            for c in (att._DECODE_CONFIGS_GLUON[128], att.GLUON_DECODE_CONFIGS[2], att.GLUON_DECODE_CONFIGS[-1])]
+
+
+@pytest.fixture(params=[(0, {}), (1, {}), (2, {}), (0, {"sliding_window": 2000, "use_sinks": True}),
+                        (0, {"logits_soft_cap": 30.0, "scale_as_tensor": True})],
+                ids=["default", "n32-w2", "placed", "default-window-sinks", "default-softcap"])
+def cfg_rows(request):
+    i, feats = request.param
+    return CONFIGS[i].values[0], feats
 
 
 def _ran_gluon() -> bool:
@@ -145,14 +148,28 @@ def test_gluon_decode_cuda_graph(cfg):
     assert ra.relative_l2(out, plain) <= 5e-3
 
 
-def test_gluon_is_the_default_for_bf16_head_dim_128(monkeypatch):
-    """The default envelope (GLUON_FULL off): bf16, <= 8 rows, no window, even pages, no sinks take the Gluon
-    kernel; fp16, 16 rows, a window, an odd page size or sinks take the plain kernel."""
-    monkeypatch.setattr(att, "GLUON_FULL", False)
+def test_gluon_decode_rows_of_prefill_batches(cfg_rows):
+    """The decode rows of a varlen prefill batch (``VARLEN``: rows with 1..QMAX query tokens, the prompt rows in the
+    prefill kernel) through the Gluon kernel, with and without window, sinks and soft-cap."""
+    cfg, feats = cfg_rows
+    kw = dict(seq_lens=[3000, 9000, 40, 5000, 700], q_lens=[1, 2, 40, 1, 300], num_qo_heads=32, num_kv_heads=8,
+              head_dim=128, dtype=bf16, return_lse=True, device="cuda", **feats)
+    with att.override_configs(decode=cfg):
+        res = run_case("triton", "prefill", **kw)
+        assert _ran_gluon(), f"the decode rows did not take the Gluon kernel: {att.LAST_KERNELS.get('decode')}"
+    res.check()
+
+
+def test_gluon_is_the_default_for_bf16_and_fp16_head_dim_128():
+    """Without an override: bf16 and fp16, 1-16 rows, windows, odd pages, sinks and the decode rows of a prefill
+    batch take the Gluon kernel; more than 16 rows and head_dim 64 take the plain kernel."""
     kw = dict(seq_lens=[3000, 40], num_qo_heads=32, num_kv_heads=8, head_dim=128, dtype=bf16, device="cuda")
-    run_case("triton", "decode", **kw).check()
-    assert _ran_gluon()
-    for other in ({"dtype": fp16}, {"num_qo_heads": 64, "q_len_per_req": 2}, {"sliding_window": 500},
+    for other in ({}, {"dtype": fp16}, {"num_qo_heads": 64, "q_len_per_req": 2}, {"sliding_window": 500},
                   {"page_size": 13}, {"use_sinks": True}):
+        run_case("triton", "decode", **{**kw, **other}).check()
+        assert _ran_gluon(), other
+    run_case("triton", "prefill", **{**kw, "q_lens": [1, 30]}).check()
+    assert _ran_gluon()
+    for other in ({"num_qo_heads": 64, "q_len_per_req": 4}, {"head_dim": 64}):
         run_case("triton", "decode", **{**kw, **other}).check()
         assert not _ran_gluon(), other

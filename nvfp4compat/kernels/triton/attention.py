@@ -1281,12 +1281,6 @@ _DECODE_CONFIGS_GLUON: dict[int, DecodeConfig] = {
 }
 # 9-16 rows (the 16-row orientation: 211 registers on sm_90) hold 2 programs per SM
 GLUON_ROWS16_PROGRAMS_PER_SM = 2
-# False: the Gluon kernel takes only the launches whose paths passed the GPU tier on an H200 (2026-12-04, run K):
-# bf16, at most 8 rows, no sliding window, an even page size, no sinks, decode() itself (not the decode rows of a
-# varlen prefill batch); the rest take the plain-Triton kernel. True:
-# everything decode_gluon.gluon_decode_eligible serves (fp16 queries, 9-16 rows, windows, odd page sizes, sinks,
-# varlen rows: built for every target, not yet passed on a GPU in this form). tests/kernels/test_gpu_decode_gluon.py sets it.
-GLUON_FULL = False
 # set when the Gluon kernel failed to compile in this process: every later launch takes the plain-Triton kernel
 _gluon_failed = False
 # The decode kernels' arguments beyond the ones they share (_run_decode passes the shared ones to both)
@@ -1785,7 +1779,7 @@ def _byte_extent(t: torch.Tensor) -> int:
 
 def _decode_launch(
     a: _Args, query: torch.Tensor, block_table: torch.Tensor, qmax: int, cl: _CacheLaunch,
-    rotate: bool = False, varlen: bool = False,
+    rotate: bool = False,
 ) -> _DecodeLaunch:
     views = a.views
     device = views.device
@@ -1793,8 +1787,7 @@ def _decode_launch(
     block_m = max(16, triton.next_power_of_2(a.group * qmax))
     num_sms = _sm_count(device)
     rows = a.group * qmax
-    gluon = _gluon_eligible(query, views.head_dim, block_m, rotate, cl, rows, a.window, views.page_size,
-                            varlen=varlen, sinks=a.sinks is not None)
+    gluon = _gluon_eligible(query, views.head_dim, block_m, rotate, cl)
     split = decode_split(batch, views.num_kv_heads, views.head_dim, views.page_size, block_table.shape[1], num_sms,
                          decode_config(views.head_dim, block_m, rotate=rotate, gluon=gluon, rows=rows))
     programs, min_tiles, chunks, slots = split.programs, split.min_tiles, split.chunks, split.slots
@@ -1835,7 +1828,7 @@ def _launch_decode_path(
     returns what the launch derived (``decode()`` caches it). ``status``: the guard kernel's word
     (with ``qsl``); ``rotate``: a Hadamard-rotated cache."""
     cl = _cache_launch(a.views)
-    d = _decode_launch(a, query, block_table, qmax, cl, rotate, varlen=qsl is not None)
+    d = _decode_launch(a, query, block_table, qmax, cl, rotate)
     _run_decode(
         d, query, a.out, a.lse, cl.tensors, block_table, seq_lens, qsl, a.sinks, a.k_scale,
         a.v_scale, causal, status,
@@ -1843,17 +1836,14 @@ def _launch_decode_path(
     return d
 
 
-def _gluon_eligible(
-    query: torch.Tensor, head_dim: int, block_m: int, rotate: bool, cl: _CacheLaunch, rows: int, window: int,
-    page_size: int, varlen: bool = False, sinks: bool = False,
-) -> bool:
+def _gluon_eligible(query: torch.Tensor, head_dim: int, block_m: int, rotate: bool, cl: _CacheLaunch) -> bool:
     """Whether a decode launch can take the Gluon kernel: CUDA, not interpreted, Gluon importable, no
     earlier compile failure of it in this process, and a launch it serves
-    (:func:`decode_gluon.gluon_decode_eligible`, within :data:`GLUON_FULL`)."""
+    (:func:`decode_gluon.gluon_decode_eligible`)."""
     return (
         _gluon is not None and not _gluon_failed and query.is_cuda and not interpreting()
         and _gluon.gluon_decode_eligible(head_dim, block_m, rotate, query.dtype, cl.data_align, cl.sf_align,
-                                         bool(FUSED_MERGE), rows, window, page_size, GLUON_FULL, varlen, sinks)
+                                         bool(FUSED_MERGE))
     )
 
 
@@ -2027,7 +2017,7 @@ def _knobs() -> tuple:
     return (
         SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, SPLIT_WAVES, SPLIT_MAX_WAVES, SPLIT_WAVE_GAIN, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
         MERGE_STEP_ELEMENTS, MERGE_CHUNK_BLOCK, FUSED_MERGE, tuple(_DECODE_CONFIGS.items()), tuple(_DECODE_CONFIGS_BYTE_SCALES.items()), tuple(sorted(_overrides.items())), interpreting(),
-        GLUON_FULL, _gluon_failed, tuple(_DECODE_CONFIGS_GLUON.items()),
+        _gluon_failed, tuple(_DECODE_CONFIGS_GLUON.items()),
     )  # fmt: skip
 
 

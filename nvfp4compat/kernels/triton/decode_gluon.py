@@ -774,23 +774,18 @@ def gluon_decode_kernel(
 
 def gluon_decode_eligible(
     head_dim: int, block_m: int, rotate: bool, query_dtype, data_align: int, sf_align: int, fused_merge: bool,
-    rows: int = 16, window: int = 0, page_size: int = 16, full: bool = False, varlen: bool = False,
-    sinks: bool = False,
 ) -> bool:
     """Whether a decode launch can take :func:`gluon_decode_kernel` (else the plain-Triton kernel).
 
     What the kernel serves: bf16 or fp16 queries, head_dim 128, at most 16 rows (``G x q_len``), no rotation,
     cache rows on 16-byte boundaries and scale rows on 2-byte ones (vLLM's page at head_dim 128 has both), the split
-    merge kernel (no ``FUSED_MERGE``). Unless ``full`` (``attention.GLUON_FULL``), only the paths that
-    have passed the GPU tier are taken: bf16, at most 8 rows (the ``O^T`` orientation), no sliding
-    window, an even page size, no attention sinks, and the decode op's own launches (not the decode rows
-    of a varlen prefill batch).
+    merge kernel (no ``FUSED_MERGE``); every feature of the decode contract within that (sliding windows, soft-cap,
+    sinks, LSE, any page size, NHD/HND, the decode rows of a varlen prefill batch). All of these passed the GPU tier
+    on an H200 (``tests/kernels/test_gpu_decode_gluon.py``, run L).
     """
     served = (
         head_dim == 128 and block_m == 16 and not rotate and query_dtype in (torch.bfloat16, torch.float16)
         and data_align >= 16 and sf_align >= 2 and not fused_merge
     )
-    tested = (query_dtype == torch.bfloat16 and rows <= 8 and window <= 0 and page_size % 2 == 0 and not varlen
-              and not sinks)
-    return served and (full or tested)
+    return served
 
