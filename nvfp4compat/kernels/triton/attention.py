@@ -1184,8 +1184,14 @@ class DecodeConfig:
     # (block_n // num_warps each), operands decoded in registers, no shared memory in the key loop
     gluon: bool = False
     # with gluon, on SM89+: E2M1 to E4M3 by bit placement and the hardware E4M3 -> f16 conversion, fp16 MMAs
-    # (a bf16 query scaled by a power of two into fp16's range); opt-in, not yet run on a GPU
+    # (a bf16 query scaled by a power of two into fp16's range); the default of _DECODE_CONFIGS_GLUON since run L
     e4m3_cvt: bool = False
+    # with gluon, <= 8 rows and 16 keys per warp: the logits transposed, S^T = K Q^T (keys as the MMA's rows, the
+    # query its B operand: half the logits MMAs, no padded query rows), P^T turned into the P V operand by
+    # movmatrix.trans (decode_gluon._softmax_pv_kt). On sm_90 (triton 3.6.0) with the E4M3 conversion: 128 registers
+    # without spill under a 128 cap (4 programs per SM, against 152 and 3), 545 instructions per 16 keys and warp in
+    # the unmasked loop against 524. Opt-in, not yet run on a GPU
+    kt_logits: bool = False
 
 
 @dataclass(frozen=True)
@@ -1286,12 +1292,15 @@ _gluon_failed = False
 # The decode kernels' arguments beyond the ones they share (_run_decode passes the shared ones to both)
 _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "counter_ptr", "FUSED_MERGE",
                       "MERGE_CB", "SWAP_AB")
-_GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8")
+_GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT")
 GLUON_DECODE_CONFIGS = (
     _DECODE_CONFIGS_GLUON[128],
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True),
     DecodeConfig(block_n=32, num_warps=2, num_stages=1, programs_per_sm=6, gluon=True, e4m3_cvt=True),
     DecodeConfig(block_n=128, num_warps=8, num_stages=1, maxnreg=128, programs_per_sm=2, gluon=True, e4m3_cvt=True),
+    # the transposed logits (kt_logits): 4 programs per SM under a 128-register cap; not yet run on a GPU
+    DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
+                 kt_logits=True),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
@@ -1961,6 +1970,7 @@ def _run_decode(
             LAST_KERNELS["decode"] = _gluon.gluon_decode_kernel[(d.chunks * d.num_kv_heads,)](
                 *args, **common, NW=d.cfg.num_warps, ROWS8=d.group * qmax <= 8,
                 PAGE_EVEN=d.page_size % 2 == 0 and d.window <= 0, OFF32=d.off32, CVT8=d.cvt8,
+                KT=d.cfg.kt_logits and d.group * qmax <= 8 and d.cfg.block_n == 16 * d.cfg.num_warps,
             )  # fmt: skip
             launched = True
         except Exception as exc:  # a build failure on this GPU / triton: the plain kernel from now on
@@ -2433,7 +2443,8 @@ def aot_variants() -> dict[str, list[Any]]:
         c: dict[str, Any] = {"HEAD_DIM": 128, "BLOCK_M": 16, "BLOCK_N": cfg.block_n, "QMAX": qmax, "VARLEN": False,
                              "CAUSAL": qmax > 1, "BATCH_BLOCK": batch_block, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr,
                              "DATA_ALIGN": 16, "SF_ALIGN": 8, "PAGE_POW2": pow2, "NW": cfg.num_warps,
-                             "ROWS8": group * qmax <= 8, "PAGE_EVEN": even, "OFF32": off32, "CVT8": False}
+                             "ROWS8": group * qmax <= 8, "PAGE_EVEN": even, "OFF32": off32, "CVT8": False,
+                             "KT": cfg.kt_logits and group * qmax <= 8 and cfg.block_n == 16 * cfg.num_warps}
         c.update(_FEATURES_OFF)
         c.update(features)
         # the E4M3 conversion where the launcher takes it: SM89+
@@ -2449,6 +2460,9 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-batch1024", gdef, batch_block=1024)
     add_gluon("fp16-d128", gdef, dtype="fp16")
     add_gluon("fp16-d128-q2-all", gdef, dtype="fp16", qmax=2, **_FEATURES_ON)
+    kt = next(c for c in GLUON_DECODE_CONFIGS if c.kt_logits)
+    add_gluon("bf16-d128-kt-q2-all", kt, qmax=2, **_FEATURES_ON)
+    add_gluon("fp16-d128-kt-page-any", kt, dtype="fp16", pow2=False, even=False)
     placed = GLUON_DECODE_CONFIGS[-1]  # the bit placement on every target
     add_gluon("bf16-d128-placed-q2-all", placed, qmax=2, **_FEATURES_ON)
     add_gluon("fp16-d128-placed-g16", placed, dtype="fp16", group=16)

@@ -149,6 +149,8 @@ _ASM_V_CVT8 = (
     + _e4m3_cvt("x0", ("$0", "$1", "$2", "$3")) + _e4m3_cvt("x1", ("$4", "$5", "$6", "$7")) + "}\n"
 )
 
+# one 8x8 block of 16-bit values in the accumulator fragment -> its transpose in the same fragment (sm_75+)
+_MOVMATRIX_T = gl.constexpr("movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;")
 _LOG2E = gl.constexpr(1.4426950408889634)
 _K_BF16 = gl.constexpr(_ASM_K_BF16)
 _V_BF16 = gl.constexpr(_ASM_V_BF16)
@@ -402,6 +404,85 @@ def _tile_words(
 
 
 @gluon.jit
+def _v_decoded(va, vb, vsa, vsb, DT: gl.constexpr, CVT8: gl.constexpr):
+    """The V words of a tile (:func:`_tile_words`) decoded: ``[NW, KP, c, wv, h, m0, m1, pair]`` of ``DT``, the pair
+    being keys ``2 kp`` and ``2 kp + 1`` (see :func:`_attend`)."""
+    sf_a = _scale_biased(vsa.to(gl.int32), DT, CVT8)
+    sf_b = _scale_biased(vsb.to(gl.int32), DT, CVT8)
+    if CVT8:
+        r = gl.inline_asm_elementwise(
+            _V_CVT8, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [va, vb, sf_a, sf_b], dtype=(gl.int32,) * 8, is_pure=True,
+            pack=1,
+        )
+    elif DT == gl.float16:  # noqa: SIM300 (DT is a constexpr, not a constant)
+        r = gl.inline_asm_elementwise(
+            _V_F16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [va, vb, sf_a, sf_b], dtype=(gl.int32,) * 8, is_pure=True,
+            pack=1,
+        )
+    else:
+        r = gl.inline_asm_elementwise(
+            _V_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [va, vb, sf_a, sf_b], dtype=(gl.int32,) * 8, is_pure=True,
+            pack=1,
+        )
+    y = gl.join(
+        gl.join(gl.join(r[0], r[1]), gl.join(r[2], r[3])),
+        gl.join(gl.join(r[4], r[5]), gl.join(r[6], r[7])),
+    )  # [NW, KP, c, wv, h, m0, m1]
+    y = _halves(y, DT)  # [..., pair]
+    return y
+
+
+@gluon.jit
+def _softmax_pv_kt(
+    acc, m_i, l_i, s, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+    bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
+    MMA: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, MASKED: gl.constexpr, CAUSAL_ROWS: gl.constexpr,
+    WINDOW_ROWS: gl.constexpr, HAS_SOFTCAP: gl.constexpr, PAGE_POW2: gl.constexpr, CVT8: gl.constexpr,
+    DT: gl.constexpr,
+):
+    """:func:`_attend` from the transposed logits ``s`` = ``S^T`` ``[NW, KW keys, 8 rows]`` (``KT``): the softmax runs
+    over axis 1, its state ``[NW, 8]`` has the layout of the output's columns, and ``P^T`` becomes the ``P V``
+    operand by one ``movmatrix.trans`` per 8 x 8 block (no shuffle, no shared memory)."""
+    OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    OPB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    KP: gl.constexpr = KW // 2
+    if HAS_SOFTCAP:
+        y = s * softcap_pre
+        s = (1.0 - 2.0 / (gl.exp2(y * 2.8853900817779268) + 1.0)) * softcap_post
+    if MASKED:
+        key_s = n0 + _iota(NW, MMA, 3, 0) * KW + _iota(KW, MMA, 3, 1) + gl.zeros([NW, KW, 8], gl.int32, layout=MMA)
+        ok_s = key_s < kv_hi
+        page_s = gl.load(bt_row + _slot_of(key_s, page_size, page_shift, PAGE_POW2)[0], mask=ok_s, other=-1)
+        s = gl.where(ok_s & (page_s >= 0) & (page_s < num_pages), s, float("-inf"))
+        if CAUSAL_ROWS:
+            s = gl.where(key_s <= gl.expand_dims(qpos, 1), s, float("-inf"))
+        if WINDOW_ROWS:
+            s = gl.where(key_s > gl.expand_dims(qpos - window, 1), s, float("-inf"))
+    if HAS_SOFTCAP:
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s - gl.expand_dims(m_safe, 1))
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale2)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s * qk_scale2 - gl.expand_dims(m_safe, 1))
+    alpha = gl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    # P^T [NW, KW, 8] in the accumulator fragment: each thread's pair (key g, rows 2t, 2t + 1) of each 8 x 8 block
+    # becomes (keys 2t, 2t + 1, row g): the B operand's fragment of P^T, relabelled below
+    p16 = p.to(DT)
+    t = gl.inline_asm_elementwise(_MOVMATRIX_T, "=r,r", [p16], dtype=p16.dtype, is_pure=True, pack=2)
+    t = gl.reshape(gl.permute(gl.reshape(t, [NW, 2, 8, 8]), (0, 1, 3, 2)), [NW, KW, 8])
+    p_t = gl.convert_layout(t, OPB, assert_trivial=True)
+    y = _v_decoded(va, vb, vsa, vsb, DT, CVT8)
+    y = gl.permute(y, (0, 3, 6, 5, 4, 2, 1, 7))  # [NW, wv, m1, m0, h, c, kp, pair]
+    v_t = gl.convert_layout(gl.reshape(y, [NW, 128, 2 * KP]), OPA, assert_trivial=True)
+    acc = acc * gl.expand_dims(alpha, 1)
+    acc = mma_v2(v_t, p_t, acc)
+    return acc, m_new, l_i
+
+
+@gluon.jit
 def _attend(
     acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
     bt_row, page_size, page_shift, num_pages,
@@ -409,6 +490,7 @@ def _attend(
     MMA: gl.constexpr, LK: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr,
     MASKED: gl.constexpr, CAUSAL_ROWS: gl.constexpr, WINDOW_ROWS: gl.constexpr,
     HAS_SOFTCAP: gl.constexpr, PAGE_POW2: gl.constexpr, ROWS8: gl.constexpr, CVT8: gl.constexpr = False,
+    KT: gl.constexpr = False,
 ):
     """Online-softmax update of each warp's state with its keys of the tile at ``n0``, from the tile's
     raw words (:func:`_tile_words`). ``MASKED``: keys past ``kv_hi``, on a page outside the cache or
@@ -439,75 +521,63 @@ def _attend(
         )
     x = _halves(gl.join(gl.join(o0, o1), gl.join(o2, o3)), DT)  # [NW, KW, t, w, qlow, h, p]
     x = gl.permute(x, (0, 3, 4, 5, 2, 6, 1))
-    k_op = gl.convert_layout(gl.reshape(x, [NW, 128, KW]), OPB, assert_trivial=True)
-    s = mma_v2(q_op, k_op, gl.zeros([NW, 16, KW], gl.float32, layout=MMA))
-    if ROWS8:  # rows 8..15 hold no query: the softmax runs on rows 0..7 only (the same registers)
-        s = _rows8(s)
+    if KT:  # S^T = K Q^T: the keys are the MMA's rows, the query (q_op) its B operand [NW, 128, 8]
+        k_a = gl.convert_layout(gl.permute(gl.reshape(x, [NW, 128, KW]), (0, 2, 1)), OPA, assert_trivial=True)
+        s = mma_v2(k_a, q_op, gl.zeros([NW, KW, 8], gl.float32, layout=MMA))
+        acc, m_new, l_i = _softmax_pv_kt(
+            acc, m_i, l_i, s, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+            bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
+            MMA, NW, KW, MASKED, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, CVT8, DT,
+        )
+    else:
+        k_op = gl.convert_layout(gl.reshape(x, [NW, 128, KW]), OPB, assert_trivial=True)
+        s = mma_v2(q_op, k_op, gl.zeros([NW, 16, KW], gl.float32, layout=MMA))
+        if ROWS8:  # rows 8..15 hold no query: the softmax runs on rows 0..7 only (the same registers)
+            s = _rows8(s)
 
-    if HAS_SOFTCAP:
-        y = s * softcap_pre
-        s = (1.0 - 2.0 / (gl.exp2(y * 2.8853900817779268) + 1.0)) * softcap_post
-    if MASKED:
-        key_s = n0 + _iota(NW, MMA, 3, 0) * KW + _iota(KW, MMA, 3, 2)
+        if HAS_SOFTCAP:
+            y = s * softcap_pre
+            s = (1.0 - 2.0 / (gl.exp2(y * 2.8853900817779268) + 1.0)) * softcap_post
+        if MASKED:
+            key_s = n0 + _iota(NW, MMA, 3, 0) * KW + _iota(KW, MMA, 3, 2)
+            if ROWS8:
+                key_s = _rows8(key_s + gl.zeros([NW, 16, KW], gl.int32, layout=MMA))
+            ok_s = key_s < kv_hi
+            page_s = gl.load(bt_row + _slot_of(key_s, page_size, page_shift, PAGE_POW2)[0], mask=ok_s, other=-1)
+            s = gl.where(ok_s & (page_s >= 0) & (page_s < num_pages), s, float("-inf"))
+            if CAUSAL_ROWS:
+                s = gl.where(key_s <= gl.expand_dims(qpos, 2), s, float("-inf"))
+            if WINDOW_ROWS:
+                s = gl.where(key_s > gl.expand_dims(qpos - window, 2), s, float("-inf"))
+        if HAS_SOFTCAP:
+            m_new = gl.maximum(m_i, gl.max(s, 2))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(s - gl.expand_dims(m_safe, 2))
+        else:
+            m_new = gl.maximum(m_i, gl.max(s, 2) * qk_scale2)
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(s * qk_scale2 - gl.expand_dims(m_safe, 2))
+        alpha = gl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + gl.sum(p, 2)
+        p16 = p.to(DT)
+
+        # V [NW, KW, 128] (k = 2 kp + pair, the keys; n = 8 (8 wv + 4 m1 + 2 m0 + h) + c) <-> byte
+        # 8 c + 4 wv + 2 m1 + m0 of the key, nibble h (head dim 16 c + 2 (4 wv + 2 m1 + m0) + h)
+        y = _v_decoded(va, vb, vsa, vsb, DT, CVT8)  # [NW, KP, c, wv, h, m0, m1, pair]
         if ROWS8:
-            key_s = _rows8(key_s + gl.zeros([NW, 16, KW], gl.int32, layout=MMA))
-        ok_s = key_s < kv_hi
-        page_s = gl.load(bt_row + _slot_of(key_s, page_size, page_shift, PAGE_POW2)[0], mask=ok_s, other=-1)
-        s = gl.where(ok_s & (page_s >= 0) & (page_s < num_pages), s, float("-inf"))
-        if CAUSAL_ROWS:
-            s = gl.where(key_s <= gl.expand_dims(qpos, 2), s, float("-inf"))
-        if WINDOW_ROWS:
-            s = gl.where(key_s > gl.expand_dims(qpos - window, 2), s, float("-inf"))
-    if HAS_SOFTCAP:
-        m_new = gl.maximum(m_i, gl.max(s, 2))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(s - gl.expand_dims(m_safe, 2))
-    else:
-        m_new = gl.maximum(m_i, gl.max(s, 2) * qk_scale2)
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(s * qk_scale2 - gl.expand_dims(m_safe, 2))
-    alpha = gl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + gl.sum(p, 2)
-    p16 = p.to(DT)
-
-    # V [NW, KW, 128] (k = 2 kp + pair, the keys; n = 8 (8 wv + 4 m1 + 2 m0 + h) + c) <-> byte
-    # 8 c + 4 wv + 2 m1 + m0 of the key, nibble h (head dim 16 c + 2 (4 wv + 2 m1 + m0) + h)
-    sf_a = _scale_biased(vsa.to(gl.int32), DT, CVT8)
-    sf_b = _scale_biased(vsb.to(gl.int32), DT, CVT8)
-    if CVT8:
-        r = gl.inline_asm_elementwise(
-            _V_CVT8, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [va, vb, sf_a, sf_b], dtype=(gl.int32,) * 8, is_pure=True,
-            pack=1,
-        )
-    elif DT == gl.float16:  # noqa: SIM300 (DT is a constexpr, not a constant)
-        r = gl.inline_asm_elementwise(
-            _V_F16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [va, vb, sf_a, sf_b], dtype=(gl.int32,) * 8, is_pure=True,
-            pack=1,
-        )
-    else:
-        r = gl.inline_asm_elementwise(
-            _V_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [va, vb, sf_a, sf_b], dtype=(gl.int32,) * 8, is_pure=True,
-            pack=1,
-        )
-    y = gl.join(
-        gl.join(gl.join(r[0], r[1]), gl.join(r[2], r[3])),
-        gl.join(gl.join(r[4], r[5]), gl.join(r[6], r[7])),
-    )  # [NW, KP, c, wv, h, m0, m1]
-    y = _halves(y, DT)  # [..., pair]
-    if ROWS8:
-        # O^T += V^T P^T: V^T the A operand (m = the permuted head dim, k = keys), P^T the B operand
-        # straight from the logits' accumulator registers (rows 0..7, n = row), O^T [NW, 128, 8]
-        p_t = gl.convert_layout(gl.permute(p16, (0, 2, 1)), OPB, assert_trivial=True)
-        y = gl.permute(y, (0, 3, 6, 5, 4, 2, 1, 7))  # [NW, wv, m1, m0, h, c, kp, pair]
-        v_t = gl.convert_layout(gl.reshape(y, [NW, 128, 2 * KP]), OPA, assert_trivial=True)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, MMA)), 1)
-        acc = mma_v2(v_t, p_t, acc)
-    else:
-        p_op = gl.convert_layout(p16, OPA, assert_trivial=True)
-        y = gl.permute(y, (0, 1, 7, 3, 6, 5, 4, 2))  # [NW, kp, pair, wv, m1, m0, h, c]
-        v_op = gl.convert_layout(gl.reshape(y, [NW, 2 * KP, 128]), OPB, assert_trivial=True)
-        acc = acc * gl.expand_dims(alpha, 2)
-        acc = mma_v2(p_op, v_op, acc)
+            # O^T += V^T P^T: V^T the A operand (m = the permuted head dim, k = keys), P^T the B operand
+            # straight from the logits' accumulator registers (rows 0..7, n = row), O^T [NW, 128, 8]
+            p_t = gl.convert_layout(gl.permute(p16, (0, 2, 1)), OPB, assert_trivial=True)
+            y = gl.permute(y, (0, 3, 6, 5, 4, 2, 1, 7))  # [NW, wv, m1, m0, h, c, kp, pair]
+            v_t = gl.convert_layout(gl.reshape(y, [NW, 128, 2 * KP]), OPA, assert_trivial=True)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, MMA)), 1)
+            acc = mma_v2(v_t, p_t, acc)
+        else:
+            p_op = gl.convert_layout(p16, OPA, assert_trivial=True)
+            y = gl.permute(y, (0, 1, 7, 3, 6, 5, 4, 2))  # [NW, kp, pair, wv, m1, m0, h, c]
+            v_op = gl.convert_layout(gl.reshape(y, [NW, 2 * KP, 128]), OPB, assert_trivial=True)
+            acc = acc * gl.expand_dims(alpha, 2)
+            acc = mma_v2(p_op, v_op, acc)
     return acc, m_new, l_i
 
 
@@ -527,12 +597,13 @@ def gluon_decode_kernel(
     K_SCALE_PTR: gl.constexpr, V_SCALE_PTR: gl.constexpr,
     DATA_ALIGN: gl.constexpr, SF_ALIGN: gl.constexpr, PAGE_POW2: gl.constexpr,
     num_pages, status_ptr, NW: gl.constexpr, ROWS8: gl.constexpr = False, PAGE_EVEN: gl.constexpr = False,
-    OFF32: gl.constexpr = False, CVT8: gl.constexpr = False,
+    OFF32: gl.constexpr = False, CVT8: gl.constexpr = False, KT: gl.constexpr = False,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation,
     no fused merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
     ``ROWS8``: ``G x q_len <= 8``; ``PAGE_EVEN``: an even page size and no window; ``OFF32``: every cache
-    offset fits in int32; ``CVT8``: the E4M3-conversion decode (SM89+)."""
+    offset fits in int32; ``CVT8``: the E4M3-conversion decode (SM89+); ``KT`` (with ``ROWS8``): the logits
+    transposed, ``S^T = K Q^T`` (:func:`_softmax_pv_kt`)."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
     gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
     gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
@@ -540,6 +611,7 @@ def gluon_decode_kernel(
     KW: gl.constexpr = BLOCK_N // NW
     gl.static_assert(KW * NW == BLOCK_N, "BLOCK_N must be a multiple of the warps")
     gl.static_assert(KW % 16 == 0, "each warp takes a multiple of 16 keys per tile")
+    gl.static_assert(not KT or (ROWS8 and KW == 16), "the transposed logits (KT) take <= 8 rows and 16 keys per warp")
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1], instr_shape=[1, 16, 8])
     OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     LK: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [NW, 1, 1, 1], [3, 2, 1, 0])
@@ -586,7 +658,11 @@ def gluon_decode_kernel(
         e = gl.minimum(e, 100)
         q_val = (qf * ((127 - e) << 23).to(gl.float32, bitcast=True)).to(gl.float16)
         q_shift = ((127 + e) << 23).to(gl.float32, bitcast=True)
-    q_op = gl.convert_layout(q_val, OPA)
+    if KT:  # Q^T [NW, 128, 8], the B operand of S^T = K Q^T
+        q_op = gl.convert_layout(gl.permute(_rows8(q_val), (0, 2, 1)),
+                                 gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2))
+    else:
+        q_op = gl.convert_layout(q_val, OPA)
 
     if K_SCALE_PTR:
         ks_g = gl.load(k_scale)
@@ -644,7 +720,10 @@ def gluon_decode_kernel(
         acc = gl.zeros([NW, HEAD_DIM, 8], gl.float32, layout=MMA)
     else:
         acc = gl.zeros([NW, 16, HEAD_DIM], gl.float32, layout=MMA)
-    if ROWS8:  # the softmax state of rows 0..7, in the layout the logits' rows 0..7 reduce to
+    if KT:  # the softmax state of rows 0..7 in the layout of the output's columns
+        m_i = gl.full([NW, 8], float("-inf"), gl.float32, layout=gl.SliceLayout(1, MMA))
+        qpos = gl.convert_layout(_rows8(qpos), m_i.type.layout)
+    elif ROWS8:  # the softmax state of rows 0..7, in the layout the logits' rows 0..7 reduce to
         m_i = gl.max(_rows8(gl.full([NW, 16, KW], float("-inf"), gl.float32, layout=MMA)), 2)
         qpos = gl.convert_layout(_rows8(qpos), m_i.type.layout)
     else:
@@ -663,7 +742,7 @@ def gluon_decode_kernel(
         acc, m_i, l_i = _attend(
             acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
             bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
-            MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8,
+            MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT,
         )
     # unmasked tiles once every page id of theirs is checked: tile i + 1's words and tile i + 2's
     # page ids are loaded before tile i is decoded (nothing is read past b_end)
@@ -700,7 +779,7 @@ def gluon_decode_kernel(
             acc, m_i, l_i = _attend(
                 acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
                 bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
-                MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8,
+                MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT,
             )
             kw, ks, va, vb, vsa, vsb = kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n
     # masked tiles from the causal diagonal / sequence end on
@@ -715,7 +794,7 @@ def gluon_decode_kernel(
         acc, m_i, l_i = _attend(
             acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
             bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
-            MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8,
+            MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT,
         )
 
     # merge the warps' states, then store rows R (16, or 8 with ROWS8) from a plain layout
