@@ -433,6 +433,40 @@ def _v_decoded(va, vb, vsa, vsb, DT: gl.constexpr, CVT8: gl.constexpr):
 
 
 @gluon.jit
+def _mask_logits(
+    s, key_s, qpos, kv_hi, window, bt_row, page_size, page_shift, num_pages,
+    PAGE_POW2: gl.constexpr, CAUSAL_ROWS: gl.constexpr, WINDOW_ROWS: gl.constexpr, AX: gl.constexpr,
+):
+    """Logits ``s`` of keys ``key_s`` (the keys on axis ``AX``) with no weight past ``kv_hi``, on a page outside the
+    cache (nothing is read there) or outside a row's causal / window range."""
+    ok_s = key_s < kv_hi
+    page_s = gl.load(bt_row + _slot_of(key_s, page_size, page_shift, PAGE_POW2)[0], mask=ok_s, other=-1)
+    s = gl.where(ok_s & (page_s >= 0) & (page_s < num_pages), s, float("-inf"))
+    if CAUSAL_ROWS:
+        s = gl.where(key_s <= gl.expand_dims(qpos, AX), s, float("-inf"))
+    if WINDOW_ROWS:
+        s = gl.where(key_s > gl.expand_dims(qpos - window, AX), s, float("-inf"))
+    return s
+
+
+@gluon.jit
+def _online_softmax(s, m_i, l_i, qk_scale2, HAS_SOFTCAP: gl.constexpr, AX: gl.constexpr):
+    """One online-softmax step over the keys on axis ``AX`` of ``s``: ``(p, m_new, l_i, alpha)`` (base 2; with
+    soft-cap ``s`` is already scaled)."""
+    if HAS_SOFTCAP:
+        m_new = gl.maximum(m_i, gl.max(s, AX))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s - gl.expand_dims(m_safe, AX))
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, AX) * qk_scale2)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s * qk_scale2 - gl.expand_dims(m_safe, AX))
+    alpha = gl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + gl.sum(p, AX)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
 def _softmax_pv_kt(
     acc, m_i, l_i, s, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
     bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
@@ -451,23 +485,9 @@ def _softmax_pv_kt(
         s = (1.0 - 2.0 / (gl.exp2(y * 2.8853900817779268) + 1.0)) * softcap_post
     if MASKED:
         key_s = n0 + _iota(NW, MMA, 3, 0) * KW + _iota(KW, MMA, 3, 1) + gl.zeros([NW, KW, 8], gl.int32, layout=MMA)
-        ok_s = key_s < kv_hi
-        page_s = gl.load(bt_row + _slot_of(key_s, page_size, page_shift, PAGE_POW2)[0], mask=ok_s, other=-1)
-        s = gl.where(ok_s & (page_s >= 0) & (page_s < num_pages), s, float("-inf"))
-        if CAUSAL_ROWS:
-            s = gl.where(key_s <= gl.expand_dims(qpos, 1), s, float("-inf"))
-        if WINDOW_ROWS:
-            s = gl.where(key_s > gl.expand_dims(qpos - window, 1), s, float("-inf"))
-    if HAS_SOFTCAP:
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(s - gl.expand_dims(m_safe, 1))
-    else:
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale2)
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(s * qk_scale2 - gl.expand_dims(m_safe, 1))
-    alpha = gl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + gl.sum(p, 1)
+        s = _mask_logits(s, key_s, qpos, kv_hi, window, bt_row, page_size, page_shift, num_pages,
+                         PAGE_POW2, CAUSAL_ROWS, WINDOW_ROWS, 1)
+    p, m_new, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale2, HAS_SOFTCAP, 1)
     # P^T [NW, KW, 8] in the accumulator fragment: each thread's pair (key g, rows 2t, 2t + 1) of each 8 x 8 block
     # becomes (keys 2t, 2t + 1, row g): the B operand's fragment of P^T, relabelled below
     p16 = p.to(DT)
@@ -542,23 +562,9 @@ def _attend(
             key_s = n0 + _iota(NW, MMA, 3, 0) * KW + _iota(KW, MMA, 3, 2)
             if ROWS8:
                 key_s = _rows8(key_s + gl.zeros([NW, 16, KW], gl.int32, layout=MMA))
-            ok_s = key_s < kv_hi
-            page_s = gl.load(bt_row + _slot_of(key_s, page_size, page_shift, PAGE_POW2)[0], mask=ok_s, other=-1)
-            s = gl.where(ok_s & (page_s >= 0) & (page_s < num_pages), s, float("-inf"))
-            if CAUSAL_ROWS:
-                s = gl.where(key_s <= gl.expand_dims(qpos, 2), s, float("-inf"))
-            if WINDOW_ROWS:
-                s = gl.where(key_s > gl.expand_dims(qpos - window, 2), s, float("-inf"))
-        if HAS_SOFTCAP:
-            m_new = gl.maximum(m_i, gl.max(s, 2))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            p = gl.exp2(s - gl.expand_dims(m_safe, 2))
-        else:
-            m_new = gl.maximum(m_i, gl.max(s, 2) * qk_scale2)
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            p = gl.exp2(s * qk_scale2 - gl.expand_dims(m_safe, 2))
-        alpha = gl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + gl.sum(p, 2)
+            s = _mask_logits(s, key_s, qpos, kv_hi, window, bt_row, page_size, page_shift, num_pages,
+                             PAGE_POW2, CAUSAL_ROWS, WINDOW_ROWS, 2)
+        p, m_new, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale2, HAS_SOFTCAP, 2)
         p16 = p.to(DT)
 
         # V [NW, KW, 128] (k = 2 kp + pair, the keys; n = 8 (8 wv + 4 m1 + 2 m0 + h) + c) <-> byte
