@@ -1856,6 +1856,12 @@ def _gluon_eligible(query: torch.Tensor, head_dim: int, block_m: int, rotate: bo
     )
 
 
+def _gluon_kt(cfg: DecodeConfig, rows: int) -> bool:
+    """The Gluon kernel's ``KT`` for a launch of ``rows`` (``G x q_len``) with ``cfg``: the transposed logits where the
+    config asks for them and the launch has the ``O^T`` orientation (<= 8 rows) and 16 keys per warp."""
+    return cfg.kt_logits and rows <= 8 and cfg.block_n == 16 * cfg.num_warps
+
+
 def _gluon_build_failed(exc: Exception) -> None:
     """Record that the Gluon decode kernel failed to build or launch here and warn once: every later
     decode in this process takes the plain-Triton kernel (same results, its speed)."""
@@ -1970,7 +1976,7 @@ def _run_decode(
             LAST_KERNELS["decode"] = _gluon.gluon_decode_kernel[(d.chunks * d.num_kv_heads,)](
                 *args, **common, NW=d.cfg.num_warps, ROWS8=d.group * qmax <= 8,
                 PAGE_EVEN=d.page_size % 2 == 0 and d.window <= 0, OFF32=d.off32, CVT8=d.cvt8,
-                KT=d.cfg.kt_logits and d.group * qmax <= 8 and d.cfg.block_n == 16 * d.cfg.num_warps,
+                KT=_gluon_kt(d.cfg, d.group * qmax),
             )  # fmt: skip
             launched = True
         except Exception as exc:  # a build failure on this GPU / triton: the plain kernel from now on
@@ -2444,7 +2450,7 @@ def aot_variants() -> dict[str, list[Any]]:
                              "CAUSAL": qmax > 1, "BATCH_BLOCK": batch_block, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr,
                              "DATA_ALIGN": 16, "SF_ALIGN": 8, "PAGE_POW2": pow2, "NW": cfg.num_warps,
                              "ROWS8": group * qmax <= 8, "PAGE_EVEN": even, "OFF32": off32, "CVT8": False,
-                             "KT": cfg.kt_logits and group * qmax <= 8 and cfg.block_n == 16 * cfg.num_warps}
+                             "KT": _gluon_kt(cfg, group * qmax)}
         c.update(_FEATURES_OFF)
         c.update(features)
         # the E4M3 conversion where the launcher takes it: SM89+

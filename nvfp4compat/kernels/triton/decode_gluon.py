@@ -80,13 +80,16 @@ def _bf16_lanes(r: str, lo: str, hi: str) -> str:
     )
 
 
+# The V decoders' first step: the four bytes of key a ($8) and of key b ($9) interleaved, x0 = a0 b0 a1 b1,
+# x1 = a2 b2 a3 b3 (each 16-bit lane then holds one head dim of both keys: a register of the P V operand)
+_V_INTERLEAVE = "prmt.b32 x0, $8, $9, 0x5140;\nprmt.b32 x1, $8, $9, 0x7362;\n"
 # Four cache bytes of key a ($8) and of key b ($9), scales sf_a, sf_b * 2^118 as fp32 ($10, $11) ->
 # eight bf16x2 registers (value of key a low, key b high): $(2m) / $(2m+1) = low / high nibble of
 # byte m. The bytes are interleaved (a0 b0 a1 b1 | a2 b2 a3 b3) and decoded as above.
 _ASM_V_BF16 = (
     "\n{\n.reg .b32 z, nz, s, x0, x1, r0, r1, r2, r3, t0, t1, t2, t3;\ncvt.rn.bf16x2.f32 s, $11, $10;\n"
-    "mov.b32 z, 0;\nmov.b32 nz, 0x80008000;\nprmt.b32 x0, $8, $9, 0x5140;\nprmt.b32 x1, $8, $9, 0x7362;\n"
-    "prmt.b32 r0, x0, z, 0x1404;\nprmt.b32 r1, x0, z, 0x3424;\nprmt.b32 r2, x1, z, 0x1404;\n"
+    "mov.b32 z, 0;\nmov.b32 nz, 0x80008000;\n" + _V_INTERLEAVE
+    + "prmt.b32 r0, x0, z, 0x1404;\nprmt.b32 r1, x0, z, 0x3424;\nprmt.b32 r2, x1, z, 0x1404;\n"
     "prmt.b32 r3, x1, z, 0x3424;\n"
     + "".join(_bf16_lanes(f"r{m}", f"${2 * m}", f"${2 * m + 1}") for m in range(4))
     + "}\n"
@@ -112,7 +115,7 @@ def _f16_table(x: str, outs: tuple[str, str, str, str]) -> str:
 _ASM_V_F16 = (
     "\n{\n.reg .b32 m, m16, ka, kb, ha, hb, x4, sa, sb, z, s, x0, x1, l0, l1, h0, h1;\n"
     "cvt.rn.f16x2.f32 s, $11, $10;\nmov.b32 ka, 0x3E3C3800;\nmov.b32 kb, 0x46444240;\nmov.b32 z, 0;\n"
-    "prmt.b32 x0, $8, $9, 0x5140;\nprmt.b32 x1, $8, $9, 0x7362;\n"
+    + _V_INTERLEAVE
     + _f16_table("x0", ("$0", "$1", "$2", "$3")) + _f16_table("x1", ("$4", "$5", "$6", "$7"))
     + "}\n"
 )
@@ -145,7 +148,7 @@ _ASM_K_CVT8 = (
 # eight f16x2 registers in the order of _ASM_V_BF16. SM89+ only (CVT8).
 _ASM_V_CVT8 = (
     "\n{\n.reg .b32 a, b, lo, hi, s, x0, x1, t0, t1, t2, t3;\n.reg .b16 l0, l1, h0, h1;\n"
-    "cvt.rn.f16x2.f32 s, $11, $10;\nprmt.b32 x0, $8, $9, 0x5140;\nprmt.b32 x1, $8, $9, 0x7362;\n"
+    "cvt.rn.f16x2.f32 s, $11, $10;\n" + _V_INTERLEAVE
     + _e4m3_cvt("x0", ("$0", "$1", "$2", "$3")) + _e4m3_cvt("x1", ("$4", "$5", "$6", "$7")) + "}\n"
 )
 
