@@ -37,6 +37,8 @@ from typing import Any
 BLOCK = 16  # vLLM's default KV block (tokens) on CUDA; budgets are rounded up to whole blocks
 SERVE_GOAL = 2.5  # issue 14: NVFP4 generated tokens/s >= 2.5x bf16's at the same KV bytes
 PREFILL_GOAL = 1.1  # issue 15: NVFP4 prefill time <= 1.1x bf16's
+BATCH_MARK = "[bench_serving child] batch"
+JIT_MARK = "JIT compilation during inference:"  # vLLM's JIT monitor (0.26+), one line per kernel compiled
 
 
 @dataclass(frozen=True)
@@ -103,11 +105,11 @@ def plan_runs(a: argparse.Namespace, shape: ModelShape) -> list[Run]:
         per_req = a.context + a.new_tokens
         budget = kv_budget(shape, a.fit, per_req)
         n = a.multiplier * a.fit
-        for kv in ("auto", "nvfp4"):
+        for kv in [k for k in ("auto", "nvfp4") if k in a.kv]:
             runs.append(Run("serve", kv, backends[kv], budget, n, a.context, a.new_tokens, n))
     if "prefill" in a.modes:
         budget = kv_budget(shape, a.prefill_requests, a.prefill_context + 1)
-        for kv in ("auto", "nvfp4"):
+        for kv in [k for k in ("auto", "nvfp4") if k in a.kv]:
             runs.append(Run("prefill", kv, backends[kv], budget, a.prefill_requests, a.prefill_context, 1,
                             a.prefill_requests))
     return runs
@@ -132,6 +134,7 @@ def child(run: Run, model_dir: str, shape: ModelShape, repeats: int) -> dict[str
         kv_cache_dtype=run.kv, kv_cache_memory_bytes=run.kv_cache_bytes,
         max_model_len=run.context + run.new_tokens, max_num_seqs=run.max_num_seqs,
         enable_prefix_caching=False, generation_config="vllm", seed=0,
+        disable_log_stats=False,  # per-request timestamps (RequestOutput.metrics) for the phase split
     )  # fmt: skip
     if run.backend:
         kw["attention_backend"] = run.backend
@@ -142,52 +145,117 @@ def child(run: Run, model_dir: str, shape: ModelShape, repeats: int) -> dict[str
     kv_tokens = (cc.num_gpu_blocks or 0) * cc.block_size
     sp = SamplingParams(temperature=0.0, max_tokens=run.new_tokens, ignore_eos=True, detokenize=False)
 
-    def batch(seed: int) -> tuple[float, int]:
+    def batch(seed: int, label: str) -> tuple[float, int, dict[str, Any]]:
         prompts = _prompts(seed, run.requests, run.context, shape.vocab)
+        # a marker in the engine's log: JIT compiles that vLLM's monitor reports after it fell in this batch
+        print(f"{BATCH_MARK} {label}", file=sys.stderr, flush=True)
         t = time.time()
         outs = llm.generate(prompts, sp, use_tqdm=False)
-        return time.time() - t, sum(len(o.outputs[0].token_ids) for o in outs)
+        return time.time() - t, sum(len(o.outputs[0].token_ids) for o in outs), phases(outs)
 
-    warm_s = round(batch(1)[0], 3)  # the timed shapes once: Triton JIT, autotuning, graph capture
-    times = [batch(2 + r) for r in range(repeats)]
-    best_s, generated = min(times)
+    warm_s = round(batch(1, "warmup")[0], 3)  # the timed shapes once: Triton JIT, autotuning, graph capture
+    times = [batch(2 + r, f"timed {r}") for r in range(repeats)]
+    best_s, generated, best_phases = min(times, key=lambda t: t[0])
     return {
         "start_s": round(start_s, 1),
         "warmup_s": warm_s,
         "kv_cache_tokens": kv_tokens,
         "fits_requests": kv_tokens // (run.context + run.new_tokens),
-        "seconds": [round(t, 3) for t, _ in times],
+        "seconds": [round(t[0], 3) for t in times],
         "best_s": round(best_s, 3),
         "generated_tokens": generated,
         "generated_tok_s": round(generated / best_s, 1),
         "requests_per_s": round(run.requests / best_s, 3),
+        **best_phases,
     }
+
+
+def phases(outs: list[Any]) -> dict[str, Any]:
+    """Where a batch's time went, from vLLM's per-request timestamps (engine-core monotonic clock):
+    time to first token (queued -> first token: waiting for KV room, then prefill) and time per
+    output token after the first (the decode steps), median and worst over the requests."""
+    ttft, tpot = [], []
+    for o in outs:
+        m = getattr(o, "metrics", None)
+        n = len(o.outputs[0].token_ids)
+        if m is None or not getattr(m, "first_token_ts", 0.0):
+            continue
+        ttft.append(m.first_token_ts - m.queued_ts)
+        if n > 1:
+            tpot.append((m.last_token_ts - m.first_token_ts) / (n - 1))
+    if not ttft:
+        return {"phases": "vLLM returned no request metrics"}
+
+    def med(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
+
+    out: dict[str, Any] = {"ttft_s_median": round(med(ttft), 3), "ttft_s_max": round(max(ttft), 3)}
+    if tpot:
+        out.update(tpot_ms_median=round(1e3 * med(tpot), 2), tpot_ms_max=round(1e3 * max(tpot), 2))
+    return out
 
 
 # --------------------------------------------------------------------------------------------- parent
 
 
-def _run_child(run: Run, model_dir: Path, shape: ModelShape, repeats: int, timeout: int) -> dict[str, Any]:
+def _run_child(run: Run, model_dir: Path, shape: ModelShape, repeats: int, timeout: int,
+               log_dir: Path | None = None) -> dict[str, Any]:
+    """One engine in its own process and session. Its output (vLLM's engine-core process included) goes
+    to ``<log_dir>/<mode>-<kv>.log`` as it runs, so a run cut short keeps its log. On a timeout the whole
+    process group is killed: an engine core left behind would hold its GPU memory and make the next
+    engine fail at start-up."""
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "spec.json"
         result = Path(tmp) / "result.json"
         spec.write_text(json.dumps({"run": asdict(run), "model_dir": str(model_dir), "shape": asdict(shape),
                                     "repeats": repeats, "result": str(result)}))
+        if log_dir is not None:
+            log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = (log_dir or Path(tmp)) / f"{run.mode}-{run.kv}.log"
         t0 = time.time()
-        try:
-            proc = subprocess.run([sys.executable, __file__, "--child", str(spec)], capture_output=True,
-                                  text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"ok": False, "error": f"timed out after {timeout} s"}
-        log = proc.stdout + proc.stderr
+        with open(log_path, "w") as log_file:
+            proc = subprocess.Popen([sys.executable, __file__, "--child", str(spec)], stdout=log_file,
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=timeout)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                rc, timed_out = proc.wait(), True
+        log = log_path.read_text(errors="replace")
         plan = [ln.strip()[-300:] for ln in log.splitlines() if "nvfp4compat: vLLM" in ln][:1]
-        if proc.returncode != 0 or not result.exists():
+        where = {"log": str(log_path)} if log_dir is not None else {}
+        if timed_out or rc != 0 or not result.exists():
             tail = [ln for ln in log.splitlines() if ln.strip()][-8:]
-            return {"ok": False, "error": f"engine process exited {proc.returncode}", "log_tail": tail,
-                    "plugin": plan, "wall_s": round(time.time() - t0, 1)}
+            error = f"timed out after {timeout} s (--timeout)" if timed_out else f"engine process exited {rc}"
+            return {"ok": False, "error": error, "log_tail": tail, "plugin": plan,
+                    "wall_s": round(time.time() - t0, 1), "jit": jit_by_batch(log), **where}
         out = json.loads(result.read_text())
-        out.update(ok=True, plugin=plan, wall_s=round(time.time() - t0, 1))
+        out.update(ok=True, plugin=plan, wall_s=round(time.time() - t0, 1), jit=jit_by_batch(log), **where)
         return out
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group (its session: the engine core and any worker it started)."""
+    import contextlib
+    import signal
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def jit_by_batch(log: str) -> dict[str, list[str]]:
+    """The kernels vLLM's JIT monitor saw compiled, by the child's batch they fell in ("before": start-up
+    and vLLM's own warm-up). Compiles in a timed batch are in its time."""
+    by: dict[str, list[str]] = {}
+    where = "before"
+    for ln in log.splitlines():
+        if BATCH_MARK in ln:
+            where = ln.split(BATCH_MARK, 1)[1].strip()
+        elif JIT_MARK in ln:
+            name = ln.split(JIT_MARK, 1)[1].strip().split(".")[0]
+            by.setdefault(where, []).append(name)
+    return by
 
 
 def _ratio(rows: list[dict[str, Any]], mode: str, key: str) -> float | None:
@@ -202,19 +270,23 @@ def report(rows: list[dict[str, Any]], shape: ModelShape) -> str:
         f"Model: Llama, random weights, {shape.layers} layers, hidden {shape.hidden}, "
         f"{shape.heads}/{shape.kv_heads} heads of {shape.head_dim}, intermediate {shape.intermediate}",
         "",
-        "| mode | KV | backend | KV bytes | KV tokens | requests (fit) | context + new | best s | generated tok/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| mode | KV | backend | KV bytes | KV tokens | requests (fit) | context + new | best s | generated tok/s "
+        "| TTFT s (median / max) | ms per output token (median / max) | JIT compiles in the timed batches |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         name = "bf16" if r["kv"] == "auto" else r["kv"]
         if not r.get("ok"):
             lines.append(f"| {r['mode']} | {name} | {r['backend'] or 'default'} | {r['kv_cache_bytes']} | FAILED: "
-                         f"{r.get('error')} | | | | |")
+                         f"{r.get('error')} | | | | | | | |")
             continue
+        ttft = f"{r['ttft_s_median']} / {r['ttft_s_max']}" if "ttft_s_median" in r else "-"
+        tpot = f"{r['tpot_ms_median']} / {r['tpot_ms_max']}" if "tpot_ms_median" in r else "-"
+        jit = sorted(k for where, ks in (r.get("jit") or {}).items() if where.startswith("timed") for k in ks)
         lines.append(
             f"| {r['mode']} | {name} | {r['backend'] or 'default'} | {r['kv_cache_bytes'] / 2**30:.2f} GiB | "
             f"{r['kv_cache_tokens']} | {r['requests']} ({r['fits_requests']}) | {r['context']} + {r['new_tokens']} | "
-            f"{r['best_s']} | {r['generated_tok_s']} |"
+            f"{r['best_s']} | {r['generated_tok_s']} | {ttft} | {tpot} | {', '.join(jit) or 'none'} |"
         )
     serve = _ratio(rows, "serve", "generated_tok_s")
     if serve is not None:
@@ -241,6 +313,8 @@ def _positive(text: str) -> int:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--modes", default="serve,prefill", help="comma-separated: serve, prefill")
+    ap.add_argument("--kv", default="auto,nvfp4",
+                    help="comma-separated KV dtypes to run: auto (bf16), nvfp4 (e.g. rerun one engine)")
     ap.add_argument("--fit", type=_positive, default=8, help="serve: bf16 requests the KV budget holds (N)")
     ap.add_argument("--multiplier", type=_positive, default=4, help="serve: requests served = multiplier x N")
     ap.add_argument("--context", type=_positive, default=8192, help="serve: prompt tokens per request")
@@ -255,6 +329,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         ap.add_argument(f"--{f.replace('_', '-')}", type=_positive, default=getattr(ModelShape(), f))
     ap.add_argument("--timeout", type=_positive, default=1800, help="seconds per engine process")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--log-dir", default=None, help="keep each engine's full log here (<mode>-<kv>.log)")
     ap.add_argument("--dry-run", action="store_true", help="print the runs and KV budgets, start nothing")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -262,6 +337,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     bad = [m for m in a.modes if m not in ("serve", "prefill")]
     if bad or not a.modes:
         ap.error(f"--modes: unknown {bad or 'empty'}; use serve, prefill or both")
+    a.kv = [k.strip() for k in a.kv.split(",") if k.strip()]
+    bad = [k for k in a.kv if k not in ("auto", "nvfp4")]
+    if bad or not a.kv:
+        ap.error(f"--kv: unknown {bad or 'empty'}; use auto (bf16), nvfp4 or both")
     return a
 
 
@@ -286,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in runs:
             print(f"[bench_serving] {r.mode} {r.kv}: {r.requests} x {r.context} + {r.new_tokens}, "
                   f"KV {r.kv_cache_bytes / 2**30:.2f} GiB", flush=True)
-            res = _run_child(r, Path(model_dir), shape, a.repeats, a.timeout)
+            res = _run_child(r, Path(model_dir), shape, a.repeats, a.timeout,
+                             Path(a.log_dir) if a.log_dir else None)
             rows.append({**asdict(r), **res})
             print(f"[bench_serving]   {json.dumps(res)[:400]}", flush=True)
     text = report(rows, shape)

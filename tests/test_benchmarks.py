@@ -67,6 +67,61 @@ def test_bench_serving_dry_run_plans_equal_kv_bytes_for_bf16_and_nvfp4():
     assert serve[0]["backend"] is None and serve[1]["backend"] == "FLASHINFER"
 
 
+def test_bench_serving_runs_only_the_kv_dtypes_asked_for():
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_serving.py"), "--dry-run", "--kv", "nvfp4"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    runs = [json.loads(ln) for ln in proc.stdout.splitlines()[1:]]
+    assert [(r["mode"], r["kv"]) for r in runs] == [("serve", "nvfp4"), ("prefill", "nvfp4")]
+    bad = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_serving.py"), "--dry-run", "--kv", "fp8"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "--kv: unknown ['fp8']" in bad.stderr
+
+
+def test_bench_serving_kills_a_timed_out_engine_and_its_children(monkeypatch, tmp_path):
+    """A timed-out engine's process group is killed (an engine core left behind holds GPU memory),
+    and its log, written as it ran, is kept."""
+    import time
+
+    bs = _bench_serving(monkeypatch)
+    pid_file = tmp_path / "grandchild.pid"
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "print('engine starting', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    monkeypatch.setattr(bs, "__file__", str(child))
+    monkeypatch.setattr(bs.sys, "argv", [sys.executable])
+    run = bs.Run("serve", "nvfp4", None, 1, 1, 1, 1, 1)
+    res = bs._run_child(run, tmp_path, bs.ModelShape(), 1, 3, tmp_path / "logs")
+    assert res["ok"] is False and res["error"].startswith("timed out after 3 s"), res
+    assert "engine starting" in (tmp_path / "logs" / "serve-nvfp4.log").read_text()
+    grandchild = int(pid_file.read_text())
+
+    def alive(pid: int) -> bool:  # a killed process nobody reaps yet stays a zombie ("Z"): dead
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except FileNotFoundError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+    for _ in range(50):  # the kill is asynchronous
+        if not alive(grandchild):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the engine's child {grandchild} outlived the timeout")
+
+
 def test_bench_serving_refuses_an_unknown_mode():
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "bench_serving.py"), "--dry-run", "--modes", "serve,decode"],
@@ -74,6 +129,53 @@ def test_bench_serving_refuses_an_unknown_mode():
     )  # fmt: skip
     assert proc.returncode == 2
     assert "--modes: unknown ['decode']" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _bench_serving(monkeypatch):
+    import importlib
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    return importlib.import_module("bench_serving")
+
+
+def test_bench_serving_splits_a_batch_into_first_token_and_per_token_times(monkeypatch):
+    """From vLLM's per-request timestamps: time to first token (queued -> first token) and time per
+    output token after the first, median and worst; requests without metrics are left out."""
+    from types import SimpleNamespace as NS
+
+    bs = _bench_serving(monkeypatch)
+
+    def out(queued, first, last, n):
+        return NS(metrics=NS(queued_ts=queued, first_token_ts=first, last_token_ts=last),
+                  outputs=[NS(token_ids=list(range(n)))])
+
+    outs = [out(0.0, 1.0, 3.0, 201), out(0.0, 2.0, 3.0, 101), out(0.0, 5.0, 9.0, 101),
+            NS(metrics=None, outputs=[NS(token_ids=[1, 2])])]
+    ph = bs.phases(outs)
+    assert ph == {"ttft_s_median": 2.0, "ttft_s_max": 5.0, "tpot_ms_median": 10.0, "tpot_ms_max": 40.0}
+    assert bs.phases([NS(metrics=None, outputs=[NS(token_ids=[1])])]) == {"phases": "vLLM returned no request metrics"}
+
+
+def test_bench_serving_puts_each_jit_compile_in_the_batch_it_fell_in(monkeypatch):
+    bs = _bench_serving(monkeypatch)
+    log = "\n".join([
+        "(EngineCore pid=1) WARNING [jit_monitor.py:135] Triton kernel JIT compilation during inference: "
+        "_write_kernel. This causes a latency spike; consider extending warmup to cover this shape/config.",
+        f"{bs.BATCH_MARK} warmup",
+        "x Triton kernel JIT compilation during inference: gluon_decode_kernel. This causes a latency spike",
+        f"{bs.BATCH_MARK} timed 0",
+        "x Triton kernel JIT compilation during inference: _dequant_kernel. This causes a latency spike",
+        "unrelated line",
+    ])  # fmt: skip
+    assert bs.jit_by_batch(log) == {
+        "before": ["_write_kernel"], "warmup": ["gluon_decode_kernel"], "timed 0": ["_dequant_kernel"],
+    }
+    row = {"mode": "serve", "kv": "nvfp4", "backend": "FLASHINFER", "kv_cache_bytes": 2**30, "ok": True,
+           "kv_cache_tokens": 100, "requests": 4, "fits_requests": 3, "context": 10, "new_tokens": 5,
+           "best_s": 1.0, "generated_tok_s": 20.0, "ttft_s_median": 0.5, "ttft_s_max": 0.9,
+           "tpot_ms_median": 3.0, "tpot_ms_max": 4.0, "jit": bs.jit_by_batch(log)}  # fmt: skip
+    text = bs.report([row], bs.ModelShape())
+    assert "| 0.5 / 0.9 | 3.0 / 4.0 | _dequant_kernel |" in text, text
 
 
 def test_bench_timing_spots_an_empty_cuda_graph_capture(monkeypatch):

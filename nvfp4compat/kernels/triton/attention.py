@@ -666,7 +666,7 @@ def _request_chunks(tiles, total, programs, min_tiles):
     return tl.where(tiles > 0, n, 0).to(tl.int32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=fp4.DECODE_PER_STEP)
 def _decode_kernel(
     q_ptr, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
     k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,
@@ -914,7 +914,7 @@ def _merge_rows(
         tl.store(lse_ptr + tok.to(tl.int64) * stride_lt + head, lse, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=fp4.DECODE_PER_STEP)
 def _decode_reduce_kernel(
     part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,
     batch, programs, min_tiles, window, max_pages, page_size, num_tokens,
@@ -964,7 +964,7 @@ def _decode_reduce_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("batch", "num_tokens", "max_kv"))
 def _qsl_guard_kernel(
     qsl_ptr, seq_lens_ptr, status_ptr, err_ptr, o_ptr, lse_ptr,
     batch, num_tokens, num_qo_heads, max_kv, stride_ot, stride_oh, stride_lt,
@@ -1020,7 +1020,7 @@ def _qsl_guard_kernel(
             tl.atomic_or(err_ptr, bits)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("batch", "min_q_len", "max_kv", "num_tokens"))
 def _prefill_kernel(
     q_ptr, o_ptr, lse_ptr,
     k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,

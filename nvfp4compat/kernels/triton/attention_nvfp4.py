@@ -157,6 +157,12 @@ _ASM_BF16_BITWISE = tl.constexpr(_ASM_BF16_BITWISE_TEXT)
 # always takes the inline-PTX branch of `planes_fast`.
 _INTERPRETED = tl.constexpr(interpreting())
 
+# The decode kernels' integer arguments that change from one serving step to the next (batch, work
+# split, block-table bound, token count). Triton would otherwise compile a variant for each value that
+# is 1 or a multiple of 16, in the middle of serving (vLLM's JIT monitor flags it); none of them gates
+# a vectorized access, so one compile covers them all.
+DECODE_PER_STEP = ("batch", "programs", "min_tiles", "max_pages", "num_tokens")
+
 
 @triton.jit
 def broadcast_scales(sf, D2: tl.constexpr, D16: tl.constexpr, BLOCK_N: tl.constexpr):

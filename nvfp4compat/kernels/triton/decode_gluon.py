@@ -590,7 +590,7 @@ def _attend(
     return acc, m_new, l_i
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=fp4.DECODE_PER_STEP)
 def gluon_decode_kernel(
     q_ptr, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
     k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,

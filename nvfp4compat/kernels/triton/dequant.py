@@ -94,7 +94,7 @@ def _dequant_side(
     tl.store(out_ptr + dst[:, None] + tl.arange(0, 16)[None, :], out, mask=valid[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("max_seq_len", "tiles_per_req"))
 def _dequant_kernel(
     k_data_ptr, v_data_ptr, k_sf_ptr, v_sf_ptr, bt_ptr, seq_ptr,
     k_scale_ptr, v_scale_ptr, k_scale_val, v_scale_val, out_k_ptr, out_v_ptr,

@@ -236,7 +236,7 @@ def _side(
         x = x_next
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("n_rows",))
 def _write_kernel(
     key_ptr, value_ptr, slot_ptr,
     k_data_ptr, v_data_ptr, k_sf_ptr, v_sf_ptr,
