@@ -84,3 +84,46 @@ def test_dry_run_plans_the_packages_jobs(rod, tmp_path, capsys):
     assert "nvfp4-eager-fi0.6.14-noplugin" in out and "auto-eager-fi0.6.14-plugin" in out
     assert rod.main([*argv[:-2], "1,5", "--dry-run"]) == 2
     assert "unknown check '5'" in capsys.readouterr().err
+
+
+def test_plugin_from_checkout_installs_the_package_with_its_matrix(rod, tmp_path):
+    """The checkout's code replaces the wheel's in the unpacked plugin component, with matrix/ where the wheel
+    puts it (nvfp4compat/matrix): without it the plugin cannot plan and refuses every engine. The wheel's
+    dist-info (the entry point) stays."""
+    repo = Path(__file__).resolve().parents[1]
+    site = tmp_path / "site"
+    old = site / "plugin" / "nvfp4compat"
+    old.mkdir(parents=True)
+    (old / "stale.py").write_text("raise RuntimeError('the wheel code')\n")
+    dist = site / "plugin" / "nvfp4compat-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "entry_points.txt").write_text("[vllm.general_plugins]\nnvfp4compat = nvfp4compat.vllm_plugin:register\n")
+    said = rod.use_checkout_plugin(site, repo)
+    new = site / "plugin" / "nvfp4compat"
+    assert not (new / "stale.py").exists()
+    assert (new / "__init__.py").read_text() == (repo / "nvfp4compat" / "__init__.py").read_text()
+    yamls = sorted(p.name for p in (repo / "matrix").glob("*.yaml"))
+    assert yamls and sorted(p.name for p in (new / "matrix").glob("*.yaml")) == yamls
+    assert not list(new.rglob("__pycache__"))
+    assert (dist / "entry_points.txt").exists()
+    assert f"matrix {len(yamls)} files" in said and str(new) in said
+    # the installed copy plans: its loader finds the matrix as package data
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-c", "import nvfp4compat; from nvfp4compat.loader import load_matrix; "
+         "print(nvfp4compat.__file__); print(len(load_matrix().arches))"],
+        cwd=tmp_path, env={"PYTHONPATH": str(site / "plugin"), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    where, arches = proc.stdout.split()
+    assert Path(where).is_relative_to(new) and int(arches) > 0
+
+
+def test_plugin_from_checkout_needs_the_unpacked_plugin_and_a_checkout(rod, tmp_path):
+    with pytest.raises(rod.RunnerError, match="plugin component is not unpacked yet"):
+        rod.use_checkout_plugin(tmp_path / "site")
+    (tmp_path / "site" / "plugin" / "nvfp4compat").mkdir(parents=True)
+    with pytest.raises(rod.RunnerError, match="is not an nvfp4compat checkout"):
+        rod.use_checkout_plugin(tmp_path / "site", tmp_path)

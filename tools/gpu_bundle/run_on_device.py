@@ -19,6 +19,10 @@ Standard library only until the checks start. Three subcommands:
     plugin (unless the job runs without it), the ``--flashinfer`` release's folder and the
     shared dependencies. The checks, their verdicts and the report (``summary.md``,
     ``results.json``, ``jobs.log``) are the package's; ``docs/validation.md`` has the checks.
+
+``--plugin-from-checkout`` (``unpack``, ``run``): once the bundle is complete, the checkout's
+``nvfp4compat/`` and ``matrix/`` replace the plugin wheel's code (the working tree, tested without
+rebuilding the bundle).
 """
 
 from __future__ import annotations
@@ -360,6 +364,38 @@ def bundle_env(site: Path, flashinfer: str, plugin: bool, base: dict[str, str]) 
     return env
 
 
+def use_checkout_plugin(site: Path, repo: Path = REPO) -> str:
+    """Replace the bundle's plugin code (``<site>/plugin/nvfp4compat``, from the wheel) by the checkout's
+    package, with ``matrix/`` where the wheel puts it (``nvfp4compat/matrix``, package data): testing the
+    working tree without rebuilding the bundle. The wheel's ``dist-info`` (the entry point vLLM loads the
+    plugin by) stays. Returns what was installed."""
+    plugin = site / "plugin"
+    src, matrix = repo / "nvfp4compat", repo / "matrix"
+    if not (plugin / "nvfp4compat").is_dir():
+        raise RunnerError(
+            f"{plugin / 'nvfp4compat'} is missing: the bundle's plugin component is not unpacked yet; "
+            "run `unpack` with every part first (or drop --plugin-from-checkout)"
+        )
+    if not (src / "__init__.py").is_file() or not sorted(matrix.glob("*.yaml")):
+        raise RunnerError(
+            f"{repo} is not an nvfp4compat checkout (it needs nvfp4compat/__init__.py and matrix/*.yaml); "
+            "run from the repository root or drop --plugin-from-checkout"
+        )
+    dst = plugin / "nvfp4compat"
+    shutil.rmtree(dst)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.rmtree(dst / "matrix", ignore_errors=True)
+    shutil.copytree(matrix, dst / "matrix")
+    rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", "nvfp4compat", "matrix"],
+                           capture_output=True, text=True)  # fmt: skip
+    where = rev.stdout.strip() if rev.returncode == 0 else "unknown commit"
+    if dirty.returncode == 0 and dirty.stdout.strip():
+        where += " + uncommitted changes"
+    n = len(sorted(matrix.glob("*.yaml")))
+    return f"plugin code from the checkout ({where}), matrix {n} files, in {dst}"
+
+
 def make_tiny_model(model: Path, site: Path, flashinfer: str) -> None:
     t0 = time.time()
     proc = subprocess.run(
@@ -381,6 +417,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         complete, manifest = unpack(args.bundle_dir, args.site, args.manifest)
         if not complete:
             return 3
+        if args.plugin_from_checkout:
+            say(use_checkout_plugin(args.site))
     fi = args.flashinfer or manifest.get("flashinfer_default")
     if not fi:
         raise RunnerError("the manifest names no default FlashInfer release: pass --flashinfer")
@@ -475,6 +513,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_unpack(args: argparse.Namespace) -> int:
     complete, _ = unpack(args.bundle_dir, args.site, args.manifest, args.clean)
+    if complete and args.plugin_from_checkout:
+        say(use_checkout_plugin(args.site))
     return 0 if complete or args.partial_ok else 3
 
 
@@ -508,6 +548,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     common.add_argument(
         "--manifest", type=Path, default=None, help="follow this manifest instead of the newest one"
     )
+    common.add_argument(
+        "--plugin-from-checkout", action="store_true",
+        help="once the bundle is complete, replace its plugin code by this checkout's nvfp4compat/ and matrix/ "
+             "(test the working tree without rebuilding the bundle)",
+    )  # fmt: skip
     ap = argparse.ArgumentParser(
         description=(__doc__ or "").split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
