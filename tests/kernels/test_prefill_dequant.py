@@ -233,3 +233,60 @@ def test_backend_problem_names_the_gpu(monkeypatch, backend, cc, bad):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0) if backend == "fa3" else (8, 6))
     ok = mod.backend_problem(torch.device("cuda"), backend)
     assert ok is None or "flashinfer" in ok
+
+
+def test_a_device_scale_is_read_on_the_host_once_per_value(monkeypatch):
+    """FlashInfer takes the softmax scale on the host and vLLM's k_scale is a device tensor: each read is a
+    stream sync, so it is read once per value, not per layer and step; changed in place (its version moves)
+    or replaced by another tensor, it is read again."""
+    reads = []
+    real_item = torch.Tensor.item
+
+    def counting_item(self):
+        reads.append(self.data_ptr())
+        return real_item(self)
+
+    monkeypatch.setattr(torch.Tensor, "item", counting_item)
+    mod.clear_cache()
+    ks = torch.tensor([0.5])
+    assert [mod._host_scale(ks) for _ in range(5)] == [0.5] * 5
+    assert len(reads) == 1
+    ks.fill_(0.25)  # vLLM's calculate_kv_scales writes in place
+    assert mod._host_scale(ks) == 0.25 and len(reads) == 2
+    other = torch.tensor(2.0)  # another layer's scale
+    assert mod._host_scale(other) == 2.0 and mod._host_scale(ks) == 0.25 and len(reads) == 3
+    del other  # a new tensor may take a dead one's id: the weak reference tells them apart
+    again = torch.tensor(3.0)
+    assert mod._host_scale(again) == 3.0 and len(reads) == 4
+
+
+def test_prefill_scale_read_once_across_calls(monkeypatch):
+    """The same k_scale tensor over several prefill calls (layers and steps): one host read."""
+    reads = []
+    real = mod._host_scale
+
+    def spy(t):
+        reads.append(t)
+        return real(t)
+
+    item_calls = []
+    real_item = torch.Tensor.item
+
+    def counting_item(self):
+        item_calls.append(1)
+        return real_item(self)
+
+    monkeypatch.setattr(mod, "_host_scale", spy)
+    mod.clear_cache()
+    with mod.attend_backend(Spy()):
+        for _ in range(3):
+            run_case(
+                "dequant_fa3", "prefill", seq_lens=[40, 25], q_lens=[17, 25], num_qo_heads=4, num_kv_heads=2,
+                head_dim=64, scale_as_tensor=True,
+            ).check()  # fmt: skip
+    assert len(reads) == 3  # every call asked for the host value
+    monkeypatch.setattr(torch.Tensor, "item", counting_item)
+    ks = reads[-1]
+    for _ in range(4):
+        real(ks)
+    assert item_calls == []  # ... which was already read

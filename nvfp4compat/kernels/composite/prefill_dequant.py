@@ -231,6 +231,8 @@ _scratch: dict[torch.device, torch.Tensor] = {}
 _workspaces: dict[torch.device, torch.Tensor] = {}
 _wrappers: dict[tuple[Any, ...], list[Any]] = {}  # (device, backend) -> [wrapper, last plan key]
 _attend_override: AttendFn | None = None
+# id(tensor) -> (weak reference, version counter, value): device scales read on the host once per value
+_host_scales: dict[int, tuple[Any, int, float]] = {}
 
 
 def clear_cache() -> None:
@@ -239,6 +241,30 @@ def clear_cache() -> None:
         _scratch.clear()
         _workspaces.clear()
         _wrappers.clear()
+        _host_scales.clear()
+
+
+def _host_scale(t: torch.Tensor) -> float:
+    """A one-element scale tensor's value on the host, read (a device sync) once per value.
+
+    FlashInfer takes the softmax scale on the host, and vLLM's ``k_scale`` is a device tensor. Reading
+    it with ``.item()`` on every call syncs the stream once per layer and prefill step. A tensor changed
+    in place moves its version counter, and a replaced one is another object (checked by a weak
+    reference, so a new tensor at a dead one's ``id`` is read afresh): either is read again."""
+    import weakref
+
+    key, ver = id(t), t._version
+    with _lock:
+        hit = _host_scales.get(key)
+        if hit is not None and hit[0]() is t and hit[1] == ver:
+            return hit[2]
+    value = float(t.reshape(()).item())
+    with _lock:
+        if len(_host_scales) > 4096:  # engines hold one per layer; drop the dead
+            for k in [k for k, v in _host_scales.items() if v[0]() is None]:
+                del _host_scales[k]
+        _host_scales[key] = (weakref.ref(t), ver, value)
+    return value
 
 
 def _scratch_bytes(device: torch.device, nbytes: int, cap: int) -> torch.Tensor:
@@ -515,8 +541,8 @@ def _prefill(backend: str, call: DequantPrefillArgs) -> AttentionResult:
     window_left = a.window - 1 if a.window > 0 else -1
     cap = a.softcap if a.softcap > 0 else None
     if plan.groups:
-        ks = a.k_scale  # FlashInfer takes the softmax scale on the host: a device k_scale is read once
-        attend_scale = float(sm_scale) * (float(ks.reshape(()).item()) if isinstance(ks, torch.Tensor) else ks)
+        ks = a.k_scale  # FlashInfer takes the softmax scale on the host: a device k_scale is read once per value
+        attend_scale = float(sm_scale) * (_host_scale(ks) if isinstance(ks, torch.Tensor) else ks)
         need = max(g.kv_tokens for g in plan.groups) * per_token
         buf = _scratch_bytes(views.device, need, cap_bytes)
         h, d = views.num_kv_heads, views.head_dim
