@@ -189,7 +189,8 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
             for splits, cfg, rot in ((1, None, None), (3, None, None), (3, att.PREFETCH_DECODE_CONFIG, None),
                                      (3, att.BYTE_SCALE_DECODE_CONFIGS[0], None), (3, None, "hadamard"),
                                      (3, "fused merge", None), (1, att.GLUON_DECODE_CONFIGS[2], None),
-                                     (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.kt_logits), None)):
+                                     (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.kt_logits), None),
+                                     (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.lean), None)):
                 for sname, t, s, kw, exc in (
                     ("valid", bt, sl, {}, None),
                     ("bad pages", table(b0_1=-1, b1_0=n, b2_2=n + 100000, b2_3=2**31 - 1), sl, {}, None),
@@ -215,7 +216,7 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
 
                     pf = ("" if cfg is None else f" {cfg}" if isinstance(cfg, str)
                           else " prefetch" if cfg.prefetch else " gluon transposed logits" if cfg.kt_logits
-                          else " gluon 32-key" if cfg.gluon else " byte scales")
+                          else " gluon lean scales" if cfg.lean else " gluon 32-key" if cfg.gluon else " byte scales")
                     pf += " rotated" if rot else ""
                     cases.append(Case("decode", f"{dname} q{q_len} splits{splits}{pf} {sname}",
                                       checked(dec, q) if exc is None else (lambda f=dec: f(None)), exc))

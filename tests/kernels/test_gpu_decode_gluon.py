@@ -2,8 +2,8 @@
 plain-Triton kernel, on every launch it serves and on those it must hand back to the plain kernel.
 
 Run on a CUDA machine: ``pytest -m gpu tests/kernels/test_gpu_decode_gluon.py``. The default Gluon config, and of
-``GLUON_DECODE_CONFIGS`` the 2-warp one, the bit placement (what SM80/86 run) and the transposed logits
-(``kt_logits``), run every case; each case checks which kernel ran (``LAST_KERNELS``).
+``GLUON_DECODE_CONFIGS`` the 2-warp one, the bit placement (what SM80/86 run), the transposed logits
+(``kt_logits``) and the lean scales (``lean``), run every case; each case checks which kernel ran (``LAST_KERNELS``).
 """
 
 from __future__ import annotations
@@ -22,15 +22,19 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a 
 
 bf16, fp16 = torch.bfloat16, torch.float16
 CONFIGS = [pytest.param(c, id=f"n{c.block_n}-w{c.num_warps}-r{c.maxnreg}{'-cvt8' if c.e4m3_cvt else ''}"
-                             f"{'-kt' if c.kt_logits else ''}")
+                             f"{'-kt' if c.kt_logits else ''}{'-lean' if c.lean else ''}")
            for c in (att._DECODE_CONFIGS_GLUON[128], att.GLUON_DECODE_CONFIGS[2], att.GLUON_DECODE_CONFIGS[-1],
-                     next(c for c in att.GLUON_DECODE_CONFIGS if c.kt_logits))]
+                     next(c for c in att.GLUON_DECODE_CONFIGS if c.kt_logits),
+                     next(c for c in att.GLUON_DECODE_CONFIGS if c.lean))]
 
 
-@pytest.fixture(params=[(0, {}), (1, {}), (2, {}), (3, {}), (0, {"sliding_window": 2000, "use_sinks": True}),
+@pytest.fixture(params=[(0, {}), (1, {}), (2, {}), (3, {}), (4, {}), (0, {"sliding_window": 2000, "use_sinks": True}),
                         (0, {"logits_soft_cap": 30.0, "scale_as_tensor": True}),
-                        (3, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0})],
-                ids=["default", "n32-w2", "placed", "kt", "default-window-sinks", "default-softcap", "kt-all"])
+                        (3, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0}),
+                        (4, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0,
+                             "scale_as_tensor": True})],
+                ids=["default", "n32-w2", "placed", "kt", "lean", "default-window-sinks", "default-softcap", "kt-all",
+                     "lean-all"])
 def cfg_rows(request):
     i, feats = request.param
     return CONFIGS[i].values[0], feats

@@ -1190,8 +1190,14 @@ class DecodeConfig:
     # query its B operand: half the logits MMAs, no padded query rows), P^T turned into the P V operand by
     # movmatrix.trans (decode_gluon._softmax_pv_kt). On sm_90 (triton 3.6.0) with the E4M3 conversion: 128 registers
     # without spill under a 128 cap (4 programs per SM, against 152 and 3), 545 instructions per 16 keys and warp in
-    # the unmasked loop against 524. Opt-in, not yet run on a GPU
+    # the unmasked loop against 524. On an H200 (run M) 5-7% faster at 128 x 2K and 32 x 8K (GQA 8), 9% slower on a
+    # ragged batch, the same elsewhere: opt-in
     kt_logits: bool = False
+    # with gluon and e4m3_cvt (SM89+): the block scales converted by cvt.rn.f16x2.e4m3x2 (exact, two a conversion, in
+    # place of an fp32 product and cvt.f16x2.f32 per register) and, in the unmasked loop, no page-id compare (one scan
+    # checked them): 489 instructions per 16 keys and warp in the unmasked loop against 524, 238 of them on the ALU
+    # pipe against 256, 149 registers (sm_90, triton 3.6.0). Opt-in, not yet run on a GPU
+    lean: bool = False
 
 
 @dataclass(frozen=True)
@@ -1292,7 +1298,7 @@ _gluon_failed = False
 # The decode kernels' arguments beyond the ones they share (_run_decode passes the shared ones to both)
 _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "counter_ptr", "FUSED_MERGE",
                       "MERGE_CB", "SWAP_AB")
-_GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT")
+_GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN")
 GLUON_DECODE_CONFIGS = (
     _DECODE_CONFIGS_GLUON[128],
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True),
@@ -1301,6 +1307,9 @@ GLUON_DECODE_CONFIGS = (
     # the transposed logits (kt_logits): 4 programs per SM under a 128-register cap; not yet run on a GPU
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
                  kt_logits=True),
+    # the default with the scales converted by cvt.e4m3x2 and no page-id compare in the unmasked loop (lean): not yet
+    # run on a GPU
+    DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, gluon=True, e4m3_cvt=True, lean=True),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
@@ -1976,7 +1985,7 @@ def _run_decode(
             LAST_KERNELS["decode"] = _gluon.gluon_decode_kernel[(d.chunks * d.num_kv_heads,)](
                 *args, **common, NW=d.cfg.num_warps, ROWS8=d.group * qmax <= 8,
                 PAGE_EVEN=d.page_size % 2 == 0 and d.window <= 0, OFF32=d.off32, CVT8=d.cvt8,
-                KT=_gluon_kt(d.cfg, d.group * qmax),
+                KT=_gluon_kt(d.cfg, d.group * qmax), LEAN=d.cfg.lean and d.cvt8,
             )  # fmt: skip
             launched = True
         except Exception as exc:  # a build failure on this GPU / triton: the plain kernel from now on
@@ -2450,11 +2459,11 @@ def aot_variants() -> dict[str, list[Any]]:
                              "CAUSAL": qmax > 1, "BATCH_BLOCK": batch_block, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr,
                              "DATA_ALIGN": 16, "SF_ALIGN": 8, "PAGE_POW2": pow2, "NW": cfg.num_warps,
                              "ROWS8": group * qmax <= 8, "PAGE_EVEN": even, "OFF32": off32, "CVT8": False,
-                             "KT": _gluon_kt(cfg, group * qmax)}
+                             "KT": _gluon_kt(cfg, group * qmax), "LEAN": False}
         c.update(_FEATURES_OFF)
         c.update(features)
         # the E4M3 conversion where the launcher takes it: SM89+
-        by_cc = (lambda cc: {"CVT8": cc >= 89}) if cfg.e4m3_cvt else None
+        by_cc = (lambda cc: {"CVT8": cc >= 89, "LEAN": cfg.lean and cc >= 89}) if cfg.e4m3_cvt else None
         glu.append(AotVariant(label, sig, c, cfg.num_warps, 1, _pointer_attrs(sig), maxnreg=cfg.maxnreg, by_cc=by_cc))
 
     gdef = _DECODE_CONFIGS_GLUON[128]
@@ -2469,6 +2478,10 @@ def aot_variants() -> dict[str, list[Any]]:
     kt = next(c for c in GLUON_DECODE_CONFIGS if c.kt_logits)
     add_gluon("bf16-d128-kt-q2-all", kt, qmax=2, **_FEATURES_ON)
     add_gluon("fp16-d128-kt-page-any", kt, dtype="fp16", pow2=False, even=False)
+    lean = next(c for c in GLUON_DECODE_CONFIGS if c.lean)
+    add_gluon("bf16-d128-lean-q2-all", lean, qmax=2, **_FEATURES_ON)
+    add_gluon("fp16-d128-lean-g16-page-any", lean, dtype="fp16", group=16, pow2=False, even=False)
+    add_gluon("bf16-d128-lean-kt", replace(kt, lean=True))
     placed = GLUON_DECODE_CONFIGS[-1]  # the bit placement on every target
     add_gluon("bf16-d128-placed-q2-all", placed, qmax=2, **_FEATURES_ON)
     add_gluon("fp16-d128-placed-g16", placed, dtype="fp16", group=16)

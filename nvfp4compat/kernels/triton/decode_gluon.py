@@ -152,6 +152,28 @@ _ASM_V_CVT8 = (
     + _e4m3_cvt("x0", ("$0", "$1", "$2", "$3")) + _e4m3_cvt("x1", ("$4", "$5", "$6", "$7")) + "}\n"
 )
 
+# LEAN: the decoders take the scale as an f16x2 register already ($5 for K, $10 for V: the E4M3 scale bytes converted
+# by the same cvt.rn.f16x2.e4m3x2, exact), in place of an fp32 biased scale and cvt.rn.f16x2.f32 per register
+_ASM_K_CVT8_S = (
+    "\n{\n.reg .b32 a, b, lo, hi, s, t0, t1, t2, t3;\n.reg .b16 l0, l1, h0, h1;\nmov.b32 s, $5;\n"
+    + _e4m3_cvt("$4", ("$0", "$2", "$1", "$3")) + "}\n"
+)
+_ASM_V_CVT8_S = (
+    "\n{\n.reg .b32 a, b, lo, hi, s, x0, x1, t0, t1, t2, t3;\n.reg .b16 l0, l1, h0, h1;\n"
+    "mov.b32 s, $10;\n" + _V_INTERLEAVE
+    + _e4m3_cvt("x0", ("$0", "$1", "$2", "$3")) + _e4m3_cvt("x1", ("$4", "$5", "$6", "$7")) + "}\n"
+)
+# a K scale pair (the low 16 bits of $2: scales 2t, 2t + 1) -> $0 = (sf_2t, sf_2t) and $1 = (sf_2t+1, sf_2t+1), f16x2
+_ASM_KS_PAIR = (
+    "\n{\n.reg .b16 l, h;\n.reg .b32 p;\nmov.b32 {l, h}, $2;\ncvt.rn.f16x2.e4m3x2 p, l;\n"
+    "prmt.b32 $0, p, p, 0x1010;\nprmt.b32 $1, p, p, 0x3232;\n}\n"
+)
+# V scale bytes of keys a ($1) and b ($2) -> $0 = (sf_a, sf_b), f16x2
+_ASM_VS_PAIR = (
+    "\n{\n.reg .b16 l, h;\n.reg .b32 p;\nprmt.b32 p, $1, $2, 0x0040;\nmov.b32 {l, h}, p;\n"
+    "cvt.rn.f16x2.e4m3x2 $0, l;\n}\n"
+)
+
 # one 8x8 block of 16-bit values in the accumulator fragment -> its transpose in the same fragment (sm_75+)
 _MOVMATRIX_T = gl.constexpr("movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;")
 _LOG2E = gl.constexpr(1.4426950408889634)
@@ -161,6 +183,10 @@ _K_F16 = gl.constexpr(_ASM_K_F16)
 _V_F16 = gl.constexpr(_ASM_V_F16)
 _K_CVT8 = gl.constexpr(_ASM_K_CVT8)
 _V_CVT8 = gl.constexpr(_ASM_V_CVT8)
+_K_CVT8_S = gl.constexpr(_ASM_K_CVT8_S)
+_V_CVT8_S = gl.constexpr(_ASM_V_CVT8_S)
+_KS_PAIR = gl.constexpr(_ASM_KS_PAIR)
+_VS_PAIR = gl.constexpr(_ASM_VS_PAIR)
 
 
 @gluon.constexpr_function
@@ -356,7 +382,7 @@ def _tile_words(
     k_base, v_base, ks_base, vs_base,
     stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
     LK: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, PAGE_POW2: gl.constexpr,
-    PAGE_EVEN: gl.constexpr, OFF32: gl.constexpr,
+    PAGE_EVEN: gl.constexpr, OFF32: gl.constexpr, CHECKED: gl.constexpr = False,
 ):
     """The raw words of one tile at page ids ``pk, pa, pb`` (:func:`_tile_pages`): K words
     ``[NW, KW, 4, 4]`` int32 (thread ``(key, t)``: bytes ``[16 t, 16 t + 16)`` of its key's row) with
@@ -364,17 +390,25 @@ def _tile_words(
     ``[NW, KW/2, 8, 2]`` int32 (thread ``(c, kp)``: bytes ``[8 c, 8 c + 8)`` of keys ``2 kp, 2 kp + 1``)
     with their scale bytes ``[NW, KW/2, 8, 1]``. Keys ``>= lim`` or on a page outside
     ``[0, num_pages)`` read nothing (zeros). ``OFF32``: every byte offset into the cache tensors fits
-    in int32 (the host checked their extents), so the row offsets are 32-bit products."""
+    in int32 (the host checked their extents), so the row offsets are 32-bit products. ``CHECKED``: every page id
+    of the tile's range is inside the cache (one scan checked them), so only ``key < lim`` masks (a key past it has
+    page id -1 and is not read)."""
     IT: gl.constexpr = gl.int32 if OFF32 else gl.int64
     key_k, key_a = _tile_keys(n0, LK, LV, NW, KW)
     t_k = _iota(4, LK, 4, 2)
     w_k = _iota(4, LK, 4, 3)
     c_v = _iota(8, LV, 4, 2)
     wv = _iota(2, LV, 4, 3)
-    ok_k = (key_k < lim) & (pk >= 0) & (pk < num_pages)
-    ok_a = (key_a < lim) & (pa >= 0) & (pa < num_pages)
-    pk_ = gl.where(ok_k, pk, 0).to(IT)
-    pa_ = gl.where(ok_a, pa, 0).to(IT)
+    if CHECKED:
+        ok_k = key_k < lim
+        ok_a = key_a < lim
+        pk_ = pk.to(IT)
+        pa_ = pa.to(IT)
+    else:
+        ok_k = (key_k < lim) & (pk >= 0) & (pk < num_pages)
+        ok_a = (key_a < lim) & (pa >= 0) & (pa < num_pages)
+        pk_ = gl.where(ok_k, pk, 0).to(IT)
+        pa_ = gl.where(ok_a, pa, 0).to(IT)
     sk = _slot_of(key_k, page_size, page_shift, PAGE_POW2)[1].to(IT)
     sa = _slot_of(key_a, page_size, page_shift, PAGE_POW2)[1].to(IT)
     row_k = pk_ * stride_kp + sk * stride_kt
@@ -386,8 +420,12 @@ def _tile_words(
         row_b = row_a + stride_vt
         srow_b = srow_a + stride_vst
     else:
-        ok_b = (key_a + 1 < lim) & (pb >= 0) & (pb < num_pages)
-        pb_ = gl.where(ok_b, pb, 0).to(IT)
+        if CHECKED:
+            ok_b = key_a + 1 < lim
+            pb_ = pb.to(IT)
+        else:
+            ok_b = (key_a + 1 < lim) & (pb >= 0) & (pb < num_pages)
+            pb_ = gl.where(ok_b, pb, 0).to(IT)
         sb = _slot_of(key_a + 1, page_size, page_shift, PAGE_POW2)[1].to(IT)
         row_b = pb_ * stride_vp + sb * stride_vt
         srow_b = pb_ * stride_vsp + sb * stride_vst
@@ -407,9 +445,22 @@ def _tile_words(
 
 
 @gluon.jit
-def _v_decoded(va, vb, vsa, vsb, DT: gl.constexpr, CVT8: gl.constexpr):
+def _v_decoded(va, vb, vsa, vsb, DT: gl.constexpr, CVT8: gl.constexpr, LEAN: gl.constexpr = False):
     """The V words of a tile (:func:`_tile_words`) decoded: ``[NW, KP, c, wv, h, m0, m1, pair]`` of ``DT``, the pair
-    being keys ``2 kp`` and ``2 kp + 1`` (see :func:`_attend`)."""
+    being keys ``2 kp`` and ``2 kp + 1`` (see :func:`_attend`). ``LEAN`` (with ``CVT8``): the scale bytes converted
+    by ``cvt.rn.f16x2.e4m3x2`` (values ``e2m1 * sf * 2^-6``)."""
+    if LEAN:
+        sv = gl.inline_asm_elementwise(
+            _VS_PAIR, "=r,r,r", [vsa.to(gl.int32), vsb.to(gl.int32)], dtype=gl.int32, is_pure=True, pack=1,
+        )
+        r = gl.inline_asm_elementwise(
+            _V_CVT8_S, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", [va, vb, sv], dtype=(gl.int32,) * 8, is_pure=True, pack=1,
+        )
+        y = gl.join(
+            gl.join(gl.join(r[0], r[1]), gl.join(r[2], r[3])),
+            gl.join(gl.join(r[4], r[5]), gl.join(r[6], r[7])),
+        )  # [NW, KP, c, wv, h, m0, m1]
+        return _halves(y, DT)
     sf_a = _scale_biased(vsa.to(gl.int32), DT, CVT8)
     sf_b = _scale_biased(vsb.to(gl.int32), DT, CVT8)
     if CVT8:
@@ -475,7 +526,7 @@ def _softmax_pv_kt(
     bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
     MMA: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, MASKED: gl.constexpr, CAUSAL_ROWS: gl.constexpr,
     WINDOW_ROWS: gl.constexpr, HAS_SOFTCAP: gl.constexpr, PAGE_POW2: gl.constexpr, CVT8: gl.constexpr,
-    DT: gl.constexpr,
+    DT: gl.constexpr, LEAN: gl.constexpr = False,
 ):
     """:func:`_attend` from the transposed logits ``s`` = ``S^T`` ``[NW, KW keys, 8 rows]`` (``KT``): the softmax runs
     over axis 1, its state ``[NW, 8]`` has the layout of the output's columns, and ``P^T`` becomes the ``P V``
@@ -497,7 +548,7 @@ def _softmax_pv_kt(
     t = gl.inline_asm_elementwise(_MOVMATRIX_T, "=r,r", [p16], dtype=p16.dtype, is_pure=True, pack=2)
     t = gl.reshape(gl.permute(gl.reshape(t, [NW, 2, 8, 8]), (0, 1, 3, 2)), [NW, KW, 8])
     p_t = gl.convert_layout(t, OPB, assert_trivial=True)
-    y = _v_decoded(va, vb, vsa, vsb, DT, CVT8)
+    y = _v_decoded(va, vb, vsa, vsb, DT, CVT8, LEAN)
     y = gl.permute(y, (0, 3, 6, 5, 4, 2, 1, 7))  # [NW, wv, m1, m0, h, c, kp, pair]
     v_t = gl.convert_layout(gl.reshape(y, [NW, 128, 2 * KP]), OPA, assert_trivial=True)
     acc = acc * gl.expand_dims(alpha, 1)
@@ -513,7 +564,7 @@ def _attend(
     MMA: gl.constexpr, LK: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr,
     MASKED: gl.constexpr, CAUSAL_ROWS: gl.constexpr, WINDOW_ROWS: gl.constexpr,
     HAS_SOFTCAP: gl.constexpr, PAGE_POW2: gl.constexpr, ROWS8: gl.constexpr, CVT8: gl.constexpr = False,
-    KT: gl.constexpr = False,
+    KT: gl.constexpr = False, LEAN: gl.constexpr = False,
 ):
     """Online-softmax update of each warp's state with its keys of the tile at ``n0``, from the tile's
     raw words (:func:`_tile_words`). ``MASKED``: keys past ``kv_hi``, on a page outside the cache or
@@ -526,18 +577,28 @@ def _attend(
     DT: gl.constexpr = q_op.dtype
     k_sf = ks.to(gl.int32)
     wsel = _iota(4, LK, 4, 3)
-    sf_k = gl.where(wsel < 2, _scale_biased(k_sf & 0xFF, DT, CVT8), _scale_biased((k_sf >> 8) & 0xFF, DT, CVT8))
-    if CVT8:
+    if LEAN:  # the scale pair converted once per (key, t) and duplicated into each half: f16x2 registers
+        s_lo, s_hi = gl.inline_asm_elementwise(
+            _KS_PAIR, "=r,=r,r", [k_sf], dtype=(gl.int32, gl.int32), is_pure=True, pack=1,
+        )
+        o0, o1, o2, o3 = gl.inline_asm_elementwise(
+            _K_CVT8_S, "=r,=r,=r,=r,r,r", [kw, gl.where(wsel < 2, s_lo, s_hi)],
+            dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1,
+        )
+    elif CVT8:
+        sf_k = gl.where(wsel < 2, _scale_biased(k_sf & 0xFF, DT, CVT8), _scale_biased((k_sf >> 8) & 0xFF, DT, CVT8))
         o0, o1, o2, o3 = gl.inline_asm_elementwise(
             _K_CVT8, "=r,=r,=r,=r,r,r", [kw, sf_k], dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
             is_pure=True, pack=1,
         )
     elif DT == gl.float16:  # noqa: SIM300 (DT is a constexpr, not a constant)
+        sf_k = gl.where(wsel < 2, _scale_biased(k_sf & 0xFF, DT, CVT8), _scale_biased((k_sf >> 8) & 0xFF, DT, CVT8))
         o0, o1, o2, o3 = gl.inline_asm_elementwise(
             _K_F16, "=r,=r,=r,=r,r,r", [kw, sf_k], dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
             is_pure=True, pack=1,
         )
     else:
+        sf_k = gl.where(wsel < 2, _scale_biased(k_sf & 0xFF, DT, CVT8), _scale_biased((k_sf >> 8) & 0xFF, DT, CVT8))
         o0, o1, o2, o3 = gl.inline_asm_elementwise(
             _K_BF16, "=r,=r,=r,=r,r,r", [kw, sf_k], dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
             is_pure=True, pack=1,
@@ -550,7 +611,7 @@ def _attend(
         acc, m_new, l_i = _softmax_pv_kt(
             acc, m_i, l_i, s, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
             bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
-            MMA, NW, KW, MASKED, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, CVT8, DT,
+            MMA, NW, KW, MASKED, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, CVT8, DT, LEAN,
         )
     else:
         k_op = gl.convert_layout(gl.reshape(x, [NW, 128, KW]), OPB, assert_trivial=True)
@@ -572,7 +633,7 @@ def _attend(
 
         # V [NW, KW, 128] (k = 2 kp + pair, the keys; n = 8 (8 wv + 4 m1 + 2 m0 + h) + c) <-> byte
         # 8 c + 4 wv + 2 m1 + m0 of the key, nibble h (head dim 16 c + 2 (4 wv + 2 m1 + m0) + h)
-        y = _v_decoded(va, vb, vsa, vsb, DT, CVT8)  # [NW, KP, c, wv, h, m0, m1, pair]
+        y = _v_decoded(va, vb, vsa, vsb, DT, CVT8, LEAN)  # [NW, KP, c, wv, h, m0, m1, pair]
         if ROWS8:
             # O^T += V^T P^T: V^T the A operand (m = the permuted head dim, k = keys), P^T the B operand
             # straight from the logits' accumulator registers (rows 0..7, n = row), O^T [NW, 128, 8]
@@ -606,7 +667,7 @@ def gluon_decode_kernel(
     K_SCALE_PTR: gl.constexpr, V_SCALE_PTR: gl.constexpr,
     DATA_ALIGN: gl.constexpr, SF_ALIGN: gl.constexpr, PAGE_POW2: gl.constexpr,
     num_pages, status_ptr, NW: gl.constexpr, ROWS8: gl.constexpr = False, PAGE_EVEN: gl.constexpr = False,
-    OFF32: gl.constexpr = False, CVT8: gl.constexpr = False, KT: gl.constexpr = False,
+    OFF32: gl.constexpr = False, CVT8: gl.constexpr = False, KT: gl.constexpr = False, LEAN: gl.constexpr = False,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation,
     no fused merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
@@ -681,8 +742,10 @@ def gluon_decode_kernel(
         vs_g = gl.load(v_scale)
     else:
         vs_g = v_scale
-    qk_scale2 = sm_scale_log2 * ks_g * 256.0 * q_shift
-    vs_g = vs_g * 256.0
+    # the decoded values are e2m1 * sf * 2^-8 (2^-6 with LEAN's exact scales): the global scales take the power back
+    UNSCALE: gl.constexpr = 64.0 if LEAN else 256.0
+    qk_scale2 = sm_scale_log2 * ks_g * UNSCALE * q_shift
+    vs_g = vs_g * UNSCALE
     softcap_pre = qk_scale2 / (softcap * _LOG2E)
     softcap_post = softcap * _LOG2E
 
@@ -751,7 +814,7 @@ def gluon_decode_kernel(
         acc, m_i, l_i = _attend(
             acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
             bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
-            MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT,
+            MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
         )
     # unmasked tiles once every page id of theirs is checked: tile i + 1's words and tile i + 2's
     # page ids are loaded before tile i is decoded (nothing is read past b_end)
@@ -772,7 +835,7 @@ def gluon_decode_kernel(
         pk, pa, pb = _tile_pages(n0, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
         kw, ks, va, vb, vsa, vsb = _tile_words(
             n0, end_key, pk, pa, pb, page_size, page_shift, num_pages, k_base, v_base, ks_base, vs_base,
-            s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32,
+            s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
         )
         pk, pa, pb = _tile_pages(n0 + BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
         for i in range(b_begin, b_end):
@@ -780,7 +843,7 @@ def gluon_decode_kernel(
             kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
                 n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
                 k_base, v_base, ks_base, vs_base,
-                s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32,
+                s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
             )
             pk, pa, pb = _tile_pages(
                 n0 + 2 * BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
@@ -788,7 +851,7 @@ def gluon_decode_kernel(
             acc, m_i, l_i = _attend(
                 acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
                 bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
-                MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT,
+                MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
             )
             kw, ks, va, vb, vsa, vsb = kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n
     # masked tiles from the causal diagonal / sequence end on
@@ -803,7 +866,7 @@ def gluon_decode_kernel(
         acc, m_i, l_i = _attend(
             acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
             bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
-            MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT,
+            MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
         )
 
     # merge the warps' states, then store rows R (16, or 8 with ROWS8) from a plain layout
