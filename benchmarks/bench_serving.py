@@ -178,11 +178,12 @@ def phases(outs: list[Any]) -> dict[str, Any]:
     for o in outs:
         m = getattr(o, "metrics", None)
         n = len(o.outputs[0].token_ids)
-        if m is None or not getattr(m, "first_token_ts", 0.0):
+        first, queued, last = (getattr(m, k, None) for k in ("first_token_ts", "queued_ts", "last_token_ts"))
+        if not first or queued is None:  # another vLLM's metrics object, or none: no phase split
             continue
-        ttft.append(m.first_token_ts - m.queued_ts)
-        if n > 1:
-            tpot.append((m.last_token_ts - m.first_token_ts) / (n - 1))
+        ttft.append(first - queued)
+        if n > 1 and last:
+            tpot.append((last - first) / (n - 1))
     if not ttft:
         return {"phases": "vLLM returned no request metrics"}
 
