@@ -135,34 +135,37 @@ def _e4m3_cvt(x: str, outs: tuple[str, str, str, str]) -> str:
     )
 
 
+def _k_cvt8(scale: str) -> str:
+    """The K decoder with the E4M3 conversion, its f16x2 scale register ``s`` set by the PTX ``scale``."""
+    return (
+        "\n{\n.reg .b32 a, b, lo, hi, s, t0, t1, t2, t3;\n.reg .b16 l0, l1, h0, h1;\n" + scale + "\n"
+        + _e4m3_cvt("$4", ("$0", "$2", "$1", "$3")) + "}\n"
+    )
+
+
+def _v_cvt8(scale: str) -> str:
+    """The V decoder with the E4M3 conversion, its f16x2 scale register ``s`` set by the PTX ``scale``."""
+    return (
+        "\n{\n.reg .b32 a, b, lo, hi, s, x0, x1, t0, t1, t2, t3;\n.reg .b16 l0, l1, h0, h1;\n" + scale + "\n"
+        + _V_INTERLEAVE + _e4m3_cvt("x0", ("$0", "$1", "$2", "$3")) + _e4m3_cvt("x1", ("$4", "$5", "$6", "$7"))
+        + "}\n"
+    )
+
+
 # E2M1 -> E4M3 is a bit placement (``e4m3 = e2m1 * 2^-6``: sign to bit 7, the three magnitude bits to bits
 # 4..2, E2M1's subnormal 0.5 landing on E4M3's subnormal 2^-7), and SM89+ converts an E4M3 pair to f16x2 in one
 # instruction (``cvt.rn.f16x2.e4m3x2``). Four cache bytes ($4), the scale sf * 2^-2 as fp32 ($5) -> four f16x2
 # registers in the order of _ASM_K_BF16 ($0, $1 low nibbles, $2, $3 high), each value e2m1 * sf * 2^-8 (exact in
 # fp16). SM89+ only (CVT8).
-_ASM_K_CVT8 = (
-    "\n{\n.reg .b32 a, b, lo, hi, s, t0, t1, t2, t3;\n.reg .b16 l0, l1, h0, h1;\ncvt.rn.f16x2.f32 s, $5, $5;\n"
-    + _e4m3_cvt("$4", ("$0", "$2", "$1", "$3")) + "}\n"
-)
+_ASM_K_CVT8 = _k_cvt8("cvt.rn.f16x2.f32 s, $5, $5;")
 # V with the E4M3 conversion: bytes of keys a ($8) and b ($9) interleaved, scales sf_a, sf_b * 2^-2 ($10, $11) ->
 # eight f16x2 registers in the order of _ASM_V_BF16. SM89+ only (CVT8).
-_ASM_V_CVT8 = (
-    "\n{\n.reg .b32 a, b, lo, hi, s, x0, x1, t0, t1, t2, t3;\n.reg .b16 l0, l1, h0, h1;\n"
-    "cvt.rn.f16x2.f32 s, $11, $10;\n" + _V_INTERLEAVE
-    + _e4m3_cvt("x0", ("$0", "$1", "$2", "$3")) + _e4m3_cvt("x1", ("$4", "$5", "$6", "$7")) + "}\n"
-)
+_ASM_V_CVT8 = _v_cvt8("cvt.rn.f16x2.f32 s, $11, $10;")
 
 # LEAN: the decoders take the scale as an f16x2 register already ($5 for K, $10 for V: the E4M3 scale bytes converted
 # by the same cvt.rn.f16x2.e4m3x2, exact), in place of an fp32 biased scale and cvt.rn.f16x2.f32 per register
-_ASM_K_CVT8_S = (
-    "\n{\n.reg .b32 a, b, lo, hi, s, t0, t1, t2, t3;\n.reg .b16 l0, l1, h0, h1;\nmov.b32 s, $5;\n"
-    + _e4m3_cvt("$4", ("$0", "$2", "$1", "$3")) + "}\n"
-)
-_ASM_V_CVT8_S = (
-    "\n{\n.reg .b32 a, b, lo, hi, s, x0, x1, t0, t1, t2, t3;\n.reg .b16 l0, l1, h0, h1;\n"
-    "mov.b32 s, $10;\n" + _V_INTERLEAVE
-    + _e4m3_cvt("x0", ("$0", "$1", "$2", "$3")) + _e4m3_cvt("x1", ("$4", "$5", "$6", "$7")) + "}\n"
-)
+_ASM_K_CVT8_S = _k_cvt8("mov.b32 s, $5;")
+_ASM_V_CVT8_S = _v_cvt8("mov.b32 s, $10;")
 # a K scale pair (the low 16 bits of $2: scales 2t, 2t + 1) -> $0 = (sf_2t, sf_2t) and $1 = (sf_2t+1, sf_2t+1), f16x2
 _ASM_KS_PAIR = (
     "\n{\n.reg .b16 l, h;\n.reg .b32 p;\nmov.b32 {l, h}, $2;\ncvt.rn.f16x2.e4m3x2 p, l;\n"
@@ -177,16 +180,21 @@ _ASM_VS_PAIR = (
 # one 8x8 block of 16-bit values in the accumulator fragment -> its transpose in the same fragment (sm_75+)
 _MOVMATRIX_T = gl.constexpr("movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;")
 _LOG2E = gl.constexpr(1.4426950408889634)
-_K_BF16 = gl.constexpr(_ASM_K_BF16)
-_V_BF16 = gl.constexpr(_ASM_V_BF16)
-_K_F16 = gl.constexpr(_ASM_K_F16)
-_V_F16 = gl.constexpr(_ASM_V_F16)
-_K_CVT8 = gl.constexpr(_ASM_K_CVT8)
-_V_CVT8 = gl.constexpr(_ASM_V_CVT8)
-_K_CVT8_S = gl.constexpr(_ASM_K_CVT8_S)
-_V_CVT8_S = gl.constexpr(_ASM_V_CVT8_S)
 _KS_PAIR = gl.constexpr(_ASM_KS_PAIR)
 _VS_PAIR = gl.constexpr(_ASM_VS_PAIR)
+
+
+@gluon.constexpr_function
+def _decoder_text(v, lean, cvt8, dt):
+    """The inline PTX of the V (``v``) or K decoder a launch takes: the lean E4M3 one (scales as f16x2 registers), the
+    E4M3 one (SM89+), FlashInfer's table for fp16 queries, the bit placement for bf16 ones."""
+    if lean:
+        return _ASM_V_CVT8_S if v else _ASM_K_CVT8_S
+    if cvt8:
+        return _ASM_V_CVT8 if v else _ASM_K_CVT8
+    if dt == gl.float16:
+        return _ASM_V_F16 if v else _ASM_K_F16
+    return _ASM_V_BF16 if v else _ASM_K_BF16
 
 
 @gluon.constexpr_function
@@ -454,29 +462,13 @@ def _v_decoded(va, vb, vsa, vsb, DT: gl.constexpr, CVT8: gl.constexpr, LEAN: gl.
             _VS_PAIR, "=r,r,r", [vsa.to(gl.int32), vsb.to(gl.int32)], dtype=gl.int32, is_pure=True, pack=1,
         )
         r = gl.inline_asm_elementwise(
-            _V_CVT8_S, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", [va, vb, sv], dtype=(gl.int32,) * 8, is_pure=True, pack=1,
-        )
-        y = gl.join(
-            gl.join(gl.join(r[0], r[1]), gl.join(r[2], r[3])),
-            gl.join(gl.join(r[4], r[5]), gl.join(r[6], r[7])),
-        )  # [NW, KP, c, wv, h, m0, m1]
-        return _halves(y, DT)
-    sf_a = _scale_biased(vsa.to(gl.int32), DT, CVT8)
-    sf_b = _scale_biased(vsb.to(gl.int32), DT, CVT8)
-    if CVT8:
-        r = gl.inline_asm_elementwise(
-            _V_CVT8, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [va, vb, sf_a, sf_b], dtype=(gl.int32,) * 8, is_pure=True,
-            pack=1,
-        )
-    elif DT == gl.float16:  # noqa: SIM300 (DT is a constexpr, not a constant)
-        r = gl.inline_asm_elementwise(
-            _V_F16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [va, vb, sf_a, sf_b], dtype=(gl.int32,) * 8, is_pure=True,
-            pack=1,
+            _decoder_text(True, True, CVT8, DT), "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", [va, vb, sv], dtype=(gl.int32,) * 8, is_pure=True, pack=1,
         )
     else:
+        sf_a = _scale_biased(vsa.to(gl.int32), DT, CVT8)
+        sf_b = _scale_biased(vsb.to(gl.int32), DT, CVT8)
         r = gl.inline_asm_elementwise(
-            _V_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [va, vb, sf_a, sf_b], dtype=(gl.int32,) * 8, is_pure=True,
-            pack=1,
+            _decoder_text(True, False, CVT8, DT), "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [va, vb, sf_a, sf_b], dtype=(gl.int32,) * 8, is_pure=True, pack=1,
         )
     y = gl.join(
         gl.join(gl.join(r[0], r[1]), gl.join(r[2], r[3])),
@@ -581,28 +573,12 @@ def _attend(
         s_lo, s_hi = gl.inline_asm_elementwise(
             _KS_PAIR, "=r,=r,r", [k_sf], dtype=(gl.int32, gl.int32), is_pure=True, pack=1,
         )
-        o0, o1, o2, o3 = gl.inline_asm_elementwise(
-            _K_CVT8_S, "=r,=r,=r,=r,r,r", [kw, gl.where(wsel < 2, s_lo, s_hi)],
-            dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1,
-        )
-    elif CVT8:
-        sf_k = gl.where(wsel < 2, _scale_biased(k_sf & 0xFF, DT, CVT8), _scale_biased((k_sf >> 8) & 0xFF, DT, CVT8))
-        o0, o1, o2, o3 = gl.inline_asm_elementwise(
-            _K_CVT8, "=r,=r,=r,=r,r,r", [kw, sf_k], dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
-            is_pure=True, pack=1,
-        )
-    elif DT == gl.float16:  # noqa: SIM300 (DT is a constexpr, not a constant)
-        sf_k = gl.where(wsel < 2, _scale_biased(k_sf & 0xFF, DT, CVT8), _scale_biased((k_sf >> 8) & 0xFF, DT, CVT8))
-        o0, o1, o2, o3 = gl.inline_asm_elementwise(
-            _K_F16, "=r,=r,=r,=r,r,r", [kw, sf_k], dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
-            is_pure=True, pack=1,
-        )
+        sf_k = gl.where(wsel < 2, s_lo, s_hi)
     else:
         sf_k = gl.where(wsel < 2, _scale_biased(k_sf & 0xFF, DT, CVT8), _scale_biased((k_sf >> 8) & 0xFF, DT, CVT8))
-        o0, o1, o2, o3 = gl.inline_asm_elementwise(
-            _K_BF16, "=r,=r,=r,=r,r,r", [kw, sf_k], dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
-            is_pure=True, pack=1,
-        )
+    o0, o1, o2, o3 = gl.inline_asm_elementwise(
+        _decoder_text(False, LEAN, CVT8, DT), "=r,=r,=r,=r,r,r", [kw, sf_k], dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1,
+    )
     x = _halves(gl.join(gl.join(o0, o1), gl.join(o2, o3)), DT)  # [NW, KW, t, w, qlow, h, p]
     x = gl.permute(x, (0, 3, 4, 5, 2, 6, 1))
     if KT:  # S^T = K Q^T: the keys are the MMA's rows, the query (q_op) its B operand [NW, 128, 8]
