@@ -376,7 +376,8 @@ def use_checkout_plugin(site: Path, repo: Path = REPO) -> str:
             f"{plugin / 'nvfp4compat'} is missing: the bundle's plugin component is not unpacked yet; "
             "run `unpack` with every part first (or drop --plugin-from-checkout)"
         )
-    if not (src / "__init__.py").is_file() or not sorted(matrix.glob("*.yaml")):
+    yamls = sorted(matrix.glob("*.yaml"))
+    if not (src / "__init__.py").is_file() or not yamls:
         raise RunnerError(
             f"{repo} is not an nvfp4compat checkout (it needs nvfp4compat/__init__.py and matrix/*.yaml); "
             "run from the repository root or drop --plugin-from-checkout"
@@ -392,8 +393,7 @@ def use_checkout_plugin(site: Path, repo: Path = REPO) -> str:
     where = rev.stdout.strip() if rev.returncode == 0 else "unknown commit"
     if dirty.returncode == 0 and dirty.stdout.strip():
         where += " + uncommitted changes"
-    n = len(sorted(matrix.glob("*.yaml")))
-    return f"plugin code from the checkout ({where}), matrix {n} files, in {dst}"
+    return f"plugin code from the checkout ({where}), matrix {len(yamls)} files, in {dst}"
 
 
 def make_tiny_model(model: Path, site: Path, flashinfer: str) -> None:

@@ -45,6 +45,7 @@ import contextlib
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
@@ -251,8 +252,6 @@ def _host_scale(t: torch.Tensor) -> float:
     it with ``.item()`` on every call syncs the stream once per layer and prefill step. A tensor changed
     in place moves its version counter, and a replaced one is another object (checked by a weak
     reference, so a new tensor at a dead one's ``id`` is read afresh): either is read again."""
-    import weakref
-
     key, ver = id(t), t._version
     with _lock:
         hit = _host_scales.get(key)
