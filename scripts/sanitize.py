@@ -190,7 +190,8 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
                                      (3, att.BYTE_SCALE_DECODE_CONFIGS[0], None), (3, None, "hadamard"),
                                      (3, "fused merge", None), (1, att.GLUON_DECODE_CONFIGS[2], None),
                                      (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.kt_logits), None),
-                                     (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.lean), None)):
+                                     (3, att.GLUON_FP32_SCALES_CONFIG, None),
+                                     (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.lean and c.kt_logits), None)):
                 for sname, t, s, kw, exc in (
                     ("valid", bt, sl, {}, None),
                     ("bad pages", table(b0_1=-1, b1_0=n, b2_2=n + 100000, b2_3=2**31 - 1), sl, {}, None),
@@ -215,8 +216,11 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
                             att.FUSED_MERGE = before
 
                     pf = ("" if cfg is None else f" {cfg}" if isinstance(cfg, str)
-                          else " prefetch" if cfg.prefetch else " gluon transposed logits" if cfg.kt_logits
-                          else " gluon lean scales" if cfg.lean else " gluon 32-key" if cfg.gluon else " byte scales")
+                          else " prefetch" if cfg.prefetch
+                          else " gluon lean transposed logits" if cfg.kt_logits and cfg.lean
+                          else " gluon transposed logits" if cfg.kt_logits
+                          else " gluon fp32 scales" if cfg == att.GLUON_FP32_SCALES_CONFIG
+                          else " gluon 32-key" if cfg.gluon else " byte scales")
                     pf += " rotated" if rot else ""
                     cases.append(Case("decode", f"{dname} q{q_len} splits{splits}{pf} {sname}",
                                       checked(dec, q) if exc is None else (lambda f=dec: f(None)), exc))

@@ -7,6 +7,7 @@ Each feature is checked alone and once all together; relative L2 of the output <
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -676,7 +677,9 @@ def test_decode_config_takes_the_gluon_kernel_where_it_can():
     from nvfp4compat.kernels.triton import attention as att
 
     g = att._DECODE_CONFIGS_GLUON[128]
-    assert g.gluon and g.e4m3_cvt and g.block_n * 1 == 64 and g.programs_per_sm == 3
+    assert g.gluon and g.e4m3_cvt and g.lean and not g.kt_logits and g.block_n * 1 == 64 and g.programs_per_sm == 3
+    assert dataclasses.replace(g, lean=False) == att.GLUON_FP32_SCALES_CONFIG
+    assert att.GLUON_FP32_SCALES_CONFIG in att.GLUON_DECODE_CONFIGS
     assert att.decode_config(128, 16, 512, 132, gluon=True, rows=4) == g
     assert att.decode_config(128, 16, 512, 132, gluon=True, rows=16).programs_per_sm == att.GLUON_ROWS16_PROGRAMS_PER_SM
     assert att.decode_config(128, 16, 512, 132, gluon=True, rotate=True) == att.decode_config(128, 16, 512, 132,

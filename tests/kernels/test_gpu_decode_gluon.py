@@ -3,7 +3,8 @@ plain-Triton kernel, on every launch it serves and on those it must hand back to
 
 Run on a CUDA machine: ``pytest -m gpu tests/kernels/test_gpu_decode_gluon.py``. The default Gluon config, and of
 ``GLUON_DECODE_CONFIGS`` the 2-warp one, the bit placement (what SM80/86 run), the transposed logits
-(``kt_logits``) and the lean scales (``lean``), run every case; each case checks which kernel ran (``LAST_KERNELS``).
+(``kt_logits``), the fp32 block scales (``GLUON_FP32_SCALES_CONFIG``, the default of runs L and M) and the transposed
+logits with the default's lean scales, run every case; each case checks which kernel ran (``LAST_KERNELS``).
 """
 
 from __future__ import annotations
@@ -25,16 +26,18 @@ CONFIGS = [pytest.param(c, id=f"n{c.block_n}-w{c.num_warps}-r{c.maxnreg}{'-cvt8'
                              f"{'-kt' if c.kt_logits else ''}{'-lean' if c.lean else ''}")
            for c in (att._DECODE_CONFIGS_GLUON[128], att.GLUON_DECODE_CONFIGS[2], att.GLUON_DECODE_CONFIGS[-1],
                      next(c for c in att.GLUON_DECODE_CONFIGS if c.kt_logits),
-                     next(c for c in att.GLUON_DECODE_CONFIGS if c.lean))]
+                     att.GLUON_FP32_SCALES_CONFIG,
+                     next(c for c in att.GLUON_DECODE_CONFIGS if c.lean and c.kt_logits))]
 
 
 @pytest.fixture(params=[(0, {}), (1, {}), (2, {}), (3, {}), (4, {}), (0, {"sliding_window": 2000, "use_sinks": True}),
                         (0, {"logits_soft_cap": 30.0, "scale_as_tensor": True}),
                         (3, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0}),
                         (4, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0,
-                             "scale_as_tensor": True})],
-                ids=["default", "n32-w2", "placed", "kt", "lean", "default-window-sinks", "default-softcap", "kt-all",
-                     "lean-all"])
+                             "scale_as_tensor": True}),
+                        (5, {}), (5, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0})],
+                ids=["default", "n32-w2", "placed", "kt", "fp32-scales", "default-window-sinks", "default-softcap",
+                     "kt-all", "fp32-scales-all", "lean-kt", "lean-kt-all"])
 def cfg_rows(request):
     i, feats = request.param
     return CONFIGS[i].values[0], feats

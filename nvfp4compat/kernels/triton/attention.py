@@ -1184,7 +1184,7 @@ class DecodeConfig:
     # (block_n // num_warps each), operands decoded in registers, no shared memory in the key loop
     gluon: bool = False
     # with gluon, on SM89+: E2M1 to E4M3 by bit placement and the hardware E4M3 -> f16 conversion, fp16 MMAs
-    # (a bf16 query scaled by a power of two into fp16's range); the default of _DECODE_CONFIGS_GLUON since run L
+    # (a bf16 query scaled by a power of two into fp16's range); in the default of _DECODE_CONFIGS_GLUON since run L
     e4m3_cvt: bool = False
     # with gluon, <= 8 rows and 16 keys per warp: the logits transposed, S^T = K Q^T (keys as the MMA's rows, the
     # query its B operand: half the logits MMAs, no padded query rows), P^T turned into the P V operand by
@@ -1196,7 +1196,8 @@ class DecodeConfig:
     # with gluon and e4m3_cvt (SM89+): the block scales converted by cvt.rn.f16x2.e4m3x2 (exact, two a conversion, in
     # place of an fp32 product and cvt.f16x2.f32 per register) and, in the unmasked loop, no page-id compare (one scan
     # checked them): 489 instructions per 16 keys and warp in the unmasked loop against 524, 238 of them on the ALU
-    # pipe against 256, 149 registers (sm_90, triton 3.6.0). Opt-in, not yet run on a GPU
+    # pipe against 256, 149 registers (sm_90, triton 3.6.0). On an H200 (run N) 2-4% faster on all six decode shapes:
+    # the default of _DECODE_CONFIGS_GLUON since
     lean: bool = False
 
 
@@ -1287,10 +1288,17 @@ SWAP_DECODE_CONFIGS = (
 # The default where a launch can take the Gluon kernel (decode_config(gluon=True)). Timed on an H200 against the
 # plain-Triton default in one run (2026-12-04, BENCHMARKS.md decode run K): see BENCHMARKS.md.
 # The E4M3 conversion (e4m3_cvt: SM89+; SM80/86 take the bit placement of the same config) was 6-12% faster than
-# the bit placement on five of six decode shapes and 2% slower on one 8K request (run L, BENCHMARKS.md).
+# the bit placement on five of six decode shapes and 2% slower on one 8K request (run L, BENCHMARKS.md). Its lean
+# scales (lean: the block scales converted by cvt.rn.f16x2.e4m3x2, no page-id compare in the unmasked loop; SM89+ as
+# well) were 2-4% faster than the fp32 scales on all six decode shapes of run N (BENCHMARKS.md): the default since.
 _DECODE_CONFIGS_GLUON: dict[int, DecodeConfig] = {
-    128: DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, gluon=True, e4m3_cvt=True),
+    128: DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, gluon=True, e4m3_cvt=True, lean=True),
 }
+# The E4M3 conversion with fp32 block scales (an fp32 product and cvt.f16x2.f32 per register; the default of runs L
+# and M): 152 registers and 524 instructions per 16 keys and warp in the unmasked loop on sm_90 (triton 3.6.0), against
+# the lean default's 149 and 489. Kept in the sweep, the GPU tests and the sanitizer runs.
+GLUON_FP32_SCALES_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, gluon=True,
+                                        e4m3_cvt=True)
 # 9-16 rows (the 16-row orientation: 211 registers on sm_90) hold 2 programs per SM
 GLUON_ROWS16_PROGRAMS_PER_SM = 2
 # set when the Gluon kernel failed to compile in this process: every later launch takes the plain-Triton kernel
@@ -1304,12 +1312,15 @@ GLUON_DECODE_CONFIGS = (
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True),
     DecodeConfig(block_n=32, num_warps=2, num_stages=1, programs_per_sm=6, gluon=True, e4m3_cvt=True),
     DecodeConfig(block_n=128, num_warps=8, num_stages=1, maxnreg=128, programs_per_sm=2, gluon=True, e4m3_cvt=True),
-    # the transposed logits (kt_logits): 4 programs per SM under a 128-register cap (timed in run M: opt-in)
+    # the transposed logits (kt_logits): 4 programs per SM under a 128-register cap (timed in runs M and N: opt-in)
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
                  kt_logits=True),
-    # the default with the scales converted by cvt.e4m3x2 and no page-id compare in the unmasked loop (lean): not yet
-    # run on a GPU
-    DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, gluon=True, e4m3_cvt=True, lean=True),
+    GLUON_FP32_SCALES_CONFIG,
+    # the lean scales with the transposed logits: 128 registers under the cap, no spill on sm_90. Run N: 6-9% faster
+    # than the lean default at 128 x 2K and 32 x 8K (GQA 8), within 1% at 16 x 16K, 4 x 32K (page 32) and on one
+    # request, 7% slower on the ragged batch: opt-in
+    DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
+                 kt_logits=True, lean=True),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
@@ -2478,9 +2489,9 @@ def aot_variants() -> dict[str, list[Any]]:
     kt = next(c for c in GLUON_DECODE_CONFIGS if c.kt_logits)
     add_gluon("bf16-d128-kt-q2-all", kt, qmax=2, **_FEATURES_ON)
     add_gluon("fp16-d128-kt-page-any", kt, dtype="fp16", pow2=False, even=False)
-    lean = next(c for c in GLUON_DECODE_CONFIGS if c.lean)
-    add_gluon("bf16-d128-lean-q2-all", lean, qmax=2, **_FEATURES_ON)
-    add_gluon("fp16-d128-lean-g16-page-any", lean, dtype="fp16", group=16, pow2=False, even=False)
+    full = GLUON_FP32_SCALES_CONFIG
+    add_gluon("bf16-d128-fp32-scales-q2-all", full, qmax=2, **_FEATURES_ON)
+    add_gluon("fp16-d128-fp32-scales-g16-page-any", full, dtype="fp16", group=16, pow2=False, even=False)
     add_gluon("bf16-d128-lean-kt", replace(kt, lean=True))
     placed = GLUON_DECODE_CONFIGS[-1]  # the bit placement on every target
     add_gluon("bf16-d128-placed-q2-all", placed, qmax=2, **_FEATURES_ON)
