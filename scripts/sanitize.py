@@ -191,7 +191,8 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
                                      (3, "fused merge", None), (1, att.GLUON_DECODE_CONFIGS[2], None),
                                      (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.kt_logits), None),
                                      (3, att.GLUON_FP32_SCALES_CONFIG, None),
-                                     (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.lean and c.kt_logits), None)):
+                                     (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.lean and c.kt_logits), None),
+                                     (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.skew_logits), None)):
                 for sname, t, s, kw, exc in (
                     ("valid", bt, sl, {}, None),
                     ("bad pages", table(b0_1=-1, b1_0=n, b2_2=n + 100000, b2_3=2**31 - 1), sl, {}, None),
@@ -217,6 +218,7 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
 
                     pf = ("" if cfg is None else f" {cfg}" if isinstance(cfg, str)
                           else " prefetch" if cfg.prefetch
+                          else " gluon skewed logits" if cfg.skew_logits
                           else " gluon lean transposed logits" if cfg.kt_logits and cfg.lean
                           else " gluon transposed logits" if cfg.kt_logits
                           else " gluon fp32 scales" if cfg == att.GLUON_FP32_SCALES_CONFIG

@@ -3,8 +3,8 @@ plain-Triton kernel, on every launch it serves and on those it must hand back to
 
 Run on a CUDA machine: ``pytest -m gpu tests/kernels/test_gpu_decode_gluon.py``. The default Gluon config, and of
 ``GLUON_DECODE_CONFIGS`` the 2-warp one, the bit placement (what SM80/86 run), the transposed logits
-(``kt_logits``), the fp32 block scales (``GLUON_FP32_SCALES_CONFIG``, the default of runs L and M) and the transposed
-logits with the default's lean scales, run every case; each case checks which kernel ran (``LAST_KERNELS``).
+(``kt_logits``), the fp32 block scales (``GLUON_FP32_SCALES_CONFIG``, the default of runs L and M), the transposed
+logits with the default's lean scales and the skewed logits (``skew_logits``), run every case; each case checks which kernel ran (``LAST_KERNELS``).
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a 
 
 bf16, fp16 = torch.bfloat16, torch.float16
 CONFIGS = [pytest.param(c, id=f"n{c.block_n}-w{c.num_warps}-r{c.maxnreg}{'-cvt8' if c.e4m3_cvt else ''}"
-                             f"{'-kt' if c.kt_logits else ''}{'-lean' if c.lean else ''}")
+                             f"{'-kt' if c.kt_logits else ''}{'-lean' if c.lean else ''}{'-skew' if c.skew_logits else ''}")
            for c in (att._DECODE_CONFIGS_GLUON[128], att.GLUON_DECODE_CONFIGS[2], att.GLUON_DECODE_CONFIGS[-1],
                      next(c for c in att.GLUON_DECODE_CONFIGS if c.kt_logits),
                      att.GLUON_FP32_SCALES_CONFIG,
-                     next(c for c in att.GLUON_DECODE_CONFIGS if c.lean and c.kt_logits))]
+                     next(c for c in att.GLUON_DECODE_CONFIGS if c.lean and c.kt_logits),
+                     next(c for c in att.GLUON_DECODE_CONFIGS if c.skew_logits))]
 
 
 @pytest.fixture(params=[(0, {}), (1, {}), (2, {}), (3, {}), (4, {}), (0, {"sliding_window": 2000, "use_sinks": True}),
@@ -35,9 +36,11 @@ CONFIGS = [pytest.param(c, id=f"n{c.block_n}-w{c.num_warps}-r{c.maxnreg}{'-cvt8'
                         (3, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0}),
                         (4, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0,
                              "scale_as_tensor": True}),
-                        (5, {}), (5, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0})],
+                        (5, {}), (5, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0}),
+                        (6, {}), (6, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0,
+                                      "scale_as_tensor": True})],
                 ids=["default", "n32-w2", "placed", "kt", "fp32-scales", "default-window-sinks", "default-softcap",
-                     "kt-all", "fp32-scales-all", "lean-kt", "lean-kt-all"])
+                     "kt-all", "fp32-scales-all", "lean-kt", "lean-kt-all", "skew", "skew-all"])
 def cfg_rows(request):
     i, feats = request.param
     return CONFIGS[i].values[0], feats

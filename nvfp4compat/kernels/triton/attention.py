@@ -1199,6 +1199,9 @@ class DecodeConfig:
     # pipe against 256, 149 registers (sm_90, triton 3.6.0). On an H200 (run N) 2-4% faster on all six decode shapes:
     # the default of _DECODE_CONFIGS_GLUON since
     lean: bool = False
+    # with gluon: the unmasked loop computes the next tile's logits after this tile's softmax and P V (decode_gluon,
+    # SKEW), so the scheduler has independent work beside the softmax's dependent chain. Opt-in, not yet run on a GPU
+    skew_logits: bool = False
 
 
 @dataclass(frozen=True)
@@ -1306,7 +1309,7 @@ _gluon_failed = False
 # The decode kernels' arguments beyond the ones they share (_run_decode passes the shared ones to both)
 _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "counter_ptr", "FUSED_MERGE",
                       "MERGE_CB", "SWAP_AB")
-_GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN")
+_GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW")
 GLUON_DECODE_CONFIGS = (
     _DECODE_CONFIGS_GLUON[128],
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True),
@@ -1321,6 +1324,11 @@ GLUON_DECODE_CONFIGS = (
     # request, 7% slower on the ragged batch: opt-in
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
                  kt_logits=True, lean=True),
+    # the default with the next tile's logits computed after this tile's P V (skew_logits; 164 registers, 3 programs
+    # per SM), and lean + kt with it (128 registers under the cap, no spill; sm_90, triton 3.6.0): not yet run on a GPU
+    replace(_DECODE_CONFIGS_GLUON[128], skew_logits=True),
+    DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
+                 kt_logits=True, lean=True, skew_logits=True),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
@@ -1996,7 +2004,7 @@ def _run_decode(
             LAST_KERNELS["decode"] = _gluon.gluon_decode_kernel[(d.chunks * d.num_kv_heads,)](
                 *args, **common, NW=d.cfg.num_warps, ROWS8=d.group * qmax <= 8,
                 PAGE_EVEN=d.page_size % 2 == 0 and d.window <= 0, OFF32=d.off32, CVT8=d.cvt8,
-                KT=_gluon_kt(d.cfg, d.group * qmax), LEAN=d.cfg.lean and d.cvt8,
+                KT=_gluon_kt(d.cfg, d.group * qmax), LEAN=d.cfg.lean and d.cvt8, SKEW=d.cfg.skew_logits,
             )  # fmt: skip
             launched = True
         except Exception as exc:  # a build failure on this GPU / triton: the plain kernel from now on
@@ -2470,7 +2478,7 @@ def aot_variants() -> dict[str, list[Any]]:
                              "CAUSAL": qmax > 1, "BATCH_BLOCK": batch_block, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr,
                              "DATA_ALIGN": 16, "SF_ALIGN": 8, "PAGE_POW2": pow2, "NW": cfg.num_warps,
                              "ROWS8": group * qmax <= 8, "PAGE_EVEN": even, "OFF32": off32, "CVT8": False,
-                             "KT": _gluon_kt(cfg, group * qmax), "LEAN": False}
+                             "KT": _gluon_kt(cfg, group * qmax), "LEAN": False, "SKEW": cfg.skew_logits}
         c.update(_FEATURES_OFF)
         c.update(features)
         # the E4M3 conversion where the launcher takes it: SM89+
@@ -2493,6 +2501,9 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-fp32-scales-q2-all", full, qmax=2, **_FEATURES_ON)
     add_gluon("fp16-d128-fp32-scales-g16-page-any", full, dtype="fp16", group=16, pow2=False, even=False)
     add_gluon("bf16-d128-lean-kt", replace(kt, lean=True))
+    skew = next(c for c in GLUON_DECODE_CONFIGS if c.skew_logits)
+    add_gluon("bf16-d128-skew-q2-all", skew, qmax=2, **_FEATURES_ON)
+    add_gluon("fp16-d128-skew-g16-page-any", skew, dtype="fp16", group=16, pow2=False, even=False)
     placed = GLUON_DECODE_CONFIGS[-1]  # the bit placement on every target
     add_gluon("bf16-d128-placed-q2-all", placed, qmax=2, **_FEATURES_ON)
     add_gluon("fp16-d128-placed-g16", placed, dtype="fp16", group=16)

@@ -549,21 +549,15 @@ def _softmax_pv_kt(
 
 
 @gluon.jit
-def _attend(
-    acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
-    bt_row, page_size, page_shift, num_pages,
-    kw, ks, va, vb, vsa, vsb,
-    MMA: gl.constexpr, LK: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr,
-    MASKED: gl.constexpr, CAUSAL_ROWS: gl.constexpr, WINDOW_ROWS: gl.constexpr,
-    HAS_SOFTCAP: gl.constexpr, PAGE_POW2: gl.constexpr, ROWS8: gl.constexpr, CVT8: gl.constexpr = False,
-    KT: gl.constexpr = False, LEAN: gl.constexpr = False,
+def _logits(
+    q_op, kw, ks,
+    MMA: gl.constexpr, LK: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, ROWS8: gl.constexpr,
+    CVT8: gl.constexpr = False, KT: gl.constexpr = False, LEAN: gl.constexpr = False,
 ):
-    """Online-softmax update of each warp's state with its keys of the tile at ``n0``, from the tile's
-    raw words (:func:`_tile_words`). ``MASKED``: keys past ``kv_hi``, on a page outside the cache or
-    outside a row's causal / window range get no weight."""
+    """The raw logits of a tile from its K words (:func:`_tile_words`): ``S = Q K^T`` ``[NW, 16, KW]`` (rows 0..7,
+    ``[NW, 8, KW]``, with ``ROWS8``), or ``S^T = K Q^T`` ``[NW, KW, 8]`` with ``KT``."""
     OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     OPB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-    KP: gl.constexpr = KW // 2
     # K^T operand [NW, 128, KW]: k = 16 q + 8 h + 2 t + p <-> cache byte 2 q + p of thread t's 16
     # (word q // 2), nibble h; q = 2 w + qlow
     DT: gl.constexpr = q_op.dtype
@@ -584,17 +578,35 @@ def _attend(
     if KT:  # S^T = K Q^T: the keys are the MMA's rows, the query (q_op) its B operand [NW, 128, 8]
         k_a = gl.convert_layout(gl.permute(gl.reshape(x, [NW, 128, KW]), (0, 2, 1)), OPA, assert_trivial=True)
         s = mma_v2(k_a, q_op, gl.zeros([NW, KW, 8], gl.float32, layout=MMA))
+    else:
+        k_op = gl.convert_layout(gl.reshape(x, [NW, 128, KW]), OPB, assert_trivial=True)
+        s = mma_v2(q_op, k_op, gl.zeros([NW, 16, KW], gl.float32, layout=MMA))
+        if ROWS8:  # rows 8..15 hold no query: the softmax runs on rows 0..7 only (the same registers)
+            s = _rows8(s)
+    return s
+
+
+@gluon.jit
+def _softmax_pv(
+    acc, m_i, l_i, s, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+    bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
+    MMA: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, MASKED: gl.constexpr, CAUSAL_ROWS: gl.constexpr,
+    WINDOW_ROWS: gl.constexpr, HAS_SOFTCAP: gl.constexpr, PAGE_POW2: gl.constexpr, ROWS8: gl.constexpr,
+    CVT8: gl.constexpr, KT: gl.constexpr, LEAN: gl.constexpr, DT: gl.constexpr,
+):
+    """The online-softmax update of each warp's state from a tile's logits ``s`` (:func:`_logits`) and its V words.
+    ``MASKED``: keys past ``kv_hi``, on a page outside the cache or outside a row's causal / window range get no
+    weight."""
+    if KT:
         acc, m_new, l_i = _softmax_pv_kt(
             acc, m_i, l_i, s, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
             bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
             MMA, NW, KW, MASKED, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, CVT8, DT, LEAN,
         )
     else:
-        k_op = gl.convert_layout(gl.reshape(x, [NW, 128, KW]), OPB, assert_trivial=True)
-        s = mma_v2(q_op, k_op, gl.zeros([NW, 16, KW], gl.float32, layout=MMA))
-        if ROWS8:  # rows 8..15 hold no query: the softmax runs on rows 0..7 only (the same registers)
-            s = _rows8(s)
-
+        OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        OPB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        KP: gl.constexpr = KW // 2
         if HAS_SOFTCAP:
             y = s * softcap_pre
             s = (1.0 - 2.0 / (gl.exp2(y * 2.8853900817779268) + 1.0)) * softcap_post
@@ -627,6 +639,26 @@ def _attend(
     return acc, m_new, l_i
 
 
+@gluon.jit
+def _attend(
+    acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+    bt_row, page_size, page_shift, num_pages,
+    kw, ks, va, vb, vsa, vsb,
+    MMA: gl.constexpr, LK: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr,
+    MASKED: gl.constexpr, CAUSAL_ROWS: gl.constexpr, WINDOW_ROWS: gl.constexpr,
+    HAS_SOFTCAP: gl.constexpr, PAGE_POW2: gl.constexpr, ROWS8: gl.constexpr, CVT8: gl.constexpr = False,
+    KT: gl.constexpr = False, LEAN: gl.constexpr = False,
+):
+    """Online-softmax update of each warp's state with its keys of the tile at ``n0``, from the tile's
+    raw words (:func:`_tile_words`): :func:`_logits`, then :func:`_softmax_pv`."""
+    s = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN)
+    return _softmax_pv(
+        acc, m_i, l_i, s, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+        bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
+        MMA, NW, KW, MASKED, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, q_op.dtype,
+    )
+
+
 @gluon.jit(do_not_specialize=fp4.DECODE_PER_STEP)
 def gluon_decode_kernel(
     q_ptr, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
@@ -644,12 +676,15 @@ def gluon_decode_kernel(
     DATA_ALIGN: gl.constexpr, SF_ALIGN: gl.constexpr, PAGE_POW2: gl.constexpr,
     num_pages, status_ptr, NW: gl.constexpr, ROWS8: gl.constexpr = False, PAGE_EVEN: gl.constexpr = False,
     OFF32: gl.constexpr = False, CVT8: gl.constexpr = False, KT: gl.constexpr = False, LEAN: gl.constexpr = False,
+    SKEW: gl.constexpr = False,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation,
     no fused merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
     ``ROWS8``: ``G x q_len <= 8``; ``PAGE_EVEN``: an even page size and no window; ``OFF32``: every cache
     offset fits in int32; ``CVT8``: the E4M3-conversion decode (SM89+); ``KT`` (with ``ROWS8``): the logits
-    transposed, ``S^T = K Q^T`` (:func:`_softmax_pv_kt`)."""
+    transposed, ``S^T = K Q^T`` (:func:`_softmax_pv_kt`); ``SKEW``: the unmasked loop computes tile ``i + 1``'s
+    logits in step ``i``, after tile ``i``'s softmax and ``P V`` (independent work for the scheduler beside the
+    softmax's dependent chain)."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
     gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
     gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
@@ -814,22 +849,45 @@ def gluon_decode_kernel(
             s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
         )
         pk, pa, pb = _tile_pages(n0 + BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
-        for i in range(b_begin, b_end):
-            n0 = kv_lo + i * BLOCK_N
-            kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
-                n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
-                k_base, v_base, ks_base, vs_base,
-                s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
-            )
-            pk, pa, pb = _tile_pages(
-                n0 + 2 * BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
-            )
-            acc, m_i, l_i = _attend(
-                acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
-                bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
-                MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
-            )
-            kw, ks, va, vb, vsa, vsb = kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n
+        if SKEW:  # tile i's logits were computed in step i - 1 (the first before the loop)
+            s_cur = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN)
+            for i in range(b_begin, b_end):
+                n0 = kv_lo + i * BLOCK_N
+                kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
+                    n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
+                    k_base, v_base, ks_base, vs_base,
+                    s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32,
+                    LEAN,
+                )
+                pk, pa, pb = _tile_pages(
+                    n0 + 2 * BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
+                )
+                acc, m_i, l_i = _softmax_pv(
+                    acc, m_i, l_i, s_cur, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+                    bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
+                    MMA, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, q_op.dtype,
+                )
+                # the next tile's logits (past the range its words are zeros and these logits go unused)
+                s_cur = _logits(q_op, kw_n, ks_n, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN)
+                va, vb, vsa, vsb = va_n, vb_n, vsa_n, vsb_n
+        else:
+            for i in range(b_begin, b_end):
+                n0 = kv_lo + i * BLOCK_N
+                kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
+                    n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
+                    k_base, v_base, ks_base, vs_base,
+                    s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32,
+                    LEAN,
+                )
+                pk, pa, pb = _tile_pages(
+                    n0 + 2 * BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
+                )
+                acc, m_i, l_i = _attend(
+                    acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+                    bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
+                    MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
+                )
+                kw, ks, va, vb, vsa, vsb = kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n
     # masked tiles from the causal diagonal / sequence end on
     c_begin = gl.maximum(b_begin, b_end)
     for i in range(c_begin, t_end):
