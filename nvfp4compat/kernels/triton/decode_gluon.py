@@ -849,19 +849,19 @@ def gluon_decode_kernel(
             s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
         )
         pk, pa, pb = _tile_pages(n0 + BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
-        if SKEW:  # tile i's logits were computed in step i - 1 (the first before the loop)
+        if SKEW:  # tile i's logits are computed in step i - 1 (the first before the loop)
             s_cur = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN)
-            for i in range(b_begin, b_end):
-                n0 = kv_lo + i * BLOCK_N
-                kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
-                    n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
-                    k_base, v_base, ks_base, vs_base,
-                    s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32,
-                    LEAN,
-                )
-                pk, pa, pb = _tile_pages(
-                    n0 + 2 * BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
-                )
+        for i in range(b_begin, b_end):
+            n0 = kv_lo + i * BLOCK_N
+            kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
+                n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
+                k_base, v_base, ks_base, vs_base,
+                s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
+            )
+            pk, pa, pb = _tile_pages(
+                n0 + 2 * BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
+            )
+            if SKEW:
                 acc, m_i, l_i = _softmax_pv(
                     acc, m_i, l_i, s_cur, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
                     bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
@@ -869,25 +869,14 @@ def gluon_decode_kernel(
                 )
                 # the next tile's logits (past the range its words are zeros and these logits go unused)
                 s_cur = _logits(q_op, kw_n, ks_n, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN)
-                va, vb, vsa, vsb = va_n, vb_n, vsa_n, vsb_n
-        else:
-            for i in range(b_begin, b_end):
-                n0 = kv_lo + i * BLOCK_N
-                kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
-                    n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
-                    k_base, v_base, ks_base, vs_base,
-                    s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32,
-                    LEAN,
-                )
-                pk, pa, pb = _tile_pages(
-                    n0 + 2 * BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
-                )
+            else:
                 acc, m_i, l_i = _attend(
                     acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
                     bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
                     MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
                 )
-                kw, ks, va, vb, vsa, vsb = kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n
+                kw, ks = kw_n, ks_n
+            va, vb, vsa, vsb = va_n, vb_n, vsa_n, vsb_n
     # masked tiles from the causal diagonal / sequence end on
     c_begin = gl.maximum(b_begin, b_end)
     for i in range(c_begin, t_end):
