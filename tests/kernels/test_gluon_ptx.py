@@ -5,8 +5,8 @@ The decoders run only on a GPU inside the kernel. Their arithmetic is checked he
 nibble in every byte position, every finite non-negative E4M3 scale. Checked: the fp32-scale (``CVT8``) decoders
 give ``e2m1 * sf * 2^-8``; the lean ones (``DecodeConfig.lean``, the default: scales converted by
 ``cvt.rn.f16x2.e4m3x2``, duplicated by ``prmt``) give ``e2m1 * sf * 2^-6``; both exactly, in the same registers and
-halves. The interpreter knows the few instructions these texts use, with PTX's semantics (``prmt``'s default mode, ``cvt.rn.f16x2.f32``'s operand order, the
-E4M3 format), and refuses any other.
+halves. The interpreter knows the few instructions these texts use, with PTX's semantics (``prmt``'s default mode,
+``cvt.rn.f16x2.f32``'s operand order, the E4M3 format), and refuses any other.
 """
 
 from __future__ import annotations

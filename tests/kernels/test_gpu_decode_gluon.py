@@ -4,7 +4,8 @@ plain-Triton kernel, on every launch it serves and on those it must hand back to
 Run on a CUDA machine: ``pytest -m gpu tests/kernels/test_gpu_decode_gluon.py``. The default Gluon config, and of
 ``GLUON_DECODE_CONFIGS`` the 2-warp one, the bit placement (what SM80/86 run), the transposed logits
 (``kt_logits``), the fp32 block scales (``GLUON_FP32_SCALES_CONFIG``, the default of runs L and M), the transposed
-logits with the default's lean scales and the skewed logits (``skew_logits``), run every case; each case checks which kernel ran (``LAST_KERNELS``).
+logits with the default's lean scales and the skewed logits (``skew_logits``), run every case; each case checks which
+kernel ran (``LAST_KERNELS``).
 """
 
 from __future__ import annotations
