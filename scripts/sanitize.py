@@ -192,7 +192,9 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
                                      (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.kt_logits), None),
                                      (3, att.GLUON_FP32_SCALES_CONFIG, None),
                                      (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.lean and c.kt_logits), None),
-                                     (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.skew_logits), None)):
+                                     (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.skew_logits), None),
+                                     *((sp, c, None) for sp, c in zip((3, 1, 3, 3, 1), [
+                                         c for c in att.GLUON_DECODE_CONFIGS if c.page_tile], strict=True))):
                 for sname, t, s, kw, exc in (
                     ("valid", bt, sl, {}, None),
                     ("bad pages", table(b0_1=-1, b1_0=n, b2_2=n + 100000, b2_3=2**31 - 1), sl, {}, None),
@@ -218,6 +220,9 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
 
                     pf = ("" if cfg is None else f" {cfg}" if isinstance(cfg, str)
                           else " prefetch" if cfg.prefetch
+                          else " gluon page tile" + (" skewed" if cfg.skew_logits else "")
+                          + (" lean transposed" if cfg.kt_logits else "")
+                          + (" imad shift" if cfg.imad_shr else "") if cfg.page_tile
                           else " gluon skewed logits" if cfg.skew_logits
                           else " gluon lean transposed logits" if cfg.kt_logits and cfg.lean
                           else " gluon transposed logits" if cfg.kt_logits

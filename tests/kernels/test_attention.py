@@ -721,6 +721,24 @@ def test_gluon_eligibility():
     assert not att._gluon_eligible(q, 128, 16, False, cl)
 
 
+def test_gluon_page_tile_only_where_each_warps_keys_share_a_page():
+    """``PAGE_TILE`` (one page id per warp and tile, unmasked loads) is set only where the config asks for it, the page
+    size is a power of two and a multiple of the keys per warp, and there is no window (tiles start on page-aligned
+    keys); everywhere else the launch takes the per-key page ids."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    tiled = next(c for c in att.GLUON_DECODE_CONFIGS if c.page_tile)
+    assert tiled.block_n // tiled.num_warps == 16
+    for page in (16, 32, 64, 128, 256):
+        assert att._gluon_page_tile(tiled, page, 0)
+        assert not att._gluon_page_tile(tiled, page, 500)  # a window: the tiles start at kv_lo, not on a page
+    for page in (1, 2, 8, 12, 13, 24, 48, 0, -16):
+        assert not att._gluon_page_tile(tiled, page, 0), page
+    assert not att._gluon_page_tile(att._DECODE_CONFIGS_GLUON[128], 16, 0)  # not asked for: the default
+    wide = dataclasses.replace(tiled, block_n=128, num_warps=4)  # 32 keys per warp
+    assert not att._gluon_page_tile(wide, 16, 0) and att._gluon_page_tile(wide, 32, 0)
+
+
 def test_gluon_build_failure_falls_back_once(monkeypatch):
     """A Gluon build failure warns once, then every launch takes the plain kernel."""
     from nvfp4compat.kernels.triton import attention as att

@@ -69,6 +69,8 @@ def run_ptx(text: str, operands: dict[int, int]) -> dict[int, int]:
             out = val(srcs[0]) << val(srcs[1])
         elif op == "shr.b32":  # .b32: a logical shift
             out = val(srcs[0]) >> val(srcs[1])
+        elif op == "mul.hi.u32":  # the high 32 bits of the 64-bit product
+            out = (val(srcs[0]) * val(srcs[1])) >> 32
         elif op == "and.b32":
             out = val(srcs[0]) & val(srcs[1])
         elif op == "or.b32":
@@ -124,9 +126,14 @@ def test_k_decoders_default_and_lean(word):
         default = [run_ptx(dg._ASM_K_CVT8, {4: word, 5: scale_fp32_bits(b)}) for b in (lo_byte, hi_byte)]
         pair = run_ptx(dg._ASM_KS_PAIR, {2: lo_byte | (hi_byte << 8) | 0xFFFF0000})  # int16 sign-extended
         lean = [run_ptx(dg._ASM_K_CVT8_S, {4: word, 5: pair[i]}) for i in (0, 1)]
+        default_shr = [run_ptx(dg._ASM_K_CVT8_SHR, {4: word, 5: scale_fp32_bits(b)}) for b in (lo_byte, hi_byte)]
+        lean_shr = [run_ptx(dg._ASM_K_CVT8_S_SHR, {4: word, 5: pair[i]}) for i in (0, 1)]
         for b, d, le in zip((lo_byte, hi_byte), default, lean, strict=True):
             assert halves(d, range(4)) == k_expected(word, e4m3(b), -8)
             assert halves(le, range(4)) == k_expected(word, e4m3(b), -6)
+        # IMAD_SHR: the same bits in every output register
+        assert [{o: r[o] for o in range(4)} for r in default_shr] == [{o: r[o] for o in range(4)} for r in default]
+        assert [{o: r[o] for o in range(4)} for r in lean_shr] == [{o: r[o] for o in range(4)} for r in lean]
 
 
 def v_expected(wa: int, wb: int, sa: float, sb: float, power: int) -> list[float]:
@@ -148,6 +155,45 @@ def test_v_decoders_default_and_lean(word):
         lean = run_ptx(dg._ASM_V_CVT8_S, {8: word, 9: other, 10: sv})
         assert halves(default, range(8)) == v_expected(word, other, e4m3(sa), e4m3(sb), -8)
         assert halves(lean, range(8)) == v_expected(word, other, e4m3(sa), e4m3(sb), -6)
+        default_shr = run_ptx(dg._ASM_V_CVT8_SHR, {8: word, 9: other, 10: scale_fp32_bits(sa), 11: scale_fp32_bits(sb)})
+        lean_shr = run_ptx(dg._ASM_V_CVT8_S_SHR, {8: word, 9: other, 10: sv})
+        assert [default_shr[o] for o in range(8)] == [default[o] for o in range(8)]
+        assert [lean_shr[o] for o in range(8)] == [lean[o] for o in range(8)]
+
+
+def test_imad_shr_decoders_shift_by_a_multiply():
+    """``IMAD_SHR``'s texts have no right shift (ptxas would emit an SHF on the ALU pipe) and a multiplier that is not
+    a power of two (ptxas turns one back into the shift); ``mul.hi.u32`` of the masked bytes is the shift for every
+    value they can take."""
+    for text in (dg._ASM_K_CVT8_SHR, dg._ASM_V_CVT8_SHR, dg._ASM_K_CVT8_S_SHR, dg._ASM_V_CVT8_S_SHR):
+        assert "shr." not in text and "mul.hi.u32" in text and "0x40000001" in text
+    for text in (dg._ASM_K_CVT8, dg._ASM_V_CVT8, dg._ASM_K_CVT8_S, dg._ASM_V_CVT8_S):
+        assert "shr.b32" in text and "mul.hi" not in text
+    masked = np.arange(2**16, dtype=np.uint64)
+    a = (masked | (masked << 16)) & 0x70707070
+    assert np.array_equal((a * 0x40000001) >> 32, a >> 2)
+
+
+def test_decoder_texts_reach_the_kernel_cache_key(monkeypatch):
+    """A changed decoder text gives the kernel a new Triton cache key (so no binary built from the old text is
+    reused): the texts are one constexpr, whose value Triton hashes, read by the constexpr function that picks them."""
+    from triton.runtime.jit import JITCallable
+
+    def key() -> str:
+        for obj in vars(dg).values():
+            if isinstance(obj, JITCallable):
+                obj.hash = None
+        return dg.gluon_decode_kernel.cache_key
+
+    before = key()
+    changed = dict(dg._DECODER_PTX.value, k_lean=dg._ASM_K_CVT8_S + "\n// changed\n")
+    monkeypatch.setattr(dg, "_DECODER_PTX", type(dg._DECODER_PTX)(changed))
+    assert key() != before
+    monkeypatch.undo()
+    assert key() == before
+    assert dg._decoder_text.fn(False, True, True, None) == dg._ASM_K_CVT8_S
+    assert dg._decoder_text.fn(True, True, True, None, True) == dg._ASM_V_CVT8_S_SHR
+    assert dg._decoder_text.fn(True, False, True, None, True) == dg._ASM_V_CVT8_SHR
 
 
 def test_the_interpreter_refuses_what_it_does_not_know():

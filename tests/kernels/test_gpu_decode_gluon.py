@@ -4,8 +4,9 @@ plain-Triton kernel, on every launch it serves and on those it must hand back to
 Run on a CUDA machine: ``pytest -m gpu tests/kernels/test_gpu_decode_gluon.py``. The default Gluon config, and of
 ``GLUON_DECODE_CONFIGS`` the 2-warp one, the bit placement (what SM80/86 run), the transposed logits
 (``kt_logits``), the fp32 block scales (``GLUON_FP32_SCALES_CONFIG``, the default of runs L and M), the transposed
-logits with the default's lean scales and the skewed logits (``skew_logits``), run every case; each case checks which
-kernel ran (``LAST_KERNELS``).
+logits with the default's lean scales, the skewed logits (``skew_logits``) and the five ``page_tile`` configs (one page
+id per warp and tile; with the skew, with lean + kt, with ``imad_shr``) run every case; each case checks which kernel
+ran (``LAST_KERNELS``).
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a 
 
 bf16, fp16 = torch.bfloat16, torch.float16
 CONFIGS = [pytest.param(c, id=f"n{c.block_n}-w{c.num_warps}-r{c.maxnreg}{'-cvt8' if c.e4m3_cvt else ''}"
-                             f"{'-kt' if c.kt_logits else ''}{'-lean' if c.lean else ''}{'-skew' if c.skew_logits else ''}")
+                             f"{'-kt' if c.kt_logits else ''}{'-lean' if c.lean else ''}{'-skew' if c.skew_logits else ''}"
+                             f"{'-pagetile' if c.page_tile else ''}{'-shr' if c.imad_shr else ''}")
            for c in (att._DECODE_CONFIGS_GLUON[128], att.GLUON_DECODE_CONFIGS[2], att.GLUON_DECODE_CONFIGS[-1],
                      next(c for c in att.GLUON_DECODE_CONFIGS if c.kt_logits),
                      att.GLUON_FP32_SCALES_CONFIG,
                      next(c for c in att.GLUON_DECODE_CONFIGS if c.lean and c.kt_logits),
-                     next(c for c in att.GLUON_DECODE_CONFIGS if c.skew_logits))]
+                     next(c for c in att.GLUON_DECODE_CONFIGS if c.skew_logits),
+                     *(c for c in att.GLUON_DECODE_CONFIGS if c.page_tile))]
 
 
 @pytest.fixture(params=[(0, {}), (1, {}), (2, {}), (3, {}), (4, {}), (0, {"sliding_window": 2000, "use_sinks": True}),
@@ -39,9 +42,14 @@ CONFIGS = [pytest.param(c, id=f"n{c.block_n}-w{c.num_warps}-r{c.maxnreg}{'-cvt8'
                              "scale_as_tensor": True}),
                         (5, {}), (5, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0}),
                         (6, {}), (6, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0,
-                                      "scale_as_tensor": True})],
+                                      "scale_as_tensor": True}),
+                        (7, {}), (7, {"use_sinks": True, "logits_soft_cap": 30.0, "scale_as_tensor": True}),
+                        (8, {}), (9, {}), (9, {"use_sinks": True, "logits_soft_cap": 30.0}), (10, {}),
+                        (11, {"use_sinks": True, "logits_soft_cap": 30.0, "scale_as_tensor": True})],
                 ids=["default", "n32-w2", "placed", "kt", "fp32-scales", "default-window-sinks", "default-softcap",
-                     "kt-all", "fp32-scales-all", "lean-kt", "lean-kt-all", "skew", "skew-all"])
+                     "kt-all", "fp32-scales-all", "lean-kt", "lean-kt-all", "skew", "skew-all", "page-tile",
+                     "page-tile-softcap-sinks", "page-tile-skew", "page-tile-lean-kt", "page-tile-lean-kt-softcap-sinks", "page-tile-shr",
+                     "page-tile-lean-kt-shr-softcap-sinks"])
 def cfg_rows(request):
     i, feats = request.param
     return CONFIGS[i].values[0], feats
@@ -118,6 +126,28 @@ def test_gluon_decode_bad_page_ids_read_nothing(cfg):
         out_g = att.decode(*args, sm_scale=128**-0.5, kv_layout=bad.kv_layout)
         assert _ran_gluon()
     out_p = att.decode(*args, sm_scale=128**-0.5, kv_layout=bad.kv_layout)
+    assert torch.isfinite(out_g).all()
+    assert ra.relative_l2(out_g, out_p) <= 5e-3
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("page", [16, 32, 64])
+def test_gluon_decode_never_reads_past_a_requests_pages(cfg, page):
+    """Block-table entries past each request's pages hold ids far outside the cache: nothing reads them (the prefetch
+    past the unmasked range, ``PAGE_TILE``'s included, reads only checked pages); the output is the plain kernel's."""
+    lens = [4096 + 5, 3 * page, 1000, 64, 1]
+    case = ra.make_paged_cache(lens, 8, 128, page, dtype=bf16, device="cuda",
+                               generator=torch.Generator().manual_seed(3))
+    bt = case.block_table.clone()
+    for b, n in enumerate(lens):
+        bt[b, -(-n // page):] = -1 if b % 2 else 2**31 - 1
+    q = torch.randn(len(lens), 32, 128, device="cuda").to(bf16)
+    args = (q, case.paged_kv_cache, case.kv_cache_sf, bt, case.seq_lens, case.k_scale, case.v_scale)
+    with att.override_configs(decode=cfg):
+        out_g = att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout)
+        torch.cuda.synchronize()
+        assert _ran_gluon()
+    out_p = att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout)
     assert torch.isfinite(out_g).all()
     assert ra.relative_l2(out_g, out_p) <= 5e-3
 

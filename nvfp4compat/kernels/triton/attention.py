@@ -1202,6 +1202,14 @@ class DecodeConfig:
     # with gluon: the unmasked loop computes the next tile's logits after this tile's softmax and P V (decode_gluon,
     # SKEW), so the scheduler has independent work beside the softmax's dependent chain. Opt-in, not yet run on a GPU
     skew_logits: bool = False
+    # with gluon, where the page size is a power of two and a multiple of the keys per warp (block_n // num_warps) and
+    # there is no window: one page id per warp and tile in the unmasked loop, its loads at one row offset per warp plus
+    # loop-invariant thread offsets, unmasked (decode_gluon, PAGE_TILE). Opt-in, not yet run on a GPU
+    page_tile: bool = False
+    # with gluon and e4m3_cvt (SM89+): the E2M1 decoders shift the high nibbles by an IMAD.HI (FMA pipe) in place of
+    # an SHF (ALU pipe, which the decode keeps busiest): exact, 16 ALU instructions fewer per 16 keys and warp on sm_90.
+    # Opt-in, not yet run on a GPU
+    imad_shr: bool = False
 
 
 @dataclass(frozen=True)
@@ -1309,7 +1317,7 @@ _gluon_failed = False
 # The decode kernels' arguments beyond the ones they share (_run_decode passes the shared ones to both)
 _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "counter_ptr", "FUSED_MERGE",
                       "MERGE_CB", "SWAP_AB")
-_GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW")
+_GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW", "PAGE_TILE", "IMAD_SHR")
 GLUON_DECODE_CONFIGS = (
     _DECODE_CONFIGS_GLUON[128],
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True),
@@ -1329,6 +1337,15 @@ GLUON_DECODE_CONFIGS = (
     replace(_DECODE_CONFIGS_GLUON[128], skew_logits=True),
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
                  kt_logits=True, lean=True, skew_logits=True),
+    # the default with one page id per warp and tile (page_tile), alone, with the skewed logits, and lean + kt with it
+    replace(_DECODE_CONFIGS_GLUON[128], page_tile=True),
+    replace(_DECODE_CONFIGS_GLUON[128], page_tile=True, skew_logits=True),
+    DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
+                 kt_logits=True, lean=True, page_tile=True),
+    # and both with the high nibbles' shift on the FMA pipe (imad_shr)
+    replace(_DECODE_CONFIGS_GLUON[128], page_tile=True, imad_shr=True),
+    DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
+                 kt_logits=True, lean=True, page_tile=True, imad_shr=True),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
@@ -1890,6 +1907,13 @@ def _gluon_kt(cfg: DecodeConfig, rows: int) -> bool:
     return cfg.kt_logits and rows <= 8 and cfg.block_n == 16 * cfg.num_warps
 
 
+def _gluon_page_tile(cfg: DecodeConfig, page_size: int, window: int) -> bool:
+    """The Gluon kernel's ``PAGE_TILE`` for a launch: where the config asks for it, the page size is a power of two
+    and a multiple of the keys per warp, and there is no window (so every warp's keys of a tile lie in one page)."""
+    kw = cfg.block_n // cfg.num_warps
+    return cfg.page_tile and page_size > 0 and page_size & (page_size - 1) == 0 and page_size % kw == 0 and window <= 0
+
+
 def _gluon_build_failed(exc: Exception) -> None:
     """Record that the Gluon decode kernel failed to build or launch here and warn once: every later
     decode in this process takes the plain-Triton kernel (same results, its speed)."""
@@ -2005,6 +2029,7 @@ def _run_decode(
                 *args, **common, NW=d.cfg.num_warps, ROWS8=d.group * qmax <= 8,
                 PAGE_EVEN=d.page_size % 2 == 0 and d.window <= 0, OFF32=d.off32, CVT8=d.cvt8,
                 KT=_gluon_kt(d.cfg, d.group * qmax), LEAN=d.cfg.lean and d.cvt8, SKEW=d.cfg.skew_logits,
+                PAGE_TILE=_gluon_page_tile(d.cfg, d.page_size, d.window), IMAD_SHR=d.cfg.imad_shr and d.cvt8,
             )  # fmt: skip
             launched = True
         except Exception as exc:  # a build failure on this GPU / triton: the plain kernel from now on
@@ -2478,11 +2503,15 @@ def aot_variants() -> dict[str, list[Any]]:
                              "CAUSAL": qmax > 1, "BATCH_BLOCK": batch_block, "K_SCALE_PTR": ptr, "V_SCALE_PTR": ptr,
                              "DATA_ALIGN": 16, "SF_ALIGN": 8, "PAGE_POW2": pow2, "NW": cfg.num_warps,
                              "ROWS8": group * qmax <= 8, "PAGE_EVEN": even, "OFF32": off32, "CVT8": False,
-                             "KT": _gluon_kt(cfg, group * qmax), "LEAN": False, "SKEW": cfg.skew_logits}
+                             "KT": _gluon_kt(cfg, group * qmax), "LEAN": False, "SKEW": cfg.skew_logits,
+                             "IMAD_SHR": False}
         c.update(_FEATURES_OFF)
         c.update(features)
+        # pages of 16 keys where the variant has pages of 2^n keys
+        c["PAGE_TILE"] = _gluon_page_tile(cfg, 16 if pow2 else 13, 1 if c["HAS_WINDOW"] else 0)
         # the E4M3 conversion where the launcher takes it: SM89+
-        by_cc = (lambda cc: {"CVT8": cc >= 89, "LEAN": cfg.lean and cc >= 89}) if cfg.e4m3_cvt else None
+        by_cc = (lambda cc: {"CVT8": cc >= 89, "LEAN": cfg.lean and cc >= 89, "IMAD_SHR": cfg.imad_shr and cc >= 89}
+                 ) if cfg.e4m3_cvt else None
         glu.append(AotVariant(label, sig, c, cfg.num_warps, 1, _pointer_attrs(sig), maxnreg=cfg.maxnreg, by_cc=by_cc))
 
     gdef = _DECODE_CONFIGS_GLUON[128]
@@ -2504,6 +2533,10 @@ def aot_variants() -> dict[str, list[Any]]:
     skew = next(c for c in GLUON_DECODE_CONFIGS if c.skew_logits)
     add_gluon("bf16-d128-skew-q2-all", skew, qmax=2, **_FEATURES_ON)
     add_gluon("fp16-d128-skew-g16-page-any", skew, dtype="fp16", group=16, pow2=False, even=False)
+    tiled = next(c for c in GLUON_DECODE_CONFIGS if c.page_tile)
+    add_gluon("bf16-d128-page-tile-q2-sinks-softcap-lse-off64", tiled, qmax=2, off32=False, HAS_SOFTCAP=True,
+              HAS_SINKS=True, RETURN_LSE=True)
+    add_gluon("fp16-d128-page-tile-g16-varlen", tiled, dtype="fp16", group=16, VARLEN=True)
     placed = GLUON_DECODE_CONFIGS[-1]  # the bit placement on every target
     add_gluon("bf16-d128-placed-q2-all", placed, qmax=2, **_FEATURES_ON)
     add_gluon("fp16-d128-placed-g16", placed, dtype="fp16", group=16)

@@ -121,12 +121,18 @@ _ASM_V_F16 = (
 )
 
 
-def _e4m3_cvt(x: str, outs: tuple[str, str, str, str]) -> str:
+def _e4m3_cvt(x: str, outs: tuple[str, str, str, str], imad_shr: bool = False) -> str:
     """PTX: the four bytes of ``x`` -> E4M3 bytes of their low and high nibbles (bit placement), converted to
-    f16x2 pairs times ``s`` into ``outs`` = (low nibbles of bytes 0, 1; high of 0, 1; low of 2, 3; high of 2, 3)."""
+    f16x2 pairs times ``s`` into ``outs`` = (low nibbles of bytes 0, 1; high of 0, 1; low of 2, 3; high of 2, 3).
+    ``imad_shr``: the high nibbles' right shift by 2 as ``mul.hi.u32`` of the masked bytes by ``2^30 + 1`` (exact: the
+    masked low bits are zero, so the ``+ 1`` adds nothing to the high word), which ptxas emits as an ``IMAD.HI`` on
+    the FMA pipe; ``shr`` becomes an ``SHF`` on the ALU pipe, which the E2M1 decode keeps busy (a power-of-two
+    multiplier ptxas turns back into the shift)."""
+    shr = (f"and.b32 a, {x}, 0x70707070;\nmul.hi.u32 a, a, 0x40000001;\n" if imad_shr
+           else f"shr.b32 a, {x}, 2;\nand.b32 a, a, 0x1C1C1C1C;\n")
     return (
         f"shl.b32 a, {x}, 2;\nand.b32 a, a, 0x1C1C1C1C;\nshl.b32 b, {x}, 4;\nand.b32 b, b, 0x80808080;\n"
-        f"or.b32 lo, a, b;\nshr.b32 a, {x}, 2;\nand.b32 a, a, 0x1C1C1C1C;\nand.b32 b, {x}, 0x80808080;\n"
+        f"or.b32 lo, a, b;\n{shr}and.b32 b, {x}, 0x80808080;\n"
         "or.b32 hi, a, b;\nmov.b32 {l0, l1}, lo;\nmov.b32 {h0, h1}, hi;\n"
         "cvt.rn.f16x2.e4m3x2 t0, l0;\ncvt.rn.f16x2.e4m3x2 t1, h0;\ncvt.rn.f16x2.e4m3x2 t2, l1;\n"
         "cvt.rn.f16x2.e4m3x2 t3, h1;\n"
@@ -135,20 +141,20 @@ def _e4m3_cvt(x: str, outs: tuple[str, str, str, str]) -> str:
     )
 
 
-def _k_cvt8(scale: str) -> str:
+def _k_cvt8(scale: str, imad_shr: bool = False) -> str:
     """The K decoder with the E4M3 conversion, its f16x2 scale register ``s`` set by the PTX ``scale``."""
     return (
         "\n{\n.reg .b32 a, b, lo, hi, s, t0, t1, t2, t3;\n.reg .b16 l0, l1, h0, h1;\n" + scale + "\n"
-        + _e4m3_cvt("$4", ("$0", "$2", "$1", "$3")) + "}\n"
+        + _e4m3_cvt("$4", ("$0", "$2", "$1", "$3"), imad_shr) + "}\n"
     )
 
 
-def _v_cvt8(scale: str) -> str:
+def _v_cvt8(scale: str, imad_shr: bool = False) -> str:
     """The V decoder with the E4M3 conversion, its f16x2 scale register ``s`` set by the PTX ``scale``."""
     return (
         "\n{\n.reg .b32 a, b, lo, hi, s, x0, x1, t0, t1, t2, t3;\n.reg .b16 l0, l1, h0, h1;\n" + scale + "\n"
-        + _V_INTERLEAVE + _e4m3_cvt("x0", ("$0", "$1", "$2", "$3")) + _e4m3_cvt("x1", ("$4", "$5", "$6", "$7"))
-        + "}\n"
+        + _V_INTERLEAVE + _e4m3_cvt("x0", ("$0", "$1", "$2", "$3"), imad_shr)
+        + _e4m3_cvt("x1", ("$4", "$5", "$6", "$7"), imad_shr) + "}\n"
     )
 
 
@@ -166,6 +172,11 @@ _ASM_V_CVT8 = _v_cvt8("cvt.rn.f16x2.f32 s, $11, $10;")
 # by the same cvt.rn.f16x2.e4m3x2, exact), in place of an fp32 biased scale and cvt.rn.f16x2.f32 per register
 _ASM_K_CVT8_S = _k_cvt8("mov.b32 s, $5;")
 _ASM_V_CVT8_S = _v_cvt8("mov.b32 s, $10;")
+# IMAD_SHR: the same decoders with the high nibbles' shift on the FMA pipe (_e4m3_cvt's imad_shr)
+_ASM_K_CVT8_SHR = _k_cvt8("cvt.rn.f16x2.f32 s, $5, $5;", True)
+_ASM_V_CVT8_SHR = _v_cvt8("cvt.rn.f16x2.f32 s, $11, $10;", True)
+_ASM_K_CVT8_S_SHR = _k_cvt8("mov.b32 s, $5;", True)
+_ASM_V_CVT8_S_SHR = _v_cvt8("mov.b32 s, $10;", True)
 # a K scale pair (the low 16 bits of $2: scales 2t, 2t + 1) -> $0 = (sf_2t, sf_2t) and $1 = (sf_2t+1, sf_2t+1), f16x2
 _ASM_KS_PAIR = (
     "\n{\n.reg .b16 l, h;\n.reg .b32 p;\nmov.b32 {l, h}, $2;\ncvt.rn.f16x2.e4m3x2 p, l;\n"
@@ -184,17 +195,26 @@ _KS_PAIR = gl.constexpr(_ASM_KS_PAIR)
 _VS_PAIR = gl.constexpr(_ASM_VS_PAIR)
 
 
+# The decoders' texts as one constexpr: Triton hashes the values of the constexpr globals a kernel (or a constexpr
+# function it calls) reads into the kernel's cache key, not those of plain strings, so a changed decoder text makes a
+# new key and is compiled anew instead of reusing a cached binary built from the old text
+_DECODER_PTX = gl.constexpr({
+    "k_lean": _ASM_K_CVT8_S, "v_lean": _ASM_V_CVT8_S, "k_cvt8": _ASM_K_CVT8, "v_cvt8": _ASM_V_CVT8,
+    "k_f16": _ASM_K_F16, "v_f16": _ASM_V_F16, "k_bf16": _ASM_K_BF16, "v_bf16": _ASM_V_BF16,
+    "k_lean_shr": _ASM_K_CVT8_S_SHR, "v_lean_shr": _ASM_V_CVT8_S_SHR, "k_cvt8_shr": _ASM_K_CVT8_SHR,
+    "v_cvt8_shr": _ASM_V_CVT8_SHR,
+})
+
+
 @gluon.constexpr_function
-def _decoder_text(v, lean, cvt8, dt):
+def _decoder_text(v, lean, cvt8, dt, imad_shr=False):
     """The inline PTX of the V (``v``) or K decoder a launch takes: the lean E4M3 one (scales as f16x2 registers), the
-    E4M3 one (SM89+), FlashInfer's table for fp16 queries, the bit placement for bf16 ones."""
-    if lean:
-        return _ASM_V_CVT8_S if v else _ASM_K_CVT8_S
-    if cvt8:
-        return _ASM_V_CVT8 if v else _ASM_K_CVT8
-    if dt == gl.float16:
-        return _ASM_V_F16 if v else _ASM_K_F16
-    return _ASM_V_BF16 if v else _ASM_K_BF16
+    E4M3 one (SM89+), FlashInfer's table for fp16 queries, the bit placement for bf16 ones; the E4M3 ones with the
+    high nibbles' shift on the FMA pipe where ``imad_shr``."""
+    kind = "lean" if lean else "cvt8" if cvt8 else "f16" if dt == gl.float16 else "bf16"
+    if imad_shr and (lean or cvt8):
+        kind += "_shr"
+    return _DECODER_PTX.value[("v_" if v else "k_") + kind]
 
 
 @gluon.constexpr_function
@@ -453,7 +473,62 @@ def _tile_words(
 
 
 @gluon.jit
-def _v_decoded(va, vb, vsa, vsb, DT: gl.constexpr, CVT8: gl.constexpr, LEAN: gl.constexpr = False):
+def _warp_pages(n0, last, bt_row, page_shift, LK: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr):
+    """``PAGE_TILE``: the page id of each warp's ``KW`` keys of the tile at ``n0`` (one page holds them), its
+    block-table index clamped to ``last``, the range's last checked page (so a tile past the range reads a checked
+    page; its words go unused). Read once per warp and layout: ``[NW, 1, 1, 1]`` in ``LK`` and in ``LV``."""
+    pk = gl.load(bt_row + gl.minimum((n0 + _iota(NW, LK, 4, 0) * KW) >> page_shift, last))
+    pv = gl.load(bt_row + gl.minimum((n0 + _iota(NW, LV, 4, 0) * KW) >> page_shift, last))
+    return pk, pv
+
+
+@gluon.jit
+def _thread_offsets(
+    s_kt, s_vt, s_kst, s_vst, LK: gl.constexpr, LV: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr,
+):
+    """``PAGE_TILE``: each thread's byte offsets (loop-invariant) from its warp's first key in a page to its K row
+    (``[1, KW, 1, 1]`` in ``LK``), K scale row, V rows of keys ``2 kp`` and ``2 kp + 1`` at column ``8 c`` and V scale
+    bytes (``[1, KW/2, 8, 1]`` in ``LV``), in the word layouts of :func:`_tile_words`."""
+    key_k = _iota(KW, LK, 4, 1).to(IT)
+    key_a = (2 * _iota(KW // 2, LV, 4, 1)).to(IT)
+    c_v = _iota(8, LV, 4, 2).to(IT)
+    off_va = key_a * s_vt + c_v * 8
+    off_vsa = key_a * s_vst + c_v
+    return key_k * s_kt, key_k * s_kst, off_va, off_va + s_vt, off_vsa, off_vsa + s_vst
+
+
+@gluon.jit
+def _tile_words_paged(
+    n0, pk, pv, page_size, k_base, v_base, ks_base, vs_base,
+    s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, off_k, off_ks, off_va, off_vb, off_vsa, off_vsb,
+    LK: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr,
+):
+    """:func:`_tile_words` of a tile whose warps' keys each lie in one page (``PAGE_TILE``), at the page ids of
+    :func:`_warp_pages`: one row offset per warp and tensor plus the threads' offsets of :func:`_thread_offsets`, and
+    no mask (every page id is a checked one; the slots stay inside the page)."""
+    slot_k = ((n0 + _iota(NW, LK, 4, 0) * KW) & (page_size - 1)).to(IT)
+    slot_v = ((n0 + _iota(NW, LV, 4, 0) * KW) & (page_size - 1)).to(IT)
+    pk_ = pk.to(IT)
+    pv_ = pv.to(IT)
+    row_k = pk_ * s_kp + slot_k * s_kt
+    row_ks = pk_ * s_ksp + slot_k * s_kst
+    row_v = pv_ * s_vp + slot_v * s_vt
+    row_vs = pv_ * s_vsp + slot_v * s_vst
+    kw = gl.load((k_base + (row_k + off_k)).to(gl.pointer_type(gl.int32)) + _iota(4, LK, 4, 2) * 4
+                 + _iota(4, LK, 4, 3))
+    ks = gl.load((ks_base + (row_ks + off_ks)).to(gl.pointer_type(gl.int16)) + _iota(4, LK, 4, 2))
+    wv = _iota(2, LV, 4, 3)
+    va = gl.load((v_base + (row_v + off_va)).to(gl.pointer_type(gl.int32)) + wv)
+    vb = gl.load((v_base + (row_v + off_vb)).to(gl.pointer_type(gl.int32)) + wv)
+    vsa = gl.load(vs_base + (row_vs + off_vsa))
+    vsb = gl.load(vs_base + (row_vs + off_vsb))
+    return kw, ks, va, vb, vsa, vsb
+
+
+@gluon.jit
+def _v_decoded(
+    va, vb, vsa, vsb, DT: gl.constexpr, CVT8: gl.constexpr, LEAN: gl.constexpr = False, IMAD_SHR: gl.constexpr = False,
+):
     """The V words of a tile (:func:`_tile_words`) decoded: ``[NW, KP, c, wv, h, m0, m1, pair]`` of ``DT``, the pair
     being keys ``2 kp`` and ``2 kp + 1`` (see :func:`_attend`). ``LEAN`` (with ``CVT8``): the scale bytes converted
     by ``cvt.rn.f16x2.e4m3x2`` (values ``e2m1 * sf * 2^-6``)."""
@@ -462,13 +537,13 @@ def _v_decoded(va, vb, vsa, vsb, DT: gl.constexpr, CVT8: gl.constexpr, LEAN: gl.
             _VS_PAIR, "=r,r,r", [vsa.to(gl.int32), vsb.to(gl.int32)], dtype=gl.int32, is_pure=True, pack=1,
         )
         r = gl.inline_asm_elementwise(
-            _decoder_text(True, True, CVT8, DT), "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", [va, vb, sv], dtype=(gl.int32,) * 8, is_pure=True, pack=1,
+            _decoder_text(True, True, CVT8, DT, IMAD_SHR), "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", [va, vb, sv], dtype=(gl.int32,) * 8, is_pure=True, pack=1,
         )
     else:
         sf_a = _scale_biased(vsa.to(gl.int32), DT, CVT8)
         sf_b = _scale_biased(vsb.to(gl.int32), DT, CVT8)
         r = gl.inline_asm_elementwise(
-            _decoder_text(True, False, CVT8, DT), "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [va, vb, sf_a, sf_b], dtype=(gl.int32,) * 8, is_pure=True, pack=1,
+            _decoder_text(True, False, CVT8, DT, IMAD_SHR), "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [va, vb, sf_a, sf_b], dtype=(gl.int32,) * 8, is_pure=True, pack=1,
         )
     y = gl.join(
         gl.join(gl.join(r[0], r[1]), gl.join(r[2], r[3])),
@@ -518,7 +593,7 @@ def _softmax_pv_kt(
     bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
     MMA: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, MASKED: gl.constexpr, CAUSAL_ROWS: gl.constexpr,
     WINDOW_ROWS: gl.constexpr, HAS_SOFTCAP: gl.constexpr, PAGE_POW2: gl.constexpr, CVT8: gl.constexpr,
-    DT: gl.constexpr, LEAN: gl.constexpr = False,
+    DT: gl.constexpr, LEAN: gl.constexpr = False, IMAD_SHR: gl.constexpr = False,
 ):
     """:func:`_attend` from the transposed logits ``s`` = ``S^T`` ``[NW, KW keys, 8 rows]`` (``KT``): the softmax runs
     over axis 1, its state ``[NW, 8]`` has the layout of the output's columns, and ``P^T`` becomes the ``P V``
@@ -540,7 +615,7 @@ def _softmax_pv_kt(
     t = gl.inline_asm_elementwise(_MOVMATRIX_T, "=r,r", [p16], dtype=p16.dtype, is_pure=True, pack=2)
     t = gl.reshape(gl.permute(gl.reshape(t, [NW, 2, 8, 8]), (0, 1, 3, 2)), [NW, KW, 8])
     p_t = gl.convert_layout(t, OPB, assert_trivial=True)
-    y = _v_decoded(va, vb, vsa, vsb, DT, CVT8, LEAN)
+    y = _v_decoded(va, vb, vsa, vsb, DT, CVT8, LEAN, IMAD_SHR)
     y = gl.permute(y, (0, 3, 6, 5, 4, 2, 1, 7))  # [NW, wv, m1, m0, h, c, kp, pair]
     v_t = gl.convert_layout(gl.reshape(y, [NW, 128, 2 * KP]), OPA, assert_trivial=True)
     acc = acc * gl.expand_dims(alpha, 1)
@@ -552,7 +627,7 @@ def _softmax_pv_kt(
 def _logits(
     q_op, kw, ks,
     MMA: gl.constexpr, LK: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, ROWS8: gl.constexpr,
-    CVT8: gl.constexpr = False, KT: gl.constexpr = False, LEAN: gl.constexpr = False,
+    CVT8: gl.constexpr = False, KT: gl.constexpr = False, LEAN: gl.constexpr = False, IMAD_SHR: gl.constexpr = False,
 ):
     """The raw logits of a tile from its K words (:func:`_tile_words`): ``S = Q K^T`` ``[NW, 16, KW]`` (rows 0..7,
     ``[NW, 8, KW]``, with ``ROWS8``), or ``S^T = K Q^T`` ``[NW, KW, 8]`` with ``KT``."""
@@ -571,7 +646,7 @@ def _logits(
     else:
         sf_k = gl.where(wsel < 2, _scale_biased(k_sf & 0xFF, DT, CVT8), _scale_biased((k_sf >> 8) & 0xFF, DT, CVT8))
     o0, o1, o2, o3 = gl.inline_asm_elementwise(
-        _decoder_text(False, LEAN, CVT8, DT), "=r,=r,=r,=r,r,r", [kw, sf_k], dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1,
+        _decoder_text(False, LEAN, CVT8, DT, IMAD_SHR), "=r,=r,=r,=r,r,r", [kw, sf_k], dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1,
     )
     x = _halves(gl.join(gl.join(o0, o1), gl.join(o2, o3)), DT)  # [NW, KW, t, w, qlow, h, p]
     x = gl.permute(x, (0, 3, 4, 5, 2, 6, 1))
@@ -592,7 +667,7 @@ def _softmax_pv(
     bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
     MMA: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, MASKED: gl.constexpr, CAUSAL_ROWS: gl.constexpr,
     WINDOW_ROWS: gl.constexpr, HAS_SOFTCAP: gl.constexpr, PAGE_POW2: gl.constexpr, ROWS8: gl.constexpr,
-    CVT8: gl.constexpr, KT: gl.constexpr, LEAN: gl.constexpr, DT: gl.constexpr,
+    CVT8: gl.constexpr, KT: gl.constexpr, LEAN: gl.constexpr, DT: gl.constexpr, IMAD_SHR: gl.constexpr = False,
 ):
     """The online-softmax update of each warp's state from a tile's logits ``s`` (:func:`_logits`) and its V words.
     ``MASKED``: keys past ``kv_hi``, on a page outside the cache or outside a row's causal / window range get no
@@ -601,7 +676,7 @@ def _softmax_pv(
         acc, m_new, l_i = _softmax_pv_kt(
             acc, m_i, l_i, s, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
             bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
-            MMA, NW, KW, MASKED, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, CVT8, DT, LEAN,
+            MMA, NW, KW, MASKED, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, CVT8, DT, LEAN, IMAD_SHR,
         )
     else:
         OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -621,7 +696,7 @@ def _softmax_pv(
 
         # V [NW, KW, 128] (k = 2 kp + pair, the keys; n = 8 (8 wv + 4 m1 + 2 m0 + h) + c) <-> byte
         # 8 c + 4 wv + 2 m1 + m0 of the key, nibble h (head dim 16 c + 2 (4 wv + 2 m1 + m0) + h)
-        y = _v_decoded(va, vb, vsa, vsb, DT, CVT8, LEAN)  # [NW, KP, c, wv, h, m0, m1, pair]
+        y = _v_decoded(va, vb, vsa, vsb, DT, CVT8, LEAN, IMAD_SHR)  # [NW, KP, c, wv, h, m0, m1, pair]
         if ROWS8:
             # O^T += V^T P^T: V^T the A operand (m = the permuted head dim, k = keys), P^T the B operand
             # straight from the logits' accumulator registers (rows 0..7, n = row), O^T [NW, 128, 8]
@@ -647,15 +722,15 @@ def _attend(
     MMA: gl.constexpr, LK: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr,
     MASKED: gl.constexpr, CAUSAL_ROWS: gl.constexpr, WINDOW_ROWS: gl.constexpr,
     HAS_SOFTCAP: gl.constexpr, PAGE_POW2: gl.constexpr, ROWS8: gl.constexpr, CVT8: gl.constexpr = False,
-    KT: gl.constexpr = False, LEAN: gl.constexpr = False,
+    KT: gl.constexpr = False, LEAN: gl.constexpr = False, IMAD_SHR: gl.constexpr = False,
 ):
     """Online-softmax update of each warp's state with its keys of the tile at ``n0``, from the tile's
     raw words (:func:`_tile_words`): :func:`_logits`, then :func:`_softmax_pv`."""
-    s = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN)
+    s = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
     return _softmax_pv(
         acc, m_i, l_i, s, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
         bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
-        MMA, NW, KW, MASKED, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, q_op.dtype,
+        MMA, NW, KW, MASKED, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, q_op.dtype, IMAD_SHR,
     )
 
 
@@ -676,7 +751,7 @@ def gluon_decode_kernel(
     DATA_ALIGN: gl.constexpr, SF_ALIGN: gl.constexpr, PAGE_POW2: gl.constexpr,
     num_pages, status_ptr, NW: gl.constexpr, ROWS8: gl.constexpr = False, PAGE_EVEN: gl.constexpr = False,
     OFF32: gl.constexpr = False, CVT8: gl.constexpr = False, KT: gl.constexpr = False, LEAN: gl.constexpr = False,
-    SKEW: gl.constexpr = False,
+    SKEW: gl.constexpr = False, PAGE_TILE: gl.constexpr = False, IMAD_SHR: gl.constexpr = False,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation,
     no fused merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
@@ -684,7 +759,11 @@ def gluon_decode_kernel(
     offset fits in int32; ``CVT8``: the E4M3-conversion decode (SM89+); ``KT`` (with ``ROWS8``): the logits
     transposed, ``S^T = K Q^T`` (:func:`_softmax_pv_kt`); ``SKEW``: the unmasked loop computes tile ``i + 1``'s
     logits in step ``i``, after tile ``i``'s softmax and ``P V`` (independent work for the scheduler beside the
-    softmax's dependent chain)."""
+    softmax's dependent chain); ``PAGE_TILE`` (the launcher sets it only where the page size is a power of two and a
+    multiple of ``KW``, and there is no window, so tiles start at multiples of ``BLOCK_N``): each warp's keys of a tile
+    lie in one page, and the unmasked loop reads one page id per warp and tile and loads at one row offset per warp
+    plus loop-invariant thread offsets, with no mask (:func:`_tile_words_paged`); ``IMAD_SHR`` (with ``CVT8``): the
+    E4M3 decoders move the high nibbles' shift from the ALU pipe to the FMA pipe (:func:`_e4m3_cvt`)."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
     gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
     gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
@@ -693,6 +772,7 @@ def gluon_decode_kernel(
     gl.static_assert(KW * NW == BLOCK_N, "BLOCK_N must be a multiple of the warps")
     gl.static_assert(KW % 16 == 0, "each warp takes a multiple of 16 keys per tile")
     gl.static_assert(not KT or (ROWS8 and KW == 16), "the transposed logits (KT) take <= 8 rows and 16 keys per warp")
+    gl.static_assert(not PAGE_TILE or (PAGE_POW2 and not HAS_WINDOW), "PAGE_TILE takes pages of 2^n keys, no window")
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1], instr_shape=[1, 16, 8])
     OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     LK: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [NW, 1, 1, 1], [3, 2, 1, 0])
@@ -825,7 +905,7 @@ def gluon_decode_kernel(
         acc, m_i, l_i = _attend(
             acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
             bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
-            MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
+            MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, IMAD_SHR,
         )
     # unmasked tiles once every page id of theirs is checked: tile i + 1's words and tile i + 2's
     # page ids are loaded before tile i is decoded (nothing is read past b_end)
@@ -843,37 +923,58 @@ def gluon_decode_kernel(
     if b_end > b_begin:
         end_key = kv_lo + b_end * BLOCK_N  # (<= kv_hi)
         n0 = kv_lo + b_begin * BLOCK_N
-        pk, pa, pb = _tile_pages(n0, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
-        kw, ks, va, vb, vsa, vsb = _tile_words(
-            n0, end_key, pk, pa, pb, page_size, page_shift, num_pages, k_base, v_base, ks_base, vs_base,
-            s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
-        )
-        pk, pa, pb = _tile_pages(n0 + BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
-        if SKEW:  # tile i's logits are computed in step i - 1 (the first before the loop)
-            s_cur = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN)
-        for i in range(b_begin, b_end):
-            n0 = kv_lo + i * BLOCK_N
-            kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
-                n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
-                k_base, v_base, ks_base, vs_base,
+        if PAGE_TILE:  # one page id per warp and tile, loop-invariant thread offsets, no mask
+            last = (end_key - 1) >> page_shift
+            off_k, off_ks, off_va, off_vb, off_vsa, off_vsb = _thread_offsets(s_kt, s_vt, s_kst, s_vst, LK, LV, KW, IT)
+            pk, pa = _warp_pages(n0, last, bt_row, page_shift, LK, LV, NW, KW)
+            kw, ks, va, vb, vsa, vsb = _tile_words_paged(
+                n0, pk, pa, page_size, k_base, v_base, ks_base, vs_base, s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst,
+                s_vsp, s_vst, off_k, off_ks, off_va, off_vb, off_vsa, off_vsb, LK, LV, NW, KW, IT,
+            )
+            pk, pa = _warp_pages(n0 + BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+            pb = pa
+        else:
+            pk, pa, pb = _tile_pages(n0, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
+            kw, ks, va, vb, vsa, vsb = _tile_words(
+                n0, end_key, pk, pa, pb, page_size, page_shift, num_pages, k_base, v_base, ks_base, vs_base,
                 s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
             )
             pk, pa, pb = _tile_pages(
-                n0 + 2 * BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
+                n0 + BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
             )
+        if SKEW:  # tile i's logits are computed in step i - 1 (the first before the loop)
+            s_cur = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
+        for i in range(b_begin, b_end):
+            n0 = kv_lo + i * BLOCK_N
+            if PAGE_TILE:
+                kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words_paged(
+                    n0 + BLOCK_N, pk, pa, page_size, k_base, v_base, ks_base, vs_base, s_kp, s_kt, s_vp, s_vt,
+                    s_ksp, s_kst, s_vsp, s_vst, off_k, off_ks, off_va, off_vb, off_vsa, off_vsb, LK, LV, NW, KW, IT,
+                )
+                pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                pb = pa
+            else:
+                kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
+                    n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
+                    k_base, v_base, ks_base, vs_base, s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst,
+                    LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
+                )
+                pk, pa, pb = _tile_pages(
+                    n0 + 2 * BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
+                )
             if SKEW:
                 acc, m_i, l_i = _softmax_pv(
                     acc, m_i, l_i, s_cur, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
                     bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
-                    MMA, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, q_op.dtype,
+                    MMA, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, q_op.dtype, IMAD_SHR,
                 )
                 # the next tile's logits (past the range its words are zeros and these logits go unused)
-                s_cur = _logits(q_op, kw_n, ks_n, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN)
+                s_cur = _logits(q_op, kw_n, ks_n, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
             else:
                 acc, m_i, l_i = _attend(
                     acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
                     bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
-                    MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
+                    MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, IMAD_SHR,
                 )
                 kw, ks = kw_n, ks_n
             va, vb, vsa, vsb = va_n, vb_n, vsa_n, vsb_n
@@ -889,7 +990,7 @@ def gluon_decode_kernel(
         acc, m_i, l_i = _attend(
             acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
             bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
-            MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
+            MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, IMAD_SHR,
         )
 
     # merge the warps' states, then store rows R (16, or 8 with ROWS8) from a plain layout
