@@ -88,6 +88,7 @@ class Run:
     context: int
     new_tokens: int
     max_num_seqs: int
+    warmup_new_tokens: int  # tokens generated per request in the warm-up batch (same prompts' shapes)
 
 
 def kv_budget(shape: ModelShape, requests: int, tokens_per_request: int) -> int:
@@ -105,13 +106,14 @@ def plan_runs(a: argparse.Namespace, shape: ModelShape) -> list[Run]:
         per_req = a.context + a.new_tokens
         budget = kv_budget(shape, a.fit, per_req)
         n = a.multiplier * a.fit
+        warm = min(a.warmup_new_tokens or a.new_tokens, a.new_tokens)
         for kv in [k for k in ("auto", "nvfp4") if k in a.kv]:
-            runs.append(Run("serve", kv, backends[kv], budget, n, a.context, a.new_tokens, n))
+            runs.append(Run("serve", kv, backends[kv], budget, n, a.context, a.new_tokens, n, warm))
     if "prefill" in a.modes:
         budget = kv_budget(shape, a.prefill_requests, a.prefill_context + 1)
         for kv in [k for k in ("auto", "nvfp4") if k in a.kv]:
             runs.append(Run("prefill", kv, backends[kv], budget, a.prefill_requests, a.prefill_context, 1,
-                            a.prefill_requests))
+                            a.prefill_requests, 1))
     return runs
 
 
@@ -145,15 +147,18 @@ def child(run: Run, model_dir: str, shape: ModelShape, repeats: int) -> dict[str
     kv_tokens = (cc.num_gpu_blocks or 0) * cc.block_size
     sp = SamplingParams(temperature=0.0, max_tokens=run.new_tokens, ignore_eos=True, detokenize=False)
 
-    def batch(seed: int, label: str) -> tuple[float, int, dict[str, Any]]:
+    def batch(seed: int, label: str, params: Any = sp) -> tuple[float, int, dict[str, Any]]:
         prompts = _prompts(seed, run.requests, run.context, shape.vocab)
         # a marker in the engine's log: JIT compiles that vLLM's monitor reports after it fell in this batch
         print(f"{BATCH_MARK} {label}", file=sys.stderr, flush=True)
         t = time.time()
-        outs = llm.generate(prompts, sp, use_tqdm=False)
+        outs = llm.generate(prompts, params, use_tqdm=False)
         return time.time() - t, sum(len(o.outputs[0].token_ids) for o in outs), phases(outs)
 
-    warm_s = round(batch(1, "warmup")[0], 3)  # the timed shapes once: Triton JIT, autotuning, graph capture
+    # the timed shapes once: Triton JIT, autotuning, graph capture (a shorter generation where
+    # --warmup-new-tokens asks for one; a compile it misses shows in the timed batch's report)
+    warm_sp = SamplingParams(temperature=0.0, max_tokens=run.warmup_new_tokens, ignore_eos=True, detokenize=False)
+    warm_s = round(batch(1, "warmup", warm_sp)[0], 3)
     times = [batch(2 + r, f"timed {r}") for r in range(repeats)]
     best_s, generated, best_phases = min(times, key=lambda t: t[0])
     return {
@@ -320,6 +325,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--multiplier", type=_positive, default=4, help="serve: requests served = multiplier x N")
     ap.add_argument("--context", type=_positive, default=8192, help="serve: prompt tokens per request")
     ap.add_argument("--new-tokens", type=_positive, default=256, help="serve: generated tokens per request")
+    ap.add_argument("--warmup-new-tokens", type=_positive, default=None,
+                    help="serve: tokens generated per request in the warm-up batch (default: --new-tokens; fewer "
+                         "keep a decode-heavy run within a time limit, e.g. --context 1024 --new-tokens 7168)")
     ap.add_argument("--prefill-requests", type=_positive, default=32)
     ap.add_argument("--prefill-context", type=_positive, default=8192)
     ap.add_argument("--repeats", type=_positive, default=2, help="timed batches per engine (best kept)")

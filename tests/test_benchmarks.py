@@ -62,9 +62,29 @@ def test_bench_serving_dry_run_plans_equal_kv_bytes_for_bf16_and_nvfp4():
     serve, prefill = runs[:2], runs[2:]
     assert {r["kv_cache_bytes"] for r in serve} == {3 * 65 * 16 * per_token}  # ceil(1030 / 16) = 65 blocks
     assert all(r["requests"] == 12 and r["max_num_seqs"] == 12 and r["new_tokens"] == 30 for r in serve)
+    assert all(r["warmup_new_tokens"] == 30 for r in serve)  # the warm-up generates as much as a timed batch
     assert {r["kv_cache_bytes"] for r in prefill} == {5 * 129 * 16 * per_token}  # 2049 tokens: 129 blocks
     assert all(r["requests"] == 5 and r["new_tokens"] == 1 for r in prefill)
     assert serve[0]["backend"] is None and serve[1]["backend"] == "FLASHINFER"
+
+
+def test_bench_serving_warmup_can_generate_fewer_tokens():
+    """--warmup-new-tokens shortens the warm-up batch's generations (a decode-heavy mix in a time limit), capped at
+    --new-tokens; the timed batches keep --new-tokens."""
+    import json
+
+    def plan(*extra: str) -> list[dict]:
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "benchmarks" / "bench_serving.py"), "--dry-run", "--modes", "serve",
+             "--context", "1024", "--new-tokens", "7168", *extra],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return [json.loads(ln) for ln in proc.stdout.splitlines()[1:]]
+
+    assert {(r["new_tokens"], r["warmup_new_tokens"]) for r in plan("--warmup-new-tokens", "64")} == {(7168, 64)}
+    assert {r["warmup_new_tokens"] for r in plan("--warmup-new-tokens", "9000")} == {7168}
+    assert {r["warmup_new_tokens"] for r in plan()} == {7168}
 
 
 def test_bench_serving_runs_only_the_kv_dtypes_asked_for():
@@ -101,7 +121,7 @@ def test_bench_serving_kills_a_timed_out_engine_and_its_children(monkeypatch, tm
     )
     monkeypatch.setattr(bs, "__file__", str(child))
     monkeypatch.setattr(bs.sys, "argv", [sys.executable])
-    run = bs.Run("serve", "nvfp4", None, 1, 1, 1, 1, 1)
+    run = bs.Run("serve", "nvfp4", None, 1, 1, 1, 1, 1, 1)
     res = bs._run_child(run, tmp_path, bs.ModelShape(), 1, 3, tmp_path / "logs")
     assert res["ok"] is False and res["error"].startswith("timed out after 3 s"), res
     assert "engine starting" in (tmp_path / "logs" / "serve-nvfp4.log").read_text()
