@@ -48,8 +48,8 @@ CONFIGS = [pytest.param(c, id=f"n{c.block_n}-w{c.num_warps}-r{c.maxnreg}{'-cvt8'
                         (11, {"use_sinks": True, "logits_soft_cap": 30.0, "scale_as_tensor": True})],
                 ids=["default", "n32-w2", "placed", "kt", "fp32-scales", "default-window-sinks", "default-softcap",
                      "kt-all", "fp32-scales-all", "lean-kt", "lean-kt-all", "skew", "skew-all", "page-tile",
-                     "page-tile-softcap-sinks", "page-tile-skew", "page-tile-lean-kt", "page-tile-lean-kt-softcap-sinks", "page-tile-shr",
-                     "page-tile-lean-kt-shr-softcap-sinks"])
+                     "page-tile-softcap-sinks", "page-tile-skew", "page-tile-lean-kt", "page-tile-lean-kt-softcap-sinks",
+                     "page-tile-shr", "page-tile-lean-kt-shr-softcap-sinks"])
 def cfg_rows(request):
     i, feats = request.param
     return CONFIGS[i].values[0], feats

@@ -730,7 +730,8 @@ def _attend(
     return _softmax_pv(
         acc, m_i, l_i, s, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
         bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
-        MMA, NW, KW, MASKED, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, q_op.dtype, IMAD_SHR,
+        MMA, NW, KW, MASKED, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, q_op.dtype,
+        IMAD_SHR,
     )
 
 
@@ -966,15 +967,18 @@ def gluon_decode_kernel(
                 acc, m_i, l_i = _softmax_pv(
                     acc, m_i, l_i, s_cur, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
                     bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
-                    MMA, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, q_op.dtype, IMAD_SHR,
+                    MMA, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, q_op.dtype,
+                    IMAD_SHR,
                 )
-                # the next tile's logits (past the range its words are zeros and these logits go unused)
+                # the next tile's logits (past the range its words are zeros, or with PAGE_TILE a checked page's, and
+                # these logits go unused)
                 s_cur = _logits(q_op, kw_n, ks_n, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
             else:
                 acc, m_i, l_i = _attend(
                     acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
                     bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
-                    MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, IMAD_SHR,
+                    MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
+                    IMAD_SHR,
                 )
                 kw, ks = kw_n, ks_n
             va, vb, vsa, vsb = va_n, vb_n, vsa_n, vsb_n
