@@ -1210,6 +1210,10 @@ class DecodeConfig:
     # an SHF (ALU pipe, which the decode keeps busiest): exact, 16 ALU instructions fewer per 16 keys and warp on sm_90.
     # Opt-in, not yet run on a GPU
     imad_shr: bool = False
+    # with gluon and one warp per program (num_warps=1; the Gluon kernel's warps run independent softmaxes, so a program
+    # of one warp can branch on its own state): the unmasked tiles rescale the accumulator only when a row's maximum
+    # grows by more than 2^8 (decode_gluon, LAZY). Exact. Opt-in, not yet run on a GPU
+    lazy_rescale: bool = False
 
 
 @dataclass(frozen=True)
@@ -1317,7 +1321,8 @@ _gluon_failed = False
 # The decode kernels' arguments beyond the ones they share (_run_decode passes the shared ones to both)
 _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "counter_ptr", "FUSED_MERGE",
                       "MERGE_CB", "SWAP_AB")
-_GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW", "PAGE_TILE", "IMAD_SHR")
+_GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW", "PAGE_TILE", "IMAD_SHR",
+                      "LAZY")
 GLUON_DECODE_CONFIGS = (
     _DECODE_CONFIGS_GLUON[128],
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True),
@@ -1346,6 +1351,12 @@ GLUON_DECODE_CONFIGS = (
     replace(_DECODE_CONFIGS_GLUON[128], page_tile=True, imad_shr=True),
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
                  kt_logits=True, lean=True, page_tile=True, imad_shr=True),
+    # one warp per program (16-key tiles; 151 registers on sm_90 with page_tile: 13 programs per SM), and with the lazy
+    # rescale that a program of one warp allows
+    DecodeConfig(block_n=16, num_warps=1, num_stages=1, programs_per_sm=13, gluon=True, e4m3_cvt=True, lean=True,
+                 page_tile=True),
+    DecodeConfig(block_n=16, num_warps=1, num_stages=1, programs_per_sm=13, gluon=True, e4m3_cvt=True, lean=True,
+                 page_tile=True, lazy_rescale=True),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
@@ -2030,6 +2041,7 @@ def _run_decode(
                 PAGE_EVEN=d.page_size % 2 == 0 and d.window <= 0, OFF32=d.off32, CVT8=d.cvt8,
                 KT=_gluon_kt(d.cfg, d.group * qmax), LEAN=d.cfg.lean and d.cvt8, SKEW=d.cfg.skew_logits,
                 PAGE_TILE=_gluon_page_tile(d.cfg, d.page_size, d.window), IMAD_SHR=d.cfg.imad_shr and d.cvt8,
+                LAZY=d.cfg.lazy_rescale,
             )  # fmt: skip
             launched = True
         except Exception as exc:  # a build failure on this GPU / triton: the plain kernel from now on
@@ -2504,7 +2516,7 @@ def aot_variants() -> dict[str, list[Any]]:
                              "DATA_ALIGN": 16, "SF_ALIGN": 8, "PAGE_POW2": pow2, "NW": cfg.num_warps,
                              "ROWS8": group * qmax <= 8, "PAGE_EVEN": even, "OFF32": off32, "CVT8": False,
                              "KT": _gluon_kt(cfg, group * qmax), "LEAN": False, "SKEW": cfg.skew_logits,
-                             "IMAD_SHR": False}
+                             "IMAD_SHR": False, "LAZY": cfg.lazy_rescale}
         c.update(_FEATURES_OFF)
         c.update(features)
         # pages of 16 keys where the variant has pages of 2^n keys
@@ -2537,6 +2549,10 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-page-tile-q2-sinks-softcap-lse-off64", tiled, qmax=2, off32=False, HAS_SOFTCAP=True,
               HAS_SINKS=True, RETURN_LSE=True)
     add_gluon("fp16-d128-page-tile-g16-varlen", tiled, dtype="fp16", group=16, VARLEN=True)
+    lazy = next(c for c in GLUON_DECODE_CONFIGS if c.lazy_rescale)
+    add_gluon("bf16-d128-lazy-q2-sinks-softcap-lse", lazy, qmax=2, HAS_SOFTCAP=True, HAS_SINKS=True, RETURN_LSE=True)
+    add_gluon("fp16-d128-lazy-g16-window-page-any", lazy, dtype="fp16", group=16, pow2=False, even=False,
+              HAS_WINDOW=True)
     placed = GLUON_DECODE_CONFIGS[-1]  # the bit placement on every target
     add_gluon("bf16-d128-placed-q2-all", placed, qmax=2, **_FEATURES_ON)
     add_gluon("fp16-d128-placed-g16", placed, dtype="fp16", group=16)

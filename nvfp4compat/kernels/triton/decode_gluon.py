@@ -191,6 +191,8 @@ _ASM_VS_PAIR = (
 # one 8x8 block of 16-bit values in the accumulator fragment -> its transpose in the same fragment (sm_75+)
 _MOVMATRIX_T = gl.constexpr("movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;")
 _LOG2E = gl.constexpr(1.4426950408889634)
+# LAZY: the reference maximum moves when a row's logits pass it by more than this (log2 units): p <= 2^8
+_LAZY_TAU = gl.constexpr(8.0)
 _KS_PAIR = gl.constexpr(_ASM_KS_PAIR)
 _VS_PAIR = gl.constexpr(_ASM_VS_PAIR)
 
@@ -588,12 +590,50 @@ def _online_softmax(s, m_i, l_i, qk_scale2, HAS_SOFTCAP: gl.constexpr, AX: gl.co
 
 
 @gluon.jit
+def _rescaled(acc, alpha, MMA: gl.constexpr, ACC: gl.constexpr):
+    """``acc`` times the rows' ``alpha``: ``ACC`` 0 = ``O^T`` with the state in the output columns' layout (``KT``),
+    1 = ``O^T`` with the state of the logits' rows 0..7 (``ROWS8``), 2 = ``O`` of 16 rows."""
+    if ACC == 0:
+        return acc * gl.expand_dims(alpha, 1)
+    elif ACC == 1:
+        return acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, MMA)), 1)
+    else:
+        return acc * gl.expand_dims(alpha, 2)
+
+
+@gluon.jit
+def _online_softmax_lazy(
+    s, m_i, l_i, acc, qk_scale2, HAS_SOFTCAP: gl.constexpr, AX: gl.constexpr, MMA: gl.constexpr, ACC: gl.constexpr,
+):
+    """``LAZY`` (one warp per program): :func:`_online_softmax` with a reference maximum that moves, and the state
+    rescaled, only when a row's logits exceed it by more than ``2^_LAZY_TAU``; ``p`` stays ``<= 2^_LAZY_TAU``. Exact: the
+    accumulator and the sum are kept against the same reference. The test is one scalar, so the branch is uniform
+    over the program's one warp. Returns ``(p, m_ref, l_i, acc)``."""
+    if HAS_SOFTCAP:
+        m_tile = gl.max(s, AX)
+    else:
+        m_tile = gl.max(s, AX) * qk_scale2
+    if gl.max(gl.max(m_tile - m_i, 1), 0) > _LAZY_TAU:  # (also on the first tile: m_i = -inf)
+        m_new = gl.maximum(m_i, m_tile)
+        alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
+        acc = _rescaled(acc, alpha, MMA, ACC)
+        l_i = l_i * alpha
+        m_i = m_new
+    m_safe = gl.where(m_i == float("-inf"), 0.0, m_i)
+    if HAS_SOFTCAP:
+        p = gl.exp2(s - gl.expand_dims(m_safe, AX))
+    else:
+        p = gl.exp2(s * qk_scale2 - gl.expand_dims(m_safe, AX))
+    return p, m_i, l_i + gl.sum(p, AX), acc
+
+
+@gluon.jit
 def _softmax_pv_kt(
     acc, m_i, l_i, s, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
     bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
     MMA: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, MASKED: gl.constexpr, CAUSAL_ROWS: gl.constexpr,
     WINDOW_ROWS: gl.constexpr, HAS_SOFTCAP: gl.constexpr, PAGE_POW2: gl.constexpr, CVT8: gl.constexpr,
-    DT: gl.constexpr, LEAN: gl.constexpr = False, IMAD_SHR: gl.constexpr = False,
+    DT: gl.constexpr, LEAN: gl.constexpr = False, IMAD_SHR: gl.constexpr = False, LAZY: gl.constexpr = False,
 ):
     """:func:`_attend` from the transposed logits ``s`` = ``S^T`` ``[NW, KW keys, 8 rows]`` (``KT``): the softmax runs
     over axis 1, its state ``[NW, 8]`` has the layout of the output's columns, and ``P^T`` becomes the ``P V``
@@ -608,7 +648,10 @@ def _softmax_pv_kt(
         key_s = n0 + _iota(NW, MMA, 3, 0) * KW + _iota(KW, MMA, 3, 1) + gl.zeros([NW, KW, 8], gl.int32, layout=MMA)
         s = _mask_logits(s, key_s, qpos, kv_hi, window, bt_row, page_size, page_shift, num_pages,
                          PAGE_POW2, CAUSAL_ROWS, WINDOW_ROWS, 1)
-    p, m_new, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale2, HAS_SOFTCAP, 1)
+    if LAZY and not MASKED:
+        p, m_new, l_i, acc = _online_softmax_lazy(s, m_i, l_i, acc, qk_scale2, HAS_SOFTCAP, 1, MMA, 0)
+    else:
+        p, m_new, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale2, HAS_SOFTCAP, 1)
     # P^T [NW, KW, 8] in the accumulator fragment: each thread's pair (key g, rows 2t, 2t + 1) of each 8 x 8 block
     # becomes (keys 2t, 2t + 1, row g): the B operand's fragment of P^T, relabelled below
     p16 = p.to(DT)
@@ -618,7 +661,8 @@ def _softmax_pv_kt(
     y = _v_decoded(va, vb, vsa, vsb, DT, CVT8, LEAN, IMAD_SHR)
     y = gl.permute(y, (0, 3, 6, 5, 4, 2, 1, 7))  # [NW, wv, m1, m0, h, c, kp, pair]
     v_t = gl.convert_layout(gl.reshape(y, [NW, 128, 2 * KP]), OPA, assert_trivial=True)
-    acc = acc * gl.expand_dims(alpha, 1)
+    if not (LAZY and not MASKED):
+        acc = acc * gl.expand_dims(alpha, 1)
     acc = mma_v2(v_t, p_t, acc)
     return acc, m_new, l_i
 
@@ -668,15 +712,17 @@ def _softmax_pv(
     MMA: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, MASKED: gl.constexpr, CAUSAL_ROWS: gl.constexpr,
     WINDOW_ROWS: gl.constexpr, HAS_SOFTCAP: gl.constexpr, PAGE_POW2: gl.constexpr, ROWS8: gl.constexpr,
     CVT8: gl.constexpr, KT: gl.constexpr, LEAN: gl.constexpr, DT: gl.constexpr, IMAD_SHR: gl.constexpr = False,
+    LAZY: gl.constexpr = False,
 ):
     """The online-softmax update of each warp's state from a tile's logits ``s`` (:func:`_logits`) and its V words.
     ``MASKED``: keys past ``kv_hi``, on a page outside the cache or outside a row's causal / window range get no
-    weight."""
+    weight. ``LAZY``: the unmasked tiles' state moves only when a row's maximum grows by more than ``2^_LAZY_TAU``
+    (:func:`_online_softmax_lazy`)."""
     if KT:
         acc, m_new, l_i = _softmax_pv_kt(
             acc, m_i, l_i, s, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
             bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
-            MMA, NW, KW, MASKED, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, CVT8, DT, LEAN, IMAD_SHR,
+            MMA, NW, KW, MASKED, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, CVT8, DT, LEAN, IMAD_SHR, LAZY,
         )
     else:
         OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -691,7 +737,11 @@ def _softmax_pv(
                 key_s = _rows8(key_s + gl.zeros([NW, 16, KW], gl.int32, layout=MMA))
             s = _mask_logits(s, key_s, qpos, kv_hi, window, bt_row, page_size, page_shift, num_pages,
                              PAGE_POW2, CAUSAL_ROWS, WINDOW_ROWS, 2)
-        p, m_new, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale2, HAS_SOFTCAP, 2)
+        if LAZY and not MASKED:
+            p, m_new, l_i, acc = _online_softmax_lazy(s, m_i, l_i, acc, qk_scale2, HAS_SOFTCAP, 2, MMA,
+                                                      1 if ROWS8 else 2)
+        else:
+            p, m_new, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale2, HAS_SOFTCAP, 2)
         p16 = p.to(DT)
 
         # V [NW, KW, 128] (k = 2 kp + pair, the keys; n = 8 (8 wv + 4 m1 + 2 m0 + h) + c) <-> byte
@@ -703,13 +753,15 @@ def _softmax_pv(
             p_t = gl.convert_layout(gl.permute(p16, (0, 2, 1)), OPB, assert_trivial=True)
             y = gl.permute(y, (0, 3, 6, 5, 4, 2, 1, 7))  # [NW, wv, m1, m0, h, c, kp, pair]
             v_t = gl.convert_layout(gl.reshape(y, [NW, 128, 2 * KP]), OPA, assert_trivial=True)
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, MMA)), 1)
+            if not (LAZY and not MASKED):
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, MMA)), 1)
             acc = mma_v2(v_t, p_t, acc)
         else:
             p_op = gl.convert_layout(p16, OPA, assert_trivial=True)
             y = gl.permute(y, (0, 1, 7, 3, 6, 5, 4, 2))  # [NW, kp, pair, wv, m1, m0, h, c]
             v_op = gl.convert_layout(gl.reshape(y, [NW, 2 * KP, 128]), OPB, assert_trivial=True)
-            acc = acc * gl.expand_dims(alpha, 2)
+            if not (LAZY and not MASKED):
+                acc = acc * gl.expand_dims(alpha, 2)
             acc = mma_v2(p_op, v_op, acc)
     return acc, m_new, l_i
 
@@ -722,7 +774,7 @@ def _attend(
     MMA: gl.constexpr, LK: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr,
     MASKED: gl.constexpr, CAUSAL_ROWS: gl.constexpr, WINDOW_ROWS: gl.constexpr,
     HAS_SOFTCAP: gl.constexpr, PAGE_POW2: gl.constexpr, ROWS8: gl.constexpr, CVT8: gl.constexpr = False,
-    KT: gl.constexpr = False, LEAN: gl.constexpr = False, IMAD_SHR: gl.constexpr = False,
+    KT: gl.constexpr = False, LEAN: gl.constexpr = False, IMAD_SHR: gl.constexpr = False, LAZY: gl.constexpr = False,
 ):
     """Online-softmax update of each warp's state with its keys of the tile at ``n0``, from the tile's
     raw words (:func:`_tile_words`): :func:`_logits`, then :func:`_softmax_pv`."""
@@ -731,7 +783,7 @@ def _attend(
         acc, m_i, l_i, s, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
         bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
         MMA, NW, KW, MASKED, CAUSAL_ROWS, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, q_op.dtype,
-        IMAD_SHR,
+        IMAD_SHR, LAZY,
     )
 
 
@@ -753,6 +805,7 @@ def gluon_decode_kernel(
     num_pages, status_ptr, NW: gl.constexpr, ROWS8: gl.constexpr = False, PAGE_EVEN: gl.constexpr = False,
     OFF32: gl.constexpr = False, CVT8: gl.constexpr = False, KT: gl.constexpr = False, LEAN: gl.constexpr = False,
     SKEW: gl.constexpr = False, PAGE_TILE: gl.constexpr = False, IMAD_SHR: gl.constexpr = False,
+    LAZY: gl.constexpr = False,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation,
     no fused merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
@@ -764,7 +817,9 @@ def gluon_decode_kernel(
     multiple of ``KW``, and there is no window, so tiles start at multiples of ``BLOCK_N``): each warp's keys of a tile
     lie in one page, and the unmasked loop reads one page id per warp and tile and loads at one row offset per warp
     plus loop-invariant thread offsets, with no mask (:func:`_tile_words_paged`); ``IMAD_SHR`` (with ``CVT8``): the
-    E4M3 decoders move the high nibbles' shift from the ALU pipe to the FMA pipe (:func:`_e4m3_cvt`)."""
+    E4M3 decoders move the high nibbles' shift from the ALU pipe to the FMA pipe (:func:`_e4m3_cvt`); ``LAZY`` (one
+    warp per program, ``NW == 1``): the unmasked tiles rescale the accumulator only when a row's maximum grows by more
+    than ``2^_LAZY_TAU`` (:func:`_online_softmax_lazy`)."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
     gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
     gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
@@ -774,6 +829,7 @@ def gluon_decode_kernel(
     gl.static_assert(KW % 16 == 0, "each warp takes a multiple of 16 keys per tile")
     gl.static_assert(not KT or (ROWS8 and KW == 16), "the transposed logits (KT) take <= 8 rows and 16 keys per warp")
     gl.static_assert(not PAGE_TILE or (PAGE_POW2 and not HAS_WINDOW), "PAGE_TILE takes pages of 2^n keys, no window")
+    gl.static_assert(not LAZY or NW == 1, "LAZY takes one warp per program (its branch is per program)")
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1], instr_shape=[1, 16, 8])
     OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     LK: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [NW, 1, 1, 1], [3, 2, 1, 0])
@@ -968,7 +1024,7 @@ def gluon_decode_kernel(
                     acc, m_i, l_i, s_cur, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
                     bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
                     MMA, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, q_op.dtype,
-                    IMAD_SHR,
+                    IMAD_SHR, LAZY,
                 )
                 # the next tile's logits (past the range its words are zeros, or with PAGE_TILE a checked page's, and
                 # these logits go unused)
@@ -978,7 +1034,7 @@ def gluon_decode_kernel(
                     acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
                     bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
                     MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
-                    IMAD_SHR,
+                    IMAD_SHR, LAZY,
                 )
                 kw, ks = kw_n, ks_n
             va, vb, vsa, vsb = va_n, vb_n, vsa_n, vsb_n
