@@ -372,8 +372,8 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
                                        ("swapped QK", {"decode": att.SWAP_DECODE_CONFIGS[0]})]
         else:
             variants = variants[:1] + [(f"{att.PrefillConfig(64, 32, 4, 2)}", {"prefill": att.PrefillConfig(64, 32, 4, 2)})]
-    if only:  # --variants: the default row and the sweep rows whose label holds one of the substrings
-        variants = variants[:1] + [v for v in variants[1:] if any(k in v[0] for k in only)]
+    if only:  # --variants: the default row and the sweep rows that one of the selectors picks
+        variants = variants[:1] + [v for v in variants[1:] if selected(v[0], only)]
     # --knob NAME=V: one row per value, the module constant set for that row (any sweep mode)
     variants += [(f"knob {name}={val}", {"knobs": {name: val}}) for name, val in knobs]
     max_smem = _max_shared_mem(case.q.device)
@@ -396,6 +396,13 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
         extra = {"override": {k: str(v) for k, v in over.items()}} | ({"resources": res} if res else {})
         rows.append(Row(s.name, impl, label, graph, eager, err, note=note, extra=extra))
     return rows
+
+
+def selected(label: str, only: Sequence[str]) -> bool:
+    """Whether ``--variants`` picks the sweep row ``label``: one of the selectors ``only`` matches it, a selector
+    being substrings joined by ``&``, all of which the label must hold (config reprs hold commas, so ``a&b`` picks
+    e.g. ``page_tile=True`` configs without ``imad_shr``)."""
+    return any(all(part.strip() in label for part in sel.split("&") if part.strip()) for sel in only)
 
 
 def _max_shared_mem(device: Any) -> int | None:
@@ -541,8 +548,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time the Triton kernels with the attention module's constant NAME set to each "
                          "value (integers), one row per value, e.g. --knob SPLIT_WAVES=2,3")
     ap.add_argument("--variants", default=None, metavar="SUBSTRINGS",
-                    help="comma-separated substrings: time only the sweep rows whose label holds one "
-                         "(e.g. 'swapped QK,byte scales'); the default row always runs")
+                    help="comma-separated selectors: time only the sweep rows whose label holds one; a selector "
+                         "of '&'-joined substrings needs all of them (e.g. 'swapped QK,byte scales' or "
+                         "'page_tile=True&imad_shr=False'); the default row always runs")
     args = ap.parse_args(argv)
     only = [k.strip() for k in (args.variants or "").split(",") if k.strip()]
 

@@ -217,6 +217,19 @@ def test_bench_timing_spots_an_empty_cuda_graph_capture(monkeypatch):
     assert not mod.empty_graph_capture(other)
 
 
+def test_bench_attention_variant_selectors(monkeypatch):
+    """``--variants`` selectors: any one of the comma-separated selectors; ``&`` inside one needs every part."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    sel = importlib.import_module("bench_attention").selected
+    label = "gluon DecodeConfig(block_n=64, lean=True, page_tile=True, imad_shr=False, lazy_rescale=False)"
+    assert sel(label, ["page_tile=True"]) and sel(label, ["swapped QK", "lean=True"])
+    assert sel(label, ["page_tile=True&imad_shr=False&lazy_rescale=False"])
+    assert not sel(label, ["page_tile=True&imad_shr=True"]) and not sel(label, ["swapped QK"])
+    assert sel(label, ["imad_shr=True", "page_tile=True & lazy_rescale=False"])
+
+
 def test_bench_attention_variants_keeps_the_default_and_the_named_sweep_rows(tmp_path):
     """``--variants``: the default row and only the sweep rows whose label holds a given substring."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
