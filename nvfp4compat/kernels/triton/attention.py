@@ -1351,11 +1351,11 @@ GLUON_DECODE_CONFIGS = (
     replace(_DECODE_CONFIGS_GLUON[128], page_tile=True, imad_shr=True),
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
                  kt_logits=True, lean=True, page_tile=True, imad_shr=True),
-    # one warp per program (16-key tiles; 151 registers on sm_90 with page_tile: 13 programs per SM), and with the lazy
-    # rescale that a program of one warp allows
+    # one warp per program (16-key tiles; 151 registers on sm_90 with page_tile, 152 allocated: 13 programs per SM), and
+    # with the lazy rescale that a program of one warp allows (153, 160 allocated: 12 per SM)
     DecodeConfig(block_n=16, num_warps=1, num_stages=1, programs_per_sm=13, gluon=True, e4m3_cvt=True, lean=True,
                  page_tile=True),
-    DecodeConfig(block_n=16, num_warps=1, num_stages=1, programs_per_sm=13, gluon=True, e4m3_cvt=True, lean=True,
+    DecodeConfig(block_n=16, num_warps=1, num_stages=1, programs_per_sm=12, gluon=True, e4m3_cvt=True, lean=True,
                  page_tile=True, lazy_rescale=True),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
