@@ -606,8 +606,8 @@ def _online_softmax_lazy(
     s, m_i, l_i, acc, qk_scale2, HAS_SOFTCAP: gl.constexpr, AX: gl.constexpr, MMA: gl.constexpr, ACC: gl.constexpr,
 ):
     """``LAZY`` (one warp per program): :func:`_online_softmax` with a reference maximum that moves, and the state
-    rescaled, only when a row's logits exceed it by more than ``2^_LAZY_TAU``; ``p`` stays ``<= 2^_LAZY_TAU``. Exact: the
-    accumulator and the sum are kept against the same reference. The test is one scalar, so the branch is uniform
+    rescaled, only when a row's logits exceed it by more than a factor ``2^_LAZY_TAU`` (base-2 logits: by more than
+    ``_LAZY_TAU``); ``p`` stays ``<= 2^_LAZY_TAU``. Exact: the accumulator and the sum keep the same reference. The test is one scalar, so the branch is uniform
     over the program's one warp. Returns ``(p, m_ref, l_i, acc)``."""
     if HAS_SOFTCAP:
         m_tile = gl.max(s, AX)
@@ -716,8 +716,8 @@ def _softmax_pv(
 ):
     """The online-softmax update of each warp's state from a tile's logits ``s`` (:func:`_logits`) and its V words.
     ``MASKED``: keys past ``kv_hi``, on a page outside the cache or outside a row's causal / window range get no
-    weight. ``LAZY``: the unmasked tiles' state moves only when a row's maximum grows by more than ``2^_LAZY_TAU``
-    (:func:`_online_softmax_lazy`)."""
+    weight. ``LAZY``: the unmasked tiles' state moves only when a row's maximum grows by more than a factor
+    ``2^_LAZY_TAU`` (:func:`_online_softmax_lazy`)."""
     if KT:
         acc, m_new, l_i = _softmax_pv_kt(
             acc, m_i, l_i, s, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
@@ -819,7 +819,7 @@ def gluon_decode_kernel(
     plus loop-invariant thread offsets, with no mask (:func:`_tile_words_paged`); ``IMAD_SHR`` (with ``CVT8``): the
     E4M3 decoders move the high nibbles' shift from the ALU pipe to the FMA pipe (:func:`_e4m3_cvt`); ``LAZY`` (one
     warp per program, ``NW == 1``): the unmasked tiles rescale the accumulator only when a row's maximum grows by more
-    than ``2^_LAZY_TAU`` (:func:`_online_softmax_lazy`)."""
+    than a factor ``2^_LAZY_TAU`` (:func:`_online_softmax_lazy`)."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
     gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
     gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
@@ -965,7 +965,8 @@ def gluon_decode_kernel(
             MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, IMAD_SHR,
         )
     # unmasked tiles once every page id of theirs is checked: tile i + 1's words and tile i + 2's
-    # page ids are loaded before tile i is decoded (nothing is read past b_end)
+    # page ids are loaded before tile i is decoded (nothing is read outside the checked pages: past b_end the loads
+    # are masked, or with PAGE_TILE read the last checked page)
     b_begin = gl.maximum(t_begin, n_mask_lo)
     b_end = gl.minimum(t_end, n_full_end)
     if b_end > b_begin:
