@@ -591,7 +591,7 @@ def _online_softmax(s, m_i, l_i, qk_scale2, HAS_SOFTCAP: gl.constexpr, AX: gl.co
 
 @gluon.jit
 def _rescaled(acc, alpha, MMA: gl.constexpr, ACC: gl.constexpr):
-    """``acc`` times the rows' ``alpha``: ``ACC`` 0 = ``O^T`` with the state in the output columns' layout (``KT``),
+    """``acc`` times the rows' ``alpha`` (the eager and the lazy online softmax both rescale through it): ``ACC`` 0 = ``O^T`` with the state in the output columns' layout (``KT``),
     1 = ``O^T`` with the state of the logits' rows 0..7 (``ROWS8``), 2 = ``O`` of 16 rows."""
     if ACC == 0:
         return acc * gl.expand_dims(alpha, 1)
@@ -662,7 +662,7 @@ def _softmax_pv_kt(
     y = gl.permute(y, (0, 3, 6, 5, 4, 2, 1, 7))  # [NW, wv, m1, m0, h, c, kp, pair]
     v_t = gl.convert_layout(gl.reshape(y, [NW, 128, 2 * KP]), OPA, assert_trivial=True)
     if not (LAZY and not MASKED):
-        acc = acc * gl.expand_dims(alpha, 1)
+        acc = _rescaled(acc, alpha, MMA, 0)
     acc = mma_v2(v_t, p_t, acc)
     return acc, m_new, l_i
 
@@ -754,14 +754,14 @@ def _softmax_pv(
             y = gl.permute(y, (0, 3, 6, 5, 4, 2, 1, 7))  # [NW, wv, m1, m0, h, c, kp, pair]
             v_t = gl.convert_layout(gl.reshape(y, [NW, 128, 2 * KP]), OPA, assert_trivial=True)
             if not (LAZY and not MASKED):
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, MMA)), 1)
+                acc = _rescaled(acc, alpha, MMA, 1)
             acc = mma_v2(v_t, p_t, acc)
         else:
             p_op = gl.convert_layout(p16, OPA, assert_trivial=True)
             y = gl.permute(y, (0, 1, 7, 3, 6, 5, 4, 2))  # [NW, kp, pair, wv, m1, m0, h, c]
             v_op = gl.convert_layout(gl.reshape(y, [NW, 2 * KP, 128]), OPB, assert_trivial=True)
             if not (LAZY and not MASKED):
-                acc = acc * gl.expand_dims(alpha, 2)
+                acc = _rescaled(acc, alpha, MMA, 2)
             acc = mma_v2(p_op, v_op, acc)
     return acc, m_new, l_i
 
