@@ -739,6 +739,28 @@ def test_gluon_page_tile_only_where_each_warps_keys_share_a_page():
     assert not att._gluon_page_tile(wide, 16, 0) and att._gluon_page_tile(wide, 32, 0)
 
 
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_gluon_token_strides_are_the_bytes_between_a_pages_tokens(layout):
+    """``PAGE_TILE`` takes the token strides as constexprs (``TOK_K, TOK_V, TOK_KS, TOK_VS``): for each tensor the bytes
+    from a page's token 0 to its token 1 (same head), measured on the cache's own views, whatever the layout."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    for heads, head_dim in ((2, 128), (8, 128), (1, 64)):
+        c = ra.make_paged_cache([40], heads, head_dim, 16, layout=layout, device=DEVICE,
+                                generator=torch.Generator().manual_seed(0))
+        views = att.normalize_cache(c.paged_kv_cache, c.kv_cache_sf, c.kv_layout)
+        cl = att._cache_launch(views)
+
+        def step(t):  # bytes from (page 0, token 0, head 0) to (page 0, token 1, head 0)
+            t1 = t[0, 1, 0] if layout == "NHD" else t[0, 0, 1]
+            return t1.data_ptr() - t[0, 0, 0].data_ptr()
+
+        expect = tuple(step(t) for t in (views.k_data, views.v_data, views.k_sf, views.v_sf))
+        assert att._gluon_token_strides(cl.strides, cl.data_align, cl.sf_align) == expect
+        row = head_dim // 2 if layout == "HND" else heads * head_dim // 2
+        assert expect[0] == expect[1] == row and expect[2] == expect[3] == row // 8
+
+
 def test_gluon_build_failure_falls_back_once(monkeypatch):
     """A Gluon build failure warns once, then every launch takes the plain kernel."""
     from nvfp4compat.kernels.triton import attention as att

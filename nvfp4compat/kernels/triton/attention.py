@@ -25,7 +25,7 @@ import contextlib
 import math
 import numbers
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -1204,7 +1204,9 @@ class DecodeConfig:
     skew_logits: bool = False
     # with gluon, where the page size is a power of two and a multiple of the keys per warp (block_n // num_warps) and
     # there is no window: one page id per warp and tile in the unmasked loop, its loads at one row offset per warp plus
-    # loop-invariant thread offsets, unmasked (decode_gluon, PAGE_TILE). Opt-in, not yet run on a GPU
+    # loop-invariant thread offsets, unmasked, the token strides as constexprs (decode_gluon, PAGE_TILE): 412
+    # instructions per 16 keys and warp in the unmasked loop against the default's 489 (sm_90, triton 3.6.0). Opt-in,
+    # not yet run on a GPU
     page_tile: bool = False
     # with gluon and e4m3_cvt (SM89+): the E2M1 decoders shift the high nibbles by an IMAD.HI (FMA pipe) in place of
     # an SHF (ALU pipe, which the decode keeps busiest): exact, 16 ALU instructions fewer per 16 keys and warp on sm_90.
@@ -1322,7 +1324,7 @@ _gluon_failed = False
 _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "counter_ptr", "FUSED_MERGE",
                       "MERGE_CB", "SWAP_AB")
 _GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW", "PAGE_TILE", "IMAD_SHR",
-                      "LAZY")
+                      "LAZY", "TOK_K", "TOK_V", "TOK_KS", "TOK_VS")
 GLUON_DECODE_CONFIGS = (
     _DECODE_CONFIGS_GLUON[128],
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True),
@@ -1351,8 +1353,8 @@ GLUON_DECODE_CONFIGS = (
     replace(_DECODE_CONFIGS_GLUON[128], page_tile=True, imad_shr=True),
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
                  kt_logits=True, lean=True, page_tile=True, imad_shr=True),
-    # one warp per program (16-key tiles; 151 registers on sm_90 with page_tile, 152 allocated: 13 programs per SM), and
-    # with the lazy rescale that a program of one warp allows (153, 160 allocated: 12 per SM)
+    # one warp per program (16-key tiles; 148 registers on sm_90 with page_tile, 152 allocated: 13 programs per SM), and
+    # with the lazy rescale that a program of one warp allows (154, 160 allocated: 12 per SM)
     DecodeConfig(block_n=16, num_warps=1, num_stages=1, programs_per_sm=13, gluon=True, e4m3_cvt=True, lean=True,
                  page_tile=True),
     DecodeConfig(block_n=16, num_warps=1, num_stages=1, programs_per_sm=12, gluon=True, e4m3_cvt=True, lean=True,
@@ -1925,6 +1927,13 @@ def _gluon_page_tile(cfg: DecodeConfig, page_size: int, window: int) -> bool:
     return cfg.page_tile and page_size > 0 and page_size & (page_size - 1) == 0 and page_size % kw == 0 and window <= 0
 
 
+def _gluon_token_strides(strides: Sequence[int], data_align: int, sf_align: int) -> tuple[int, int, int, int]:
+    """The bytes between consecutive tokens of a page in the K data, V data, K scales and V scales: the Gluon
+    kernel's ``TOK_K, TOK_V, TOK_KS, TOK_VS`` with ``PAGE_TILE`` (from :class:`_CacheLaunch`'s strides, in units of
+    the alignments; page, token, head per tensor)."""
+    return strides[1] * data_align, strides[4] * data_align, strides[7] * sf_align, strides[10] * sf_align
+
+
 def _gluon_build_failed(exc: Exception) -> None:
     """Record that the Gluon decode kernel failed to build or launch here and warn once: every later
     decode in this process takes the plain-Triton kernel (same results, its speed)."""
@@ -2035,13 +2044,17 @@ def _run_decode(
     )  # fmt: skip
     launched = False
     if d.gluon and not fused and not _gluon_failed:
+        # PAGE_TILE takes the token strides as constexprs (one build per cache layout); elsewhere they stay 0
+        tok = _gluon_token_strides(d.strides, d.data_align, d.sf_align)
+        page_tile = _gluon_page_tile(d.cfg, d.page_size, d.window) and min(tok) > 0
+        tok = tok if page_tile else (0, 0, 0, 0)
         try:
             LAST_KERNELS["decode"] = _gluon.gluon_decode_kernel[(d.chunks * d.num_kv_heads,)](
                 *args, **common, NW=d.cfg.num_warps, ROWS8=d.group * qmax <= 8,
                 PAGE_EVEN=d.page_size % 2 == 0 and d.window <= 0, OFF32=d.off32, CVT8=d.cvt8,
                 KT=_gluon_kt(d.cfg, d.group * qmax), LEAN=d.cfg.lean and d.cvt8, SKEW=d.cfg.skew_logits,
-                PAGE_TILE=_gluon_page_tile(d.cfg, d.page_size, d.window), IMAD_SHR=d.cfg.imad_shr and d.cvt8,
-                LAZY=d.cfg.lazy_rescale,
+                PAGE_TILE=page_tile, IMAD_SHR=d.cfg.imad_shr and d.cvt8, LAZY=d.cfg.lazy_rescale,
+                TOK_K=tok[0], TOK_V=tok[1], TOK_KS=tok[2], TOK_VS=tok[3],
             )  # fmt: skip
             launched = True
         except Exception as exc:  # a build failure on this GPU / triton: the plain kernel from now on
@@ -2521,6 +2534,9 @@ def aot_variants() -> dict[str, list[Any]]:
         c.update(features)
         # pages of 16 keys where the variant has pages of 2^n keys
         c["PAGE_TILE"] = _gluon_page_tile(cfg, 16 if pow2 else 13, 1 if c["HAS_WINDOW"] else 0)
+        # with it, the token strides of an NHD cache of 8 KV heads (64 data and 8 scale bytes per head and token)
+        tok = (512, 512, 64, 64) if c["PAGE_TILE"] else (0, 0, 0, 0)
+        c.update(zip(("TOK_K", "TOK_V", "TOK_KS", "TOK_VS"), tok, strict=True))
         # the E4M3 conversion where the launcher takes it: SM89+
         by_cc = (lambda cc: {"CVT8": cc >= 89, "LEAN": cfg.lean and cc >= 89, "IMAD_SHR": cfg.imad_shr and cc >= 89}
                  ) if cfg.e4m3_cvt else None

@@ -486,45 +486,68 @@ def _warp_pages(n0, last, bt_row, page_shift, LK: gl.constexpr, LV: gl.constexpr
 
 @gluon.jit
 def _thread_offsets(
-    s_kt, s_vt, s_kst, s_vst, LK: gl.constexpr, LV: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr,
+    TOK_K: gl.constexpr, TOK_V: gl.constexpr, TOK_KS: gl.constexpr, TOK_VS: gl.constexpr,
+    LK: gl.constexpr, LV: gl.constexpr, KW: gl.constexpr,
 ):
-    """``PAGE_TILE``: each thread's byte offsets (loop-invariant) from its warp's first key in a page to its K row
+    """``PAGE_TILE``: each thread's byte offsets (loop-invariant, int64) from its warp's first key in a page to its K row
     (``[1, KW, 1, 1]`` in ``LK``), K scale row, V rows of keys ``2 kp`` and ``2 kp + 1`` at column ``8 c`` and V scale
-    bytes (``[1, KW/2, 8, 1]`` in ``LV``), in the word layouts of :func:`_tile_words`."""
-    key_k = _iota(KW, LK, 4, 1).to(IT)
-    key_a = (2 * _iota(KW // 2, LV, 4, 1)).to(IT)
-    c_v = _iota(8, LV, 4, 2).to(IT)
-    off_va = key_a * s_vt + c_v * 8
-    off_vsa = key_a * s_vst + c_v
-    return key_k * s_kt, key_k * s_kst, off_va, off_va + s_vt, off_vsa, off_vsa + s_vst
+    bytes (``[1, KW/2, 8, 1]`` in ``LV``), in the word layouts of :func:`_tile_words`. The token strides ``TOK_*``
+    are constexprs, and the offsets 64-bit, so that LLVM can split off the constant parts: rows of one thread that
+    differ by a constant share one address (``LDG [R.64 + imm]``)."""
+    key_k = _iota(KW, LK, 4, 1).to(gl.int64)
+    key_a = (2 * _iota(KW // 2, LV, 4, 1)).to(gl.int64)
+    c_v = _iota(8, LV, 4, 2).to(gl.int64)
+    off_va = key_a * TOK_V + c_v * 8
+    off_vsa = key_a * TOK_VS + c_v
+    return key_k * TOK_K, key_k * TOK_KS, off_va, off_va + TOK_V, off_vsa, off_vsa + TOK_VS
 
 
 @gluon.jit
-def _tile_words_paged(
-    n0, pk, pv, page_size, k_base, v_base, ks_base, vs_base,
-    s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, off_k, off_ks, off_va, off_vb, off_vsa, off_vsb,
-    LK: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr,
+def _wide(x):
+    """Unsigned ``x`` (loaded uint8 / uint16) zero-extended to int32 where it is loaded, and kept 32-bit (an opaque
+    ``mov``, which ptxas drops): a value carried across loop steps in a narrow type costs a mask at each use."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x.to(gl.int32)], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _page_rows(n0, p, page_size, s_p, TOK: gl.constexpr, TOK_S: gl.constexpr, s_sp, L: gl.constexpr, NW: gl.constexpr,
+               KW: gl.constexpr, IT: gl.constexpr):
+    """``PAGE_TILE``: the byte offsets of each warp's first key of the tile at ``n0`` in a data tensor and its scale
+    tensor (``IT``, one per warp, in layout ``L``), at the warp's page id ``p`` (:func:`_warp_pages`)."""
+    slot = ((n0 + _iota(NW, L, 4, 0) * KW) & (page_size - 1)).to(IT)
+    p_ = p.to(IT)
+    return p_ * s_p + slot * TOK, p_ * s_sp + slot * TOK_S
+
+
+@gluon.jit
+def _k_words_paged(
+    n0, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks, TOK_K: gl.constexpr, TOK_KS: gl.constexpr,
+    LK: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr,
 ):
-    """:func:`_tile_words` of a tile whose warps' keys each lie in one page (``PAGE_TILE``), at the page ids of
-    :func:`_warp_pages`: one row offset per warp and tensor plus the threads' offsets of :func:`_thread_offsets`, and
-    no mask (every page id is a checked one; the slots stay inside the page)."""
-    slot_k = ((n0 + _iota(NW, LK, 4, 0) * KW) & (page_size - 1)).to(IT)
-    slot_v = ((n0 + _iota(NW, LV, 4, 0) * KW) & (page_size - 1)).to(IT)
-    pk_ = pk.to(IT)
-    pv_ = pv.to(IT)
-    row_k = pk_ * s_kp + slot_k * s_kt
-    row_ks = pk_ * s_ksp + slot_k * s_kst
-    row_v = pv_ * s_vp + slot_v * s_vt
-    row_vs = pv_ * s_vsp + slot_v * s_vst
-    kw = gl.load((k_base + (row_k + off_k)).to(gl.pointer_type(gl.int32)) + _iota(4, LK, 4, 2) * 4
+    """The K half of :func:`_tile_words` for a tile whose warps' keys each lie in one page (``PAGE_TILE``), at the page
+    ids of :func:`_warp_pages`: one row offset per warp plus the threads' offsets of :func:`_thread_offsets`, and no
+    mask (every page id is a checked one; the slots stay inside the page). The scale pairs come back as int32
+    (:func:`_wide`)."""
+    row_k, row_ks = _page_rows(n0, pk, page_size, s_kp, TOK_K, TOK_KS, s_ksp, LK, NW, KW, IT)
+    kw = gl.load(((k_base + row_k) + off_k).to(gl.pointer_type(gl.int32)) + _iota(4, LK, 4, 2) * 4
                  + _iota(4, LK, 4, 3))
-    ks = gl.load((ks_base + (row_ks + off_ks)).to(gl.pointer_type(gl.int16)) + _iota(4, LK, 4, 2))
+    ks = _wide(gl.load(((ks_base + row_ks) + off_ks).to(gl.pointer_type(gl.uint16)) + _iota(4, LK, 4, 2)))
+    return kw, ks
+
+
+@gluon.jit
+def _v_words_paged(
+    n0, pv, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
+    TOK_V: gl.constexpr, TOK_VS: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr,
+):
+    """The V half of :func:`_k_words_paged`: the V words of the even and odd keys and their scale bytes (int32)."""
+    row_v, row_vs = _page_rows(n0, pv, page_size, s_vp, TOK_V, TOK_VS, s_vsp, LV, NW, KW, IT)
     wv = _iota(2, LV, 4, 3)
-    va = gl.load((v_base + (row_v + off_va)).to(gl.pointer_type(gl.int32)) + wv)
-    vb = gl.load((v_base + (row_v + off_vb)).to(gl.pointer_type(gl.int32)) + wv)
-    vsa = gl.load(vs_base + (row_vs + off_vsa))
-    vsb = gl.load(vs_base + (row_vs + off_vsb))
-    return kw, ks, va, vb, vsa, vsb
+    va = gl.load(((v_base + row_v) + off_va).to(gl.pointer_type(gl.int32)) + wv)
+    vb = gl.load(((v_base + row_v) + off_vb).to(gl.pointer_type(gl.int32)) + wv)
+    vsa = _wide(gl.load((vs_base + row_vs) + off_vsa))
+    vsb = _wide(gl.load((vs_base + row_vs) + off_vsb))
+    return va, vb, vsa, vsb
 
 
 @gluon.jit
@@ -805,7 +828,8 @@ def gluon_decode_kernel(
     num_pages, status_ptr, NW: gl.constexpr, ROWS8: gl.constexpr = False, PAGE_EVEN: gl.constexpr = False,
     OFF32: gl.constexpr = False, CVT8: gl.constexpr = False, KT: gl.constexpr = False, LEAN: gl.constexpr = False,
     SKEW: gl.constexpr = False, PAGE_TILE: gl.constexpr = False, IMAD_SHR: gl.constexpr = False,
-    LAZY: gl.constexpr = False,
+    LAZY: gl.constexpr = False, TOK_K: gl.constexpr = 0, TOK_V: gl.constexpr = 0, TOK_KS: gl.constexpr = 0,
+    TOK_VS: gl.constexpr = 0,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation,
     no fused merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
@@ -816,8 +840,10 @@ def gluon_decode_kernel(
     softmax's dependent chain); ``PAGE_TILE`` (the launcher sets it only where the page size is a power of two and a
     multiple of ``KW``, and there is no window, so tiles start at multiples of ``BLOCK_N``): each warp's keys of a tile
     lie in one page, and the unmasked loop reads one page id per warp and tile and loads at one row offset per warp
-    plus loop-invariant thread offsets, with no mask (:func:`_tile_words_paged`); ``IMAD_SHR`` (with ``CVT8``): the
-    E4M3 decoders move the high nibbles' shift from the ALU pipe to the FMA pipe (:func:`_e4m3_cvt`); ``LAZY`` (one
+    plus loop-invariant thread offsets, with no mask (:func:`_k_words_paged`, :func:`_v_words_paged`; the token
+    strides ``TOK_*`` as constexprs, the launcher's :func:`attention._gluon_token_strides`); ``IMAD_SHR`` (with
+    ``CVT8``): the E4M3 decoders move the high nibbles' shift from the ALU pipe to the FMA pipe (:func:`_e4m3_cvt`);
+    ``LAZY`` (one
     warp per program, ``NW == 1``): the unmasked tiles rescale the accumulator only when a row's maximum grows by more
     than a factor ``2^_LAZY_TAU`` (:func:`_online_softmax_lazy`)."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
@@ -830,6 +856,12 @@ def gluon_decode_kernel(
     gl.static_assert(not KT or (ROWS8 and KW == 16), "the transposed logits (KT) take <= 8 rows and 16 keys per warp")
     gl.static_assert(not PAGE_TILE or (PAGE_POW2 and not HAS_WINDOW), "PAGE_TILE takes pages of 2^n keys, no window")
     gl.static_assert(not LAZY or NW == 1, "LAZY takes one warp per program (its branch is per program)")
+    gl.static_assert(not PAGE_TILE or (TOK_K > 0 and TOK_V > 0 and TOK_KS > 0 and TOK_VS > 0),
+                     "PAGE_TILE takes the token strides as constexprs (TOK_K, TOK_V, TOK_KS, TOK_VS)")
+    # PAGE_TILE's next V words are loaded, in source, after the P V of the current ones: on sm_90 (triton 3.6.0) the
+    # unmasked loop of 4 warps then has no register copies at its end (412 instructions per 16 keys against 423, 155
+    # registers against 168); with the skewed logits or one warp it has more instructions (430 / 441 against 424 / 423)
+    V_LATE: gl.constexpr = PAGE_TILE and NW > 1 and not SKEW
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1], instr_shape=[1, 16, 8])
     OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     LK: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [NW, 1, 1, 1], [3, 2, 1, 0])
@@ -983,12 +1015,12 @@ def gluon_decode_kernel(
         n0 = kv_lo + b_begin * BLOCK_N
         if PAGE_TILE:  # one page id per warp and tile, loop-invariant thread offsets, no mask
             last = (end_key - 1) >> page_shift
-            off_k, off_ks, off_va, off_vb, off_vsa, off_vsb = _thread_offsets(s_kt, s_vt, s_kst, s_vst, LK, LV, KW, IT)
+            off_k, off_ks, off_va, off_vb, off_vsa, off_vsb = _thread_offsets(TOK_K, TOK_V, TOK_KS, TOK_VS, LK, LV, KW)
             pk, pa = _warp_pages(n0, last, bt_row, page_shift, LK, LV, NW, KW)
-            kw, ks, va, vb, vsa, vsb = _tile_words_paged(
-                n0, pk, pa, page_size, k_base, v_base, ks_base, vs_base, s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst,
-                s_vsp, s_vst, off_k, off_ks, off_va, off_vb, off_vsa, off_vsb, LK, LV, NW, KW, IT,
-            )
+            kw, ks = _k_words_paged(n0, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks, TOK_K, TOK_KS,
+                                    LK, NW, KW, IT)
+            va, vb, vsa, vsb = _v_words_paged(n0, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa,
+                                              off_vsb, TOK_V, TOK_VS, LV, NW, KW, IT)
             pk, pa = _warp_pages(n0 + BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
             pb = pa
         else:
@@ -1005,10 +1037,15 @@ def gluon_decode_kernel(
         for i in range(b_begin, b_end):
             n0 = kv_lo + i * BLOCK_N
             if PAGE_TILE:
-                kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words_paged(
-                    n0 + BLOCK_N, pk, pa, page_size, k_base, v_base, ks_base, vs_base, s_kp, s_kt, s_vp, s_vt,
-                    s_ksp, s_kst, s_vsp, s_vst, off_k, off_ks, off_va, off_vb, off_vsa, off_vsb, LK, LV, NW, KW, IT,
-                )
+                # the next tile's K words here, its V words here or (V_LATE) after this tile's P V (below)
+                kw_n, ks_n = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks,
+                                            TOK_K, TOK_KS, LK, NW, KW, IT)
+                if not V_LATE:
+                    va_n, vb_n, vsa_n, vsb_n = _v_words_paged(
+                        n0 + BLOCK_N, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
+                        TOK_V, TOK_VS, LV, NW, KW, IT,
+                    )
+                pa_n = pa
                 pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
                 pb = pa
             else:
@@ -1038,7 +1075,16 @@ def gluon_decode_kernel(
                     IMAD_SHR, LAZY,
                 )
                 kw, ks = kw_n, ks_n
-            va, vb, vsa, vsb = va_n, vb_n, vsa_n, vsb_n
+            if V_LATE:
+                # in source after the P V that reads this tile's V words, so that the next tile's take their registers
+                # (no copy at the loop's end; ptxas still issues these loads mid-step, once the current words are
+                # decoded)
+                va, vb, vsa, vsb = _v_words_paged(
+                    n0 + BLOCK_N, pa_n, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
+                    TOK_V, TOK_VS, LV, NW, KW, IT,
+                )
+            else:
+                va, vb, vsa, vsb = va_n, vb_n, vsa_n, vsb_n
     # masked tiles from the causal diagonal / sequence end on
     c_begin = gl.maximum(b_begin, b_end)
     for i in range(c_begin, t_end):
