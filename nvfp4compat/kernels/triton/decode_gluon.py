@@ -308,11 +308,19 @@ def _request_tiles(
 
 @gluon.jit
 def _request_chunks(tiles, total, programs, min_tiles):
-    """attention._request_chunks."""
+    """attention._request_chunks (the same integers; ``tiles // min_tiles`` in 32 bits, where the quotient of two
+    non-negative int32 is the same, and a 32-bit division is inline where a 64-bit one is a call)."""
     t64 = tiles.to(gl.int64)
     share = (t64 * programs) // total
-    n = gl.minimum(gl.maximum(share, 1), gl.maximum(t64 // min_tiles, 1))
+    n = gl.minimum(gl.maximum(share, 1), gl.maximum(tiles // min_tiles, 1).to(gl.int64))
     return gl.where(tiles > 0, n, 0).to(gl.int32)
+
+
+@gluon.constexpr_function
+def _scan_per_thread(batch_block):
+    """Requests per thread in :func:`_find_chunk`'s blocks: the whole block in each warp up to 128 (4 per thread),
+    else 1 (the block spread over the warps, a few registers)."""
+    return gl.constexpr(batch_block // 32 if batch_block <= 128 else 1)
 
 
 @gluon.jit
@@ -322,8 +330,13 @@ def _find_chunk(
     BATCH_BLOCK: gl.constexpr, NW: gl.constexpr,
 ):
     """Chunk ``c``'s request ``b`` (-1: none), its index ``j`` there, the request's chunk count and
-    first partial slot: the plain-Triton kernel's scan over the batch, step for step."""
-    LB: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+    first partial slot: the plain-Triton kernel's scan over the batch, step for step.
+
+    Up to 128 requests a block, every warp holds the whole block (``BATCH_BLOCK // 32`` per thread, the warps
+    replicated), so the block's sums, maximum and prefix scans stay inside a warp: no shared memory and no barrier
+    (sm_90: 3 barriers before the key loop against 29 with the block spread over the warps). Larger blocks (1024)
+    keep one request per thread and cross the warps."""
+    LB: gl.constexpr = gl.BlockedLayout([_scan_per_thread(BATCH_BLOCK)], [32], [NW], [0])
     zero = gl.program_id(0) * 0  # a run-time int32 (batch may be specialized to the constant 1)
     total = zero.to(gl.int64)
     for b0 in range(0, batch, BATCH_BLOCK):
