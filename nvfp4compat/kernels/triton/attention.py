@@ -1204,8 +1204,8 @@ class DecodeConfig:
     skew_logits: bool = False
     # with gluon, where the page size is a power of two and a multiple of the keys per warp (block_n // num_warps) and
     # there is no window: one page id per warp and tile in the unmasked loop, its loads at one row offset per warp plus
-    # loop-invariant thread offsets, unmasked, the token strides as constexprs (decode_gluon, PAGE_TILE): 412
-    # instructions per 16 keys and warp in the unmasked loop against the default's 489 (sm_90, triton 3.6.0). Opt-in,
+    # loop-invariant thread offsets, unmasked, the token strides as constexprs (decode_gluon, PAGE_TILE): 410
+    # instructions per 16 keys and warp in the unmasked loop against the default's 486 (sm_90, triton 3.6.0). Opt-in,
     # not yet run on a GPU
     page_tile: bool = False
     # with gluon and e4m3_cvt (SM89+): the E2M1 decoders shift the high nibbles by an IMAD.HI (FMA pipe) in place of
@@ -1320,6 +1320,9 @@ GLUON_FP32_SCALES_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=1, p
 GLUON_ROWS16_PROGRAMS_PER_SM = 2
 # set when the Gluon kernel failed to compile in this process: every later launch takes the plain-Triton kernel
 _gluon_failed = False
+# The Gluon kernel's work split divides in 32 bits and fp32 (decode_gluon._chunk_edge, _request_chunks), exact while a
+# launch has fewer programs per KV head than this (a few thousand at most on today's GPUs; the plain kernel beyond)
+_GLUON_MAX_PROGRAMS = 2**15
 # The decode kernels' arguments beyond the ones they share (_run_decode passes the shared ones to both)
 _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "counter_ptr", "FUSED_MERGE",
                       "MERGE_CB", "SWAP_AB")
@@ -2043,7 +2046,7 @@ def _run_decode(
         num_warps=d.cfg.num_warps, maxnreg=d.cfg.maxnreg,
     )  # fmt: skip
     launched = False
-    if d.gluon and not fused and not _gluon_failed:
+    if d.gluon and not fused and not _gluon_failed and d.programs < _GLUON_MAX_PROGRAMS:
         # PAGE_TILE takes the token strides as constexprs (one build per cache layout); elsewhere they stay 0
         tok = _gluon_token_strides(d.strides, d.data_align, d.sf_align)
         page_tile = _gluon_page_tile(d.cfg, d.page_size, d.window) and min(tok) > 0

@@ -308,10 +308,18 @@ def _request_tiles(
 
 @gluon.jit
 def _request_chunks(tiles, total, programs, min_tiles):
-    """attention._request_chunks (the same integers; ``tiles // min_tiles`` in 32 bits, where the quotient of two
-    non-negative int32 is the same, and a 32-bit division is inline where a 64-bit one is a call)."""
+    """attention._request_chunks: the same integers without a 64-bit division (a call of about a hundred instructions
+    per request on sm_90). ``floor(tiles * programs / total)`` is at most ``programs`` (``tiles <= total``), so an
+    fp32 estimate is within 2 of it while ``programs < 2^21`` (the launcher keeps it below
+    ``attention._GLUON_MAX_PROGRAMS``), and two exact integer corrections make it the quotient. ``tiles // min_tiles``
+    divides two non-negative int32 (inline)."""
     t64 = tiles.to(gl.int64)
-    share = (t64 * programs) // total
+    prod = t64 * programs
+    ratio = gl.to_tensor(programs).to(gl.float32) / total.to(gl.float32)
+    share = (tiles.to(gl.float32) * ratio).to(gl.int64)
+    for _ in gl.static_range(2):
+        rem = prod - share * total
+        share = gl.where(rem < 0, share - 1, gl.where(rem >= total, share + 1, share))
     n = gl.minimum(gl.maximum(share, 1), gl.maximum(tiles // min_tiles, 1).to(gl.int64))
     return gl.where(tiles > 0, n, 0).to(gl.int32)
 
@@ -321,6 +329,17 @@ def _scan_per_thread(batch_block):
     """Requests per thread in :func:`_find_chunk`'s blocks: the whole block in each warp up to 128 (4 per thread),
     else 1 (the block spread over the warps, a few registers)."""
     return gl.constexpr(batch_block // 32 if batch_block <= 128 else 1)
+
+
+@gluon.jit
+def _chunk_edge(j, n_tiles, n_chunks):
+    """``floor(j * n_tiles / n_chunks)`` (int32) for ``0 <= j <= n_chunks``: the first tile of chunk ``j``, in 32-bit
+    divisions (inline; a 64-bit one is a call). ``n_tiles = a * n_chunks + b`` gives ``j * a + (j * b) // n_chunks``,
+    exact, with ``j * b < n_chunks^2 <= 2^30`` (the launcher keeps ``programs``, which bounds ``n_chunks``, below
+    ``attention._GLUON_MAX_PROGRAMS``) and ``n_tiles < 2^31`` (keys < 2^31)."""
+    nt = n_tiles.to(gl.int32)
+    a = nt // n_chunks
+    return j * a + (j * (nt - a * n_chunks)) // n_chunks
 
 
 @gluon.jit
@@ -871,9 +890,10 @@ def gluon_decode_kernel(
     gl.static_assert(not LAZY or NW == 1, "LAZY takes one warp per program (its branch is per program)")
     gl.static_assert(not PAGE_TILE or (TOK_K > 0 and TOK_V > 0 and TOK_KS > 0 and TOK_VS > 0),
                      "PAGE_TILE takes the token strides as constexprs (TOK_K, TOK_V, TOK_KS, TOK_VS)")
-    # PAGE_TILE's next V words are loaded, in source, after the P V of the current ones: on sm_90 (triton 3.6.0) the
-    # unmasked loop of 4 warps then has no register copies at its end (412 instructions per 16 keys against 423, 155
-    # registers against 168); with the skewed logits or one warp it has more instructions (430 / 441 against 424 / 423)
+    # PAGE_TILE's next V words are loaded, in source, after the P V of the current ones: on sm_90 (triton 3.6.0, when
+    # it was chosen) the unmasked loop of 4 warps then had no register copies at its end (412 instructions per 16 keys
+    # against 423, 155 registers against 168); with the skewed logits or one warp it had more (430 / 441 against
+    # 424 / 423)
     V_LATE: gl.constexpr = PAGE_TILE and NW > 1 and not SKEW
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1], instr_shape=[1, 16, 8])
     OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -954,8 +974,8 @@ def gluon_decode_kernel(
     else:
         full_hi = kv_hi
     n_tiles = (kv_hi - kv_lo + BLOCK_N - 1) // BLOCK_N
-    t_begin = ((j.to(gl.int64) * n_tiles) // n_chunks).to(gl.int32)
-    t_end = (((j + 1).to(gl.int64) * n_tiles) // n_chunks).to(gl.int32)
+    t_begin = _chunk_edge(j, n_tiles, n_chunks)
+    t_end = _chunk_edge(j + 1, n_tiles, n_chunks)
     n_mask_lo = gl.minimum(gl.maximum((full_lo - kv_lo + BLOCK_N - 1) // BLOCK_N, 0), n_tiles).to(gl.int32)
     n_full_end = gl.minimum(gl.maximum((full_hi - kv_lo) // BLOCK_N, 0), n_tiles).to(gl.int32)
     kv_lo = kv_lo.to(gl.int32)
