@@ -875,9 +875,8 @@ def gluon_decode_kernel(
     plus loop-invariant thread offsets, with no mask (:func:`_k_words_paged`, :func:`_v_words_paged`; the token
     strides ``TOK_*`` as constexprs, the launcher's :func:`attention._gluon_token_strides`); ``IMAD_SHR`` (with
     ``CVT8``): the E4M3 decoders move the high nibbles' shift from the ALU pipe to the FMA pipe (:func:`_e4m3_cvt`);
-    ``LAZY`` (one
-    warp per program, ``NW == 1``): the unmasked tiles rescale the accumulator only when a row's maximum grows by more
-    than a factor ``2^_LAZY_TAU`` (:func:`_online_softmax_lazy`)."""
+    ``LAZY`` (one warp per program, ``NW == 1``): the unmasked tiles rescale the accumulator only when a row's maximum
+    grows by more than a factor ``2^_LAZY_TAU`` (:func:`_online_softmax_lazy`)."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
     gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
     gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
