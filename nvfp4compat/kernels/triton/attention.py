@@ -1342,8 +1342,8 @@ GLUON_DECODE_CONFIGS = (
     # request, 7% slower on the ragged batch: opt-in
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
                  kt_logits=True, lean=True),
-    # the default with the next tile's logits computed after this tile's P V (skew_logits; 164 registers, 3 programs
-    # per SM), and lean + kt with it (128 registers under the cap, no spill; sm_90, triton 3.6.0): not yet run on a GPU
+    # the default with the next tile's logits computed after this tile's P V (skew_logits; 160 registers, 3 programs
+    # per SM), and lean + kt with it (120 registers under the cap, no spill; sm_90, triton 3.6.0): not yet run on a GPU
     replace(_DECODE_CONFIGS_GLUON[128], skew_logits=True),
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
                  kt_logits=True, lean=True, skew_logits=True),
