@@ -757,6 +757,11 @@ def test_gluon_token_strides_are_the_bytes_between_a_pages_tokens(layout):
 
         expect = tuple(step(t) for t in (views.k_data, views.v_data, views.k_sf, views.v_sf))
         assert att._gluon_token_strides(cl.strides, cl.data_align, cl.sf_align) == expect
+        # what a launch passes: the strides with PAGE_TILE, zeros where it is off (a window, or not asked for)
+        tiled = next(cfg for cfg in att.GLUON_DECODE_CONFIGS if cfg.page_tile)
+        assert att._gluon_page_tile_tok(tiled, 16, 0, cl) == expect
+        assert att._gluon_page_tile_tok(tiled, 16, 500, cl) == (0, 0, 0, 0)
+        assert att._gluon_page_tile_tok(att._DECODE_CONFIGS_GLUON[128], 16, 0, cl) == (0, 0, 0, 0)
         row = head_dim // 2 if layout == "HND" else heads * head_dim // 2
         assert expect[0] == expect[1] == row and expect[2] == expect[3] == row // 8
 

@@ -1838,6 +1838,8 @@ class _DecodeLaunch:
     off32: bool = False  # every byte offset into the four cache tensors fits in int32 (the Gluon kernel's OFF32)
     gluon: bool = False  # the launch takes the Gluon kernel (cfg.gluon and _gluon_eligible)
     cvt8: bool = False  # ... with the E4M3 conversion (cfg.e4m3_cvt on an SM89+ device)
+    # ... and its PAGE_TILE's token strides (TOK_K, TOK_V, TOK_KS, TOK_VS; all 0: no PAGE_TILE)
+    page_tile_tok: tuple[int, int, int, int] = (0, 0, 0, 0)
 
 
 def _byte_extent(t: torch.Tensor) -> int:
@@ -1880,6 +1882,7 @@ def _decode_launch(
         off32=all(_byte_extent(t) < 2**31 for t in cl.tensors),
         gluon=gluon and cfg.gluon,  # (a forced config may ask for the Gluon kernel where it cannot run)
         cvt8=gluon and cfg.gluon and cfg.e4m3_cvt and torch.cuda.get_device_capability(device) >= (8, 9),
+        page_tile_tok=_gluon_page_tile_tok(cfg, views.page_size, a.window, cl) if gluon and cfg.gluon else (0, 0, 0, 0),
     )  # fmt: skip
 
 
@@ -1935,6 +1938,13 @@ def _gluon_token_strides(strides: Sequence[int], data_align: int, sf_align: int)
     kernel's ``TOK_K, TOK_V, TOK_KS, TOK_VS`` with ``PAGE_TILE`` (from :class:`_CacheLaunch`'s strides, in units of
     the alignments; page, token, head per tensor)."""
     return strides[1] * data_align, strides[4] * data_align, strides[7] * sf_align, strides[10] * sf_align
+
+
+def _gluon_page_tile_tok(cfg: DecodeConfig, page_size: int, window: int, cl: _CacheLaunch) -> tuple[int, int, int, int]:
+    """The token strides a Gluon launch passes with ``PAGE_TILE`` (:func:`_gluon_page_tile`; a zero stride turns it
+    off), or all 0 (no ``PAGE_TILE``: the kernel ignores them)."""
+    tok = _gluon_token_strides(cl.strides, cl.data_align, cl.sf_align)
+    return tok if _gluon_page_tile(cfg, page_size, window) and min(tok) > 0 else (0, 0, 0, 0)
 
 
 def _gluon_build_failed(exc: Exception) -> None:
@@ -2048,15 +2058,13 @@ def _run_decode(
     launched = False
     if d.gluon and not fused and not _gluon_failed and d.programs < _GLUON_MAX_PROGRAMS:
         # PAGE_TILE takes the token strides as constexprs (one build per cache layout); elsewhere they stay 0
-        tok = _gluon_token_strides(d.strides, d.data_align, d.sf_align)
-        page_tile = _gluon_page_tile(d.cfg, d.page_size, d.window) and min(tok) > 0
-        tok = tok if page_tile else (0, 0, 0, 0)
+        tok = d.page_tile_tok
         try:
             LAST_KERNELS["decode"] = _gluon.gluon_decode_kernel[(d.chunks * d.num_kv_heads,)](
                 *args, **common, NW=d.cfg.num_warps, ROWS8=d.group * qmax <= 8,
                 PAGE_EVEN=d.page_size % 2 == 0 and d.window <= 0, OFF32=d.off32, CVT8=d.cvt8,
                 KT=_gluon_kt(d.cfg, d.group * qmax), LEAN=d.cfg.lean and d.cvt8, SKEW=d.cfg.skew_logits,
-                PAGE_TILE=page_tile, IMAD_SHR=d.cfg.imad_shr and d.cvt8, LAZY=d.cfg.lazy_rescale,
+                PAGE_TILE=tok[0] > 0, IMAD_SHR=d.cfg.imad_shr and d.cvt8, LAZY=d.cfg.lazy_rescale,
                 TOK_K=tok[0], TOK_V=tok[1], TOK_KS=tok[2], TOK_VS=tok[3],
             )  # fmt: skip
             launched = True

@@ -1054,7 +1054,6 @@ def gluon_decode_kernel(
             va, vb, vsa, vsb = _v_words_paged(n0, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa,
                                               off_vsb, TOK_V, TOK_VS, LV, NW, KW, IT)
             pk, pa = _warp_pages(n0 + BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-            pb = pa
         else:
             pk, pa, pb = _tile_pages(n0, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
             kw, ks, va, vb, vsa, vsb = _tile_words(
@@ -1079,7 +1078,6 @@ def gluon_decode_kernel(
                     )
                 pa_n = pa
                 pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                pb = pa
             else:
                 kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
                     n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
