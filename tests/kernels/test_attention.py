@@ -671,17 +671,27 @@ def test_decode_config_takes_byte_scales_where_timed():
 
 
 def test_decode_config_takes_the_gluon_kernel_where_it_can():
-    """head_dim 128, 16 rows, no rotation, a launch the Gluon kernel can take: its config (3 programs per SM at
-    <= 8 rows, 2 at 9-16); everything else as before. The split is sized from the config the launch takes
-    (its block_n and programs per SM), so the grid and the merge agree with the kernel."""
+    """head_dim 128, 16 rows, no rotation, a launch the Gluon kernel can take: its config (lean + kt + page_tile
+    under a 128-register cap, 4 programs per SM, at <= 8 rows; the lean config uncapped, 2 per SM, at 9-16, where
+    the transposed logits do not apply); everything else as before. The split is sized from the config the launch
+    takes (its block_n and programs per SM), so the grid and the merge agree with the kernel."""
     from nvfp4compat.kernels.triton import attention as att
 
     g = att._DECODE_CONFIGS_GLUON[128]
-    assert g.gluon and g.e4m3_cvt and g.lean and not g.kt_logits and g.block_n * 1 == 64 and g.programs_per_sm == 3
-    assert dataclasses.replace(g, lean=False) == att.GLUON_FP32_SCALES_CONFIG
+    assert g.gluon and g.e4m3_cvt and g.lean and g.kt_logits and g.page_tile and g.block_n == 64
+    assert (g.maxnreg, g.programs_per_sm) == (128, 4)
+    assert not (g.skew_logits or g.imad_shr or g.lazy_rescale)
+    assert g in att.GLUON_DECODE_CONFIGS  # the benchmarks and the GPU tests sweep it
+    lean = att.GLUON_DECODE_CONFIGS[0]
+    assert lean.lean and not (lean.kt_logits or lean.page_tile) and lean.maxnreg is None
+    assert dataclasses.replace(lean, lean=False) == att.GLUON_FP32_SCALES_CONFIG
     assert att.GLUON_FP32_SCALES_CONFIG in att.GLUON_DECODE_CONFIGS
-    assert att.decode_config(128, 16, 512, 132, gluon=True, rows=4) == g
-    assert att.decode_config(128, 16, 512, 132, gluon=True, rows=16).programs_per_sm == att.GLUON_ROWS16_PROGRAMS_PER_SM
+    for rows in (1, 4, 8):
+        assert att.decode_config(128, 16, 512, 132, gluon=True, rows=rows) == g
+    for rows in (9, 16):
+        r16 = att.decode_config(128, 16, 512, 132, gluon=True, rows=rows)
+        assert r16 == dataclasses.replace(lean, programs_per_sm=att.GLUON_ROWS16_PROGRAMS_PER_SM)
+        assert not att._gluon_kt(g, rows)  # why 9-16 rows do not take g: no transposed logits there
     assert att.decode_config(128, 16, 512, 132, gluon=True, rotate=True) == att.decode_config(128, 16, 512, 132,
                                                                                               rotate=True)
     assert not att.decode_config(128, 32, 512, 132, gluon=True).gluon
@@ -689,7 +699,8 @@ def test_decode_config_takes_the_gluon_kernel_where_it_can():
     assert not att.decode_config(128, 16, 512, 132).gluon
     split = att.decode_split(4, 8, 128, 16, 1024, 132, g)
     assert split.min_tiles == att.SPLIT_MIN_CHUNK_TOKENS // 64
-    assert split.programs == -(-3 * 132 // 8)
+    assert split.programs == -(-4 * 132 // 8)
+    assert att.decode_split(4, 8, 128, 16, 1024, 132, lean).programs == -(-3 * 132 // 8)
     plain = att.decode_split(4, 8, 128, 16, 1024, 132)
     assert plain.min_tiles == att.SPLIT_MIN_CHUNK_TOKENS // 128
     with att.override_configs(decode=att.GLUON_DECODE_CONFIGS[2]):
@@ -734,7 +745,8 @@ def test_gluon_page_tile_only_where_each_warps_keys_share_a_page():
         assert not att._gluon_page_tile(tiled, page, 500)  # a window: the tiles start at kv_lo, not on a page
     for page in (1, 2, 8, 12, 13, 24, 48, 0, -16):
         assert not att._gluon_page_tile(tiled, page, 0), page
-    assert not att._gluon_page_tile(att._DECODE_CONFIGS_GLUON[128], 16, 0)  # not asked for: the default
+    assert not att._gluon_page_tile(att.GLUON_DECODE_CONFIGS[0], 16, 0)  # not asked for: the lean config
+    assert att._gluon_page_tile(att._DECODE_CONFIGS_GLUON[128], 16, 0)  # the default asks for it
     wide = dataclasses.replace(tiled, block_n=128, num_warps=4)  # 32 keys per warp
     assert not att._gluon_page_tile(wide, 16, 0) and att._gluon_page_tile(wide, 32, 0)
 
@@ -761,7 +773,8 @@ def test_gluon_token_strides_are_the_bytes_between_a_pages_tokens(layout):
         tiled = next(cfg for cfg in att.GLUON_DECODE_CONFIGS if cfg.page_tile)
         assert att._gluon_page_tile_tok(tiled, 16, 0, cl) == expect
         assert att._gluon_page_tile_tok(tiled, 16, 500, cl) == (0, 0, 0, 0)
-        assert att._gluon_page_tile_tok(att._DECODE_CONFIGS_GLUON[128], 16, 0, cl) == (0, 0, 0, 0)
+        assert att._gluon_page_tile_tok(att.GLUON_DECODE_CONFIGS[0], 16, 0, cl) == (0, 0, 0, 0)
+        assert att._gluon_page_tile_tok(att._DECODE_CONFIGS_GLUON[128], 16, 0, cl) == expect
         row = head_dim // 2 if layout == "HND" else heads * head_dim // 2
         assert expect[0] == expect[1] == row and expect[2] == expect[3] == row // 8
 

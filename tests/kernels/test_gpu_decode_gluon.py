@@ -24,17 +24,20 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a 
 
 
 bf16, fp16 = torch.bfloat16, torch.float16
+# the default of <= 8 rows (lean + kt_logits + page_tile); CONFIGS[0]
+DEFAULT = att._DECODE_CONFIGS_GLUON[128]
 CONFIGS = [pytest.param(c, id=f"n{c.block_n}-w{c.num_warps}-r{c.maxnreg}{'-cvt8' if c.e4m3_cvt else ''}"
                              f"{'-kt' if c.kt_logits else ''}{'-lean' if c.lean else ''}{'-skew' if c.skew_logits else ''}"
                              f"{'-pagetile' if c.page_tile else ''}{'-shr' if c.imad_shr else ''}"
                              f"{'-lazy' if c.lazy_rescale else ''}")
-           for c in (att._DECODE_CONFIGS_GLUON[128], att.GLUON_DECODE_CONFIGS[2], att.GLUON_DECODE_CONFIGS[-1],
+           for c in (DEFAULT, att.GLUON_DECODE_CONFIGS[2], att.GLUON_DECODE_CONFIGS[-1],
                      next(c for c in att.GLUON_DECODE_CONFIGS if c.kt_logits),
                      att.GLUON_FP32_SCALES_CONFIG,
                      next(c for c in att.GLUON_DECODE_CONFIGS if c.lean and c.kt_logits),
                      next(c for c in att.GLUON_DECODE_CONFIGS if c.skew_logits),
-                     *(c for c in att.GLUON_DECODE_CONFIGS if c.page_tile and c.num_warps > 1),
-                     next(c for c in att.GLUON_DECODE_CONFIGS if c.lazy_rescale))]
+                     *(c for c in att.GLUON_DECODE_CONFIGS if c.page_tile and c.num_warps > 1 and c != DEFAULT),
+                     next(c for c in att.GLUON_DECODE_CONFIGS if c.lazy_rescale),
+                     att.GLUON_DECODE_CONFIGS[0])]  # lean: the default of 9-16 rows
 
 
 @pytest.fixture(params=[(0, {}), (1, {}), (2, {}), (3, {}), (4, {}), (0, {"sliding_window": 2000, "use_sinks": True}),
@@ -46,13 +49,14 @@ CONFIGS = [pytest.param(c, id=f"n{c.block_n}-w{c.num_warps}-r{c.maxnreg}{'-cvt8'
                         (6, {}), (6, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0,
                                       "scale_as_tensor": True}),
                         (7, {}), (7, {"use_sinks": True, "logits_soft_cap": 30.0, "scale_as_tensor": True}),
-                        (8, {}), (9, {}), (9, {"use_sinks": True, "logits_soft_cap": 30.0}), (10, {}),
-                        (11, {"use_sinks": True, "logits_soft_cap": 30.0, "scale_as_tensor": True}), (12, {}),
+                        (8, {}), (0, {"use_sinks": True, "logits_soft_cap": 30.0}), (9, {}),
+                        (10, {"use_sinks": True, "logits_soft_cap": 30.0, "scale_as_tensor": True}), (11, {}),
+                        (11, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0}), (12, {}),
                         (12, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0})],
                 ids=["default", "n32-w2", "placed", "kt", "fp32-scales", "default-window-sinks", "default-softcap",
                      "kt-all", "fp32-scales-all", "lean-kt", "lean-kt-all", "skew", "skew-all", "page-tile",
-                     "page-tile-softcap-sinks", "page-tile-skew", "page-tile-lean-kt", "page-tile-lean-kt-softcap-sinks",
-                     "page-tile-shr", "page-tile-lean-kt-shr-softcap-sinks", "lazy-one-warp", "lazy-one-warp-all"])
+                     "page-tile-softcap-sinks", "page-tile-skew", "default-softcap-sinks", "page-tile-shr",
+                     "page-tile-lean-kt-shr-softcap-sinks", "lazy-one-warp", "lazy-one-warp-all", "lean", "lean-all"])
 def cfg_rows(request):
     i, feats = request.param
     return CONFIGS[i].values[0], feats

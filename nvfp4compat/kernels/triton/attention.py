@@ -1191,26 +1191,27 @@ class DecodeConfig:
     # movmatrix.trans (decode_gluon._softmax_pv_kt). On sm_90 (triton 3.6.0) with the E4M3 conversion: 128 registers
     # without spill under a 128 cap (4 programs per SM, against 152 and 3), 545 instructions per 16 keys and warp in
     # the unmasked loop against 524. On an H200 (run M) 5-7% faster at 128 x 2K and 32 x 8K (GQA 8), 9% slower on a
-    # ragged batch, the same elsewhere: opt-in
+    # ragged batch, the same elsewhere; with lean and page_tile (run O) the default of up to 8 rows
     kt_logits: bool = False
     # with gluon and e4m3_cvt (SM89+): the block scales converted by cvt.rn.f16x2.e4m3x2 (exact, two a conversion, in
     # place of an fp32 product and cvt.f16x2.f32 per register) and, in the unmasked loop, no page-id compare (one scan
     # checked them): 489 instructions per 16 keys and warp in the unmasked loop against 524, 238 of them on the ALU
     # pipe against 256, 149 registers (sm_90, triton 3.6.0). On an H200 (run N) 2-4% faster on all six decode shapes:
-    # the default of _DECODE_CONFIGS_GLUON since
+    # in the default of _DECODE_CONFIGS_GLUON since
     lean: bool = False
     # with gluon: the unmasked loop computes the next tile's logits after this tile's softmax and P V (decode_gluon,
-    # SKEW), so the scheduler has independent work beside the softmax's dependent chain. Opt-in, not yet run on a GPU
+    # SKEW), so the scheduler has independent work beside the softmax's dependent chain. Opt-in: with page_tile on an
+    # H200 (run O) 9-44% slower than page_tile alone on all six decode shapes; without it not yet timed
     skew_logits: bool = False
     # with gluon, where the page size is a power of two and a multiple of the keys per warp (block_n // num_warps) and
     # there is no window: one page id per warp and tile in the unmasked loop, its loads at one row offset per warp plus
     # loop-invariant thread offsets, unmasked, the token strides as constexprs (decode_gluon, PAGE_TILE): 410
-    # instructions per 16 keys and warp in the unmasked loop against the default's 486 (sm_90, triton 3.6.0). Opt-in,
-    # not yet run on a GPU
+    # instructions per 16 keys and warp in the unmasked loop against lean's 486 (sm_90, triton 3.6.0). On an H200 (run
+    # O) 2-5% faster than lean alone on all six decode shapes; with lean and kt_logits the default of up to 8 rows
     page_tile: bool = False
     # with gluon and e4m3_cvt (SM89+): the E2M1 decoders shift the high nibbles by an IMAD.HI (FMA pipe) in place of
     # an SHF (ALU pipe, which the decode keeps busiest): exact, 16 ALU instructions fewer per 16 keys and warp on sm_90.
-    # Opt-in, not yet run on a GPU
+    # Opt-in: with lean, kt_logits and page_tile on an H200 (run O) 1-2% slower than without it on all six decode shapes
     imad_shr: bool = False
     # with gluon and one warp per program (num_warps=1; the Gluon kernel's warps run independent softmaxes, so a program
     # of one warp can branch on its own state): the unmasked tiles rescale the accumulator only when a row's maximum
@@ -1307,17 +1308,31 @@ SWAP_DECODE_CONFIGS = (
 # The E4M3 conversion (e4m3_cvt: SM89+; SM80/86 take the bit placement of the same config) was 6-12% faster than
 # the bit placement on five of six decode shapes and 2% slower on one 8K request (run L, BENCHMARKS.md). Its lean
 # scales (lean: the block scales converted by cvt.rn.f16x2.e4m3x2, no page-id compare in the unmasked loop; SM89+ as
-# well) were 2-4% faster than the fp32 scales on all six decode shapes of run N (BENCHMARKS.md): the default since.
+# well) were 2-4% faster than the fp32 scales on all six decode shapes of run N (BENCHMARKS.md): the default from run
+# N until run O (_GLUON_LEAN), and still the default of 9-16 rows (_DECODE_CONFIGS_GLUON_ROWS16).
+_GLUON_LEAN = DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, gluon=True, e4m3_cvt=True,
+                           lean=True)
+# Lean with the transposed logits and one page id per warp and tile (kt_logits, page_tile), capped at 128 registers (4
+# programs per SM; over the AOT variants of the default 120-128 registers on sm_80-120 with triton 3.9.0 and 121-127 on
+# sm_90 with 3.6.0, none spilled but sm_80's with pages that are not a power of two, 8 bytes):
+# 2-15% faster than _GLUON_LEAN on all six decode shapes in two calls of run O (2026-12-05, BENCHMARKS.md): the default
+# of up to 8 rows since. Where a launch cannot take a feature (a window or a page size that is not a power of two and
+# a multiple of 16 keys: no page_tile; 9-16 rows: no kt_logits) it runs without it; 9-16 rows take _GLUON_LEAN.
 _DECODE_CONFIGS_GLUON: dict[int, DecodeConfig] = {
-    128: DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, gluon=True, e4m3_cvt=True, lean=True),
+    128: DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
+                      kt_logits=True, lean=True, page_tile=True),
 }
 # The E4M3 conversion with fp32 block scales (an fp32 product and cvt.f16x2.f32 per register; the default of runs L
 # and M): 152 registers and 524 instructions per 16 keys and warp in the unmasked loop on sm_90 (triton 3.6.0), against
 # the lean default's 149 and 489. Kept in the sweep, the GPU tests and the sanitizer runs.
 GLUON_FP32_SCALES_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, gluon=True,
                                         e4m3_cvt=True)
-# 9-16 rows (the 16-row orientation: 211 registers on sm_90) hold 2 programs per SM
+# 9-16 rows (the 16-row orientation: 211 registers on sm_90) hold 2 programs per SM; without the transposed logits
+# (<= 8 rows only) a 128-register cap would spill there, so they take the lean config uncapped
 GLUON_ROWS16_PROGRAMS_PER_SM = 2
+_DECODE_CONFIGS_GLUON_ROWS16: dict[int, DecodeConfig] = {
+    128: replace(_GLUON_LEAN, programs_per_sm=GLUON_ROWS16_PROGRAMS_PER_SM),
+}
 # set when the Gluon kernel failed to compile in this process: every later launch takes the plain-Triton kernel
 _gluon_failed = False
 # The Gluon kernel's work split divides in 32 bits and fp32 (decode_gluon._chunk_edge, _request_chunks), exact while a
@@ -1329,7 +1344,8 @@ _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "
 _GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW", "PAGE_TILE", "IMAD_SHR",
                       "LAZY", "TOK_K", "TOK_V", "TOK_KS", "TOK_VS")
 GLUON_DECODE_CONFIGS = (
-    _DECODE_CONFIGS_GLUON[128],
+    # the lean scales (the default from run N until run O; 9-16 rows still take it)
+    _GLUON_LEAN,
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True),
     DecodeConfig(block_n=32, num_warps=2, num_stages=1, programs_per_sm=6, gluon=True, e4m3_cvt=True),
     DecodeConfig(block_n=128, num_warps=8, num_stages=1, maxnreg=128, programs_per_sm=2, gluon=True, e4m3_cvt=True),
@@ -1344,20 +1360,24 @@ GLUON_DECODE_CONFIGS = (
                  kt_logits=True, lean=True),
     # the default with the next tile's logits computed after this tile's P V (skew_logits; 160 registers, 3 programs
     # per SM), and lean + kt with it (120 registers under the cap, no spill; sm_90, triton 3.6.0): not yet run on a GPU
-    replace(_DECODE_CONFIGS_GLUON[128], skew_logits=True),
+    replace(_GLUON_LEAN, skew_logits=True),
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
                  kt_logits=True, lean=True, skew_logits=True),
-    # the default with one page id per warp and tile (page_tile), alone, with the skewed logits, and lean + kt with it
-    replace(_DECODE_CONFIGS_GLUON[128], page_tile=True),
-    replace(_DECODE_CONFIGS_GLUON[128], page_tile=True, skew_logits=True),
-    DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
-                 kt_logits=True, lean=True, page_tile=True),
-    # and both with the high nibbles' shift on the FMA pipe (imad_shr)
-    replace(_DECODE_CONFIGS_GLUON[128], page_tile=True, imad_shr=True),
+    # lean with one page id per warp and tile (page_tile), alone, with the skewed logits, and lean + kt with it. Run O
+    # (two calls, six decode shapes): page_tile alone 2-5% faster than lean; with the skewed logits 9-44% slower than
+    # alone; lean + kt + page_tile 2-15% faster than lean (the default since)
+    replace(_GLUON_LEAN, page_tile=True),
+    replace(_GLUON_LEAN, page_tile=True, skew_logits=True),
+    _DECODE_CONFIGS_GLUON[128],  # lean + kt + page_tile: the default of up to 8 rows since run O
+    # and both with the high nibbles' shift on the FMA pipe (imad_shr; run O: lean + kt + page_tile with it 1-2% slower
+    # than without on all six shapes; page_tile alone with it not yet timed)
+    replace(_GLUON_LEAN, page_tile=True, imad_shr=True),
     DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
                  kt_logits=True, lean=True, page_tile=True, imad_shr=True),
     # one warp per program (16-key tiles; 148 registers on sm_90 with page_tile, 152 allocated: 13 programs per SM), and
-    # with the lazy rescale that a program of one warp allows (154, 160 allocated: 12 per SM)
+    # with the lazy rescale that a program of one warp allows (154, 160 allocated: 12 per SM). Run O: one warp with
+    # page_tile within 3% of the default on the ragged batch and 32 x 8K, 1.1-1.8x its time on the other four shapes
+    # (1.76x on one 8K request); the lazy rescale not yet timed
     DecodeConfig(block_n=16, num_warps=1, num_stages=1, programs_per_sm=13, gluon=True, e4m3_cvt=True, lean=True,
                  page_tile=True),
     DecodeConfig(block_n=16, num_warps=1, num_stages=1, programs_per_sm=12, gluon=True, e4m3_cvt=True, lean=True,
@@ -1459,16 +1479,15 @@ def decode_config(
     ``num_programs < num_sms``; ``block_n`` (and hence the split count) never changes. ``gluon``: the
     launch can take the Gluon kernel (:func:`_gluon_eligible`): where :data:`_DECODE_CONFIGS_GLUON` has
     ``head_dim``, 16 rows without rotation take that config (``rows``, the real ``G x q_len``, above 8:
-    :data:`GLUON_ROWS16_PROGRAMS_PER_SM`). An override is returned as it is.
+    :data:`_DECODE_CONFIGS_GLUON_ROWS16`). An override is returned as it is.
     """
     forced = _overrides.get("decode")
     if forced is not None:
         return forced
     if gluon and block_m <= 16 and not rotate and head_dim in _DECODE_CONFIGS_GLUON:
-        cfg = _DECODE_CONFIGS_GLUON[head_dim]
         if rows is not None and rows > 8:
-            cfg = replace(cfg, programs_per_sm=GLUON_ROWS16_PROGRAMS_PER_SM)
-        return cfg
+            return _DECODE_CONFIGS_GLUON_ROWS16[head_dim]
+        return _DECODE_CONFIGS_GLUON[head_dim]
     cfg = _DECODE_CONFIGS[head_dim]
     if block_m <= 16 and not rotate and head_dim in _DECODE_CONFIGS_BYTE_SCALES:
         cfg = _DECODE_CONFIGS_BYTE_SCALES[head_dim]
@@ -2122,7 +2141,7 @@ def _knobs() -> tuple:
     return (
         SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, SPLIT_WAVES, SPLIT_MAX_WAVES, SPLIT_WAVE_GAIN, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
         MERGE_STEP_ELEMENTS, MERGE_CHUNK_BLOCK, FUSED_MERGE, tuple(_DECODE_CONFIGS.items()), tuple(_DECODE_CONFIGS_BYTE_SCALES.items()), tuple(sorted(_overrides.items())), interpreting(),
-        _gluon_failed, tuple(_DECODE_CONFIGS_GLUON.items()),
+        _gluon_failed, tuple(_DECODE_CONFIGS_GLUON.items()), tuple(_DECODE_CONFIGS_GLUON_ROWS16.items()),
     )  # fmt: skip
 
 
@@ -2523,9 +2542,10 @@ def aot_variants() -> dict[str, list[Any]]:
     add_prefill("fp16-d512-portable", "fp16", 512, decoder="portable")
     add_prefill("bf16-d128-table", "bf16", 128, decoder="table")
 
-    # the Gluon decode: the default launch (<= 8 rows, even pages, 32-bit offsets; the E4M3 conversion on SM89+),
-    # 16 rows, every feature with q_len 2 and 64-bit offsets, pages of any size, a batch block of 1024, fp16 queries,
-    # the bit placement everywhere, and every config of GLUON_DECODE_CONFIGS
+    # the Gluon decode: the default launch (<= 8 rows, even pages, 32-bit offsets; the E4M3 conversion on SM89+), 16
+    # rows (the lean config), every feature with q_len 2 and 64-bit offsets (a window: no page_tile), sinks, soft-cap and
+    # LSE with page_tile, pages of any size, a batch block of 1024, fp16 queries, the bit placement everywhere, and
+    # every config of GLUON_DECODE_CONFIGS
     glu: list[AotVariant] = []
 
     def add_gluon(label: str, cfg: DecodeConfig, *, dtype: str = "bf16", group: int = 4, qmax: int = 1,
@@ -2553,11 +2573,13 @@ def aot_variants() -> dict[str, list[Any]]:
                  ) if cfg.e4m3_cvt else None
         glu.append(AotVariant(label, sig, c, cfg.num_warps, 1, _pointer_attrs(sig), maxnreg=cfg.maxnreg, by_cc=by_cc))
 
-    gdef = _DECODE_CONFIGS_GLUON[128]
+    gdef, g16def = _DECODE_CONFIGS_GLUON[128], _DECODE_CONFIGS_GLUON_ROWS16[128]
     add_gluon("bf16-d128", gdef)
-    add_gluon("bf16-d128-g16", gdef, group=16)
+    add_gluon("bf16-d128-g16", g16def, group=16)
     add_gluon("bf16-d128-q2-all-off64", gdef, qmax=2, off32=False, **_FEATURES_ON)
-    add_gluon("bf16-d128-g8-q2-varlen", gdef, group=8, qmax=2, VARLEN=True)
+    add_gluon("bf16-d128-q2-sinks-softcap-lse-off64", gdef, qmax=2, off32=False, HAS_SOFTCAP=True, HAS_SINKS=True,
+              RETURN_LSE=True)
+    add_gluon("bf16-d128-g8-q2-varlen", g16def, group=8, qmax=2, VARLEN=True)
     add_gluon("bf16-d128-page-any", gdef, pow2=False, even=False, ptr=False)
     add_gluon("bf16-d128-batch1024", gdef, batch_block=1024)
     add_gluon("fp16-d128", gdef, dtype="fp16")
