@@ -535,6 +535,14 @@ def test_decode_work_split_sizes():
     assert att.decode_programs(cfg, 1, 132) == (396, att.SPLIT_MIN_CHUNK_TOKENS // 128)
     # a config without the figure takes SPLIT_TARGET_PROGRAMS_PER_SM
     assert att.decode_programs(att.DecodeConfig(64, 2, 3), 8, 132)[0] == -(-att.SPLIT_TARGET_PROGRAMS_PER_SM * 132 // 8)
+    # a config's own minimum chunk (min_chunk_tokens): one warp of 16 keys per tile, chunks of 128 keys = 8 tiles
+    one = att.DecodeConfig(16, 1, 1, programs_per_sm=16, min_chunk_tokens=128)
+    assert att.decode_programs(one, 8, 132) == (264, 8)
+    assert att.decode_programs(dataclasses.replace(one, min_chunk_tokens=None), 8, 132) == (
+        264, att.SPLIT_MIN_CHUNK_TOKENS // 16)
+    # one 8K request over 8 KV heads: chunks of 128 keys give 64 chunks per head where 512 gave 16
+    assert att.decode_split(1, 8, 128, 16, 512, 132, one).chunks == 64
+    assert att.decode_split(1, 8, 128, 16, 512, 132, dataclasses.replace(one, min_chunk_tokens=None)).chunks == 16
     with att.override_configs(num_splits=5):
         assert att.decode_programs(cfg, 8, 132) == (5, 1)
     # chunks <= programs + batch, and <= batch * cdiv(max_tiles, min_tiles); slots <= programs

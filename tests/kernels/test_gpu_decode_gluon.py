@@ -26,40 +26,55 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a 
 bf16, fp16 = torch.bfloat16, torch.float16
 # the default of <= 8 rows (lean + kt_logits + page_tile); CONFIGS[0]
 DEFAULT = att._DECODE_CONFIGS_GLUON[128]
-CONFIGS = [pytest.param(c, id=f"n{c.block_n}-w{c.num_warps}-r{c.maxnreg}{'-cvt8' if c.e4m3_cvt else ''}"
-                             f"{'-kt' if c.kt_logits else ''}{'-lean' if c.lean else ''}{'-skew' if c.skew_logits else ''}"
-                             f"{'-pagetile' if c.page_tile else ''}{'-shr' if c.imad_shr else ''}"
-                             f"{'-lazy' if c.lazy_rescale else ''}")
-           for c in (DEFAULT, att.GLUON_DECODE_CONFIGS[2], att.GLUON_DECODE_CONFIGS[-1],
-                     next(c for c in att.GLUON_DECODE_CONFIGS if c.kt_logits),
-                     att.GLUON_FP32_SCALES_CONFIG,
-                     next(c for c in att.GLUON_DECODE_CONFIGS if c.lean and c.kt_logits),
-                     next(c for c in att.GLUON_DECODE_CONFIGS if c.skew_logits),
-                     *(c for c in att.GLUON_DECODE_CONFIGS if c.page_tile and c.num_warps > 1 and c != DEFAULT),
-                     next(c for c in att.GLUON_DECODE_CONFIGS if c.lazy_rescale),
-                     att.GLUON_DECODE_CONFIGS[0])]  # lean: the default of 9-16 rows
+_G = att.GLUON_DECODE_CONFIGS
 
 
-@pytest.fixture(params=[(0, {}), (1, {}), (2, {}), (3, {}), (4, {}), (0, {"sliding_window": 2000, "use_sinks": True}),
-                        (0, {"logits_soft_cap": 30.0, "scale_as_tensor": True}),
-                        (3, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0}),
-                        (4, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0,
-                             "scale_as_tensor": True}),
-                        (5, {}), (5, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0}),
-                        (6, {}), (6, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0,
-                                      "scale_as_tensor": True}),
-                        (7, {}), (7, {"use_sinks": True, "logits_soft_cap": 30.0, "scale_as_tensor": True}),
-                        (8, {}), (0, {"use_sinks": True, "logits_soft_cap": 30.0}), (9, {}),
-                        (10, {"use_sinks": True, "logits_soft_cap": 30.0, "scale_as_tensor": True}), (11, {}),
-                        (11, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0}), (12, {}),
-                        (12, {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0})],
-                ids=["default", "n32-w2", "placed", "kt", "fp32-scales", "default-window-sinks", "default-softcap",
-                     "kt-all", "fp32-scales-all", "lean-kt", "lean-kt-all", "skew", "skew-all", "page-tile",
-                     "page-tile-softcap-sinks", "page-tile-skew", "default-softcap-sinks", "page-tile-shr",
-                     "page-tile-lean-kt-shr-softcap-sinks", "lazy-one-warp", "lazy-one-warp-all", "lean", "lean-all"])
+def _id(c: att.DecodeConfig) -> str:
+    return (f"n{c.block_n}-w{c.num_warps}-r{c.maxnreg}{'-cvt8' if c.e4m3_cvt else ''}{'-kt' if c.kt_logits else ''}"
+            f"{'-lean' if c.lean else ''}{'-skew' if c.skew_logits else ''}{'-pagetile' if c.page_tile else ''}"
+            f"{'-shr' if c.imad_shr else ''}{'-lazy' if c.lazy_rescale else ''}"
+            f"{f'-c{c.min_chunk_tokens}' if c.min_chunk_tokens else ''}")
+
+
+_NAMED = {
+    "default": DEFAULT,
+    "n32-w2": _G[2],
+    "placed": _G[-1],  # the bit placement (SM80/86)
+    "kt": next(c for c in _G if c.kt_logits),
+    "fp32-scales": att.GLUON_FP32_SCALES_CONFIG,
+    "lean-kt": next(c for c in _G if c.lean and c.kt_logits),
+    "skew": next(c for c in _G if c.skew_logits),
+    "page-tile": next(c for c in _G if c.page_tile),
+    "page-tile-skew": next(c for c in _G if c.page_tile and c.skew_logits),
+    "page-tile-shr": next(c for c in _G if c.page_tile and c.imad_shr),
+    "page-tile-lean-kt-shr": next(c for c in _G if c.page_tile and c.imad_shr and c.kt_logits),
+    "lazy-one-warp": next(c for c in _G if c.lazy_rescale),
+    "lean": _G[0],  # the default of 9-16 rows
+}
+# every named config, then the sweep's other page_tile configs (one and two warps, other chunk sizes)
+CONFIGS = [pytest.param(c, id=_id(c)) for c in dict.fromkeys(
+    [*_NAMED.values(), *(c for c in _G if c.page_tile)])]
+assert len({p.id for p in CONFIGS}) == len(CONFIGS)
+_ALL = {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0}
+_ROWS = [("default", {}), ("n32-w2", {}), ("placed", {}), ("kt", {}), ("fp32-scales", {}),
+         ("default", {"sliding_window": 2000, "use_sinks": True}),
+         ("default", {"logits_soft_cap": 30.0, "scale_as_tensor": True}),
+         ("default", {"use_sinks": True, "logits_soft_cap": 30.0}),
+         ("kt", _ALL), ("fp32-scales", {**_ALL, "scale_as_tensor": True}), ("lean-kt", {}), ("lean-kt", _ALL),
+         ("skew", {}), ("skew", {**_ALL, "scale_as_tensor": True}), ("page-tile", {}),
+         ("page-tile", {"use_sinks": True, "logits_soft_cap": 30.0, "scale_as_tensor": True}), ("page-tile-skew", {}),
+         ("page-tile-shr", {}),
+         ("page-tile-lean-kt-shr", {"use_sinks": True, "logits_soft_cap": 30.0, "scale_as_tensor": True}),
+         ("lazy-one-warp", {}), ("lazy-one-warp", _ALL), ("lean", {}), ("lean", _ALL)]
+_ROW_IDS = [n + ("" if not f else "-window-sinks" if f == {"sliding_window": 2000, "use_sinks": True}
+                 else "-softcap" if "use_sinks" not in f else "-softcap-sinks" if "sliding_window" not in f else "-all")
+            for n, f in _ROWS]
+
+
+@pytest.fixture(params=_ROWS, ids=_ROW_IDS)
 def cfg_rows(request):
-    i, feats = request.param
-    return CONFIGS[i].values[0], feats
+    name, feats = request.param
+    return _NAMED[name], feats
 
 
 def _ran_gluon() -> bool:

@@ -1217,6 +1217,10 @@ class DecodeConfig:
     # of one warp can branch on its own state): the unmasked tiles rescale the accumulator only when a row's maximum
     # grows by more than 2^8 (decode_gluon, LAZY). Exact. Opt-in, not yet run on a GPU
     lazy_rescale: bool = False
+    # keys per chunk of the work split at least (None: SPLIT_MIN_CHUNK_TOKENS). A program of fewer warps holds fewer keys
+    # per tile: at 512 keys a one-warp program's warp walks 4x the keys of a four-warp program's, and one 8K request
+    # splits into 16 one-warp programs per KV head (BENCHMARKS.md run O, config 14: 1.76x the default's time)
+    min_chunk_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -1382,6 +1386,15 @@ GLUON_DECODE_CONFIGS = (
                  page_tile=True),
     DecodeConfig(block_n=16, num_warps=1, num_stages=1, programs_per_sm=12, gluon=True, e4m3_cvt=True, lean=True,
                  page_tile=True, lazy_rescale=True),
+    # the default's features on one warp (16 keys per tile) and on two (32), and the default, with chunks of 128 keys per
+    # warp at least (min_chunk_tokens; the default's 512 per 4-warp program); sm_90 (triton 3.6.0), unmasked loop per 16
+    # keys and warp: one warp 444 instructions, 121 registers under the cap (16 programs per SM), with the lazy rescale
+    # 468 and 124; two warps 432 and 122 (8 per SM); the default 430 and 122. Not yet run on a GPU
+    replace(_DECODE_CONFIGS_GLUON[128], block_n=16, num_warps=1, programs_per_sm=16, min_chunk_tokens=128),
+    replace(_DECODE_CONFIGS_GLUON[128], block_n=16, num_warps=1, programs_per_sm=16, min_chunk_tokens=128,
+            lazy_rescale=True),
+    replace(_DECODE_CONFIGS_GLUON[128], block_n=32, num_warps=2, programs_per_sm=8, min_chunk_tokens=256),
+    replace(_DECODE_CONFIGS_GLUON[128], min_chunk_tokens=256),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
@@ -1512,14 +1525,15 @@ def decode_programs(cfg: DecodeConfig, num_kv_heads: int, num_sms: int, waves: i
     shared out over about ``programs * num_kv_heads`` equal chunks, ``waves`` waves of resident
     programs (``cfg.programs_per_sm * num_sms`` each; :func:`decode_waves` picks the count from the
     batch size) whatever the lengths, each of at least
-    ``SPLIT_MIN_CHUNK_TOKENS`` keys so that the partial results stay cheap to merge.
+    ``cfg.min_chunk_tokens`` (default ``SPLIT_MIN_CHUNK_TOKENS``) keys so that the partial results stay cheap to
+    merge.
     ``override_configs(num_splits=P)`` forces ``P`` programs per KV head and chunks of any size
     (``min_tiles`` 1): ``P = 1`` gives every request one chunk, i.e. no split.
     """
     if "num_splits" in _overrides:
         return max(1, int(_overrides["num_splits"])), 1
     wave = max(1, waves) * (cfg.programs_per_sm or SPLIT_TARGET_PROGRAMS_PER_SM) * num_sms
-    return max(1, -(-wave // max(1, num_kv_heads))), max(1, SPLIT_MIN_CHUNK_TOKENS // cfg.block_n)
+    return max(1, -(-wave // max(1, num_kv_heads))), max(1, (cfg.min_chunk_tokens or SPLIT_MIN_CHUNK_TOKENS) // cfg.block_n)
 
 
 def decode_waves(batch: int, programs: int, min_tiles: int, max_tiles: int) -> int:
