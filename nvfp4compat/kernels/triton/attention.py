@@ -1386,14 +1386,17 @@ GLUON_DECODE_CONFIGS = (
                  page_tile=True),
     DecodeConfig(block_n=16, num_warps=1, num_stages=1, programs_per_sm=12, gluon=True, e4m3_cvt=True, lean=True,
                  page_tile=True, lazy_rescale=True),
-    # the default's features on one warp (16 keys per tile) and on two (32), and the default, with chunks of 128 keys per
-    # warp at least (min_chunk_tokens; the default's 512 per 4-warp program); sm_90 (triton 3.6.0), unmasked loop per 16
-    # keys and warp: one warp 444 instructions, 121 registers under the cap (16 programs per SM), with the lazy rescale
-    # 468 and 124; two warps 432 and 122 (8 per SM); the default 430 and 122. Not yet run on a GPU
-    replace(_DECODE_CONFIGS_GLUON[128], block_n=16, num_warps=1, programs_per_sm=16, min_chunk_tokens=128),
-    replace(_DECODE_CONFIGS_GLUON[128], block_n=16, num_warps=1, programs_per_sm=16, min_chunk_tokens=128,
+    # the default's features on one warp (16 keys per tile) and on two (32), with chunks of 128 keys per warp at least
+    # (min_chunk_tokens; the default's 512 per 4-warp program), and the default with chunks of 256. Smaller programs fit
+    # a tighter cap: sm_90 (triton 3.6.0), unmasked loop per 16 keys and warp, without spill: one warp capped at 104
+    # registers 434 instructions (19 programs, i.e. warps, per SM; at 96 it spills 48 B), with the lazy rescale at 112
+    # 458 (18; at 104 it spills); two warps at 104 431 (9 programs, 18 warps); the default 430 at 122 (16 warps; at
+    # 112 no spill but still 4 programs, at 96 56 B spilled). With triton 3.9.0 the two-warp one spills 24-56 B on
+    # sm_80-90, the one-warp ones 8 B on sm_100 / sm_120 (lazy). Not yet run on a GPU
+    replace(_DECODE_CONFIGS_GLUON[128], block_n=16, num_warps=1, maxnreg=104, programs_per_sm=19, min_chunk_tokens=128),
+    replace(_DECODE_CONFIGS_GLUON[128], block_n=16, num_warps=1, maxnreg=112, programs_per_sm=18, min_chunk_tokens=128,
             lazy_rescale=True),
-    replace(_DECODE_CONFIGS_GLUON[128], block_n=32, num_warps=2, programs_per_sm=8, min_chunk_tokens=256),
+    replace(_DECODE_CONFIGS_GLUON[128], block_n=32, num_warps=2, maxnreg=104, programs_per_sm=9, min_chunk_tokens=256),
     replace(_DECODE_CONFIGS_GLUON[128], min_chunk_tokens=256),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
