@@ -33,7 +33,7 @@ def _id(c: att.DecodeConfig) -> str:
     return (f"n{c.block_n}-w{c.num_warps}-r{c.maxnreg}{'-cvt8' if c.e4m3_cvt else ''}{'-kt' if c.kt_logits else ''}"
             f"{'-lean' if c.lean else ''}{'-skew' if c.skew_logits else ''}{'-pagetile' if c.page_tile else ''}"
             f"{'-shr' if c.imad_shr else ''}{'-lazy' if c.lazy_rescale else ''}"
-            f"{f'-c{c.min_chunk_tokens}' if c.min_chunk_tokens else ''}")
+            f"{f'-c{c.min_chunk_tokens}' if c.min_chunk_tokens else ''}{f'-ring{c.ring}' if c.ring else ''}")
 
 
 _NAMED = {

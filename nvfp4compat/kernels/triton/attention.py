@@ -1221,6 +1221,10 @@ class DecodeConfig:
     # per tile: at 512 keys a one-warp program's warp walks 4x the keys of a four-warp program's, and one 8K request
     # splits into 16 one-warp programs per KV head (BENCHMARKS.md run O, config 14: 1.76x the default's time)
     min_chunk_tokens: int | None = None
+    # with gluon and page_tile (where a launch takes it), n >= 2: the unmasked loop's K and V words pass through a ring of
+    # n tiles in shared memory, copied by cp.async n - 1 tiles ahead, in place of the one tile held ahead in registers
+    # (decode_gluon, RING); the block scales stay register loads one tile ahead. 0: off. Opt-in, not yet run on a GPU
+    ring: int = 0
 
 
 @dataclass(frozen=True)
@@ -1346,7 +1350,7 @@ _GLUON_MAX_PROGRAMS = 2**15
 _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "counter_ptr", "FUSED_MERGE",
                       "MERGE_CB", "SWAP_AB")
 _GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW", "PAGE_TILE", "IMAD_SHR",
-                      "LAZY", "TOK_K", "TOK_V", "TOK_KS", "TOK_VS")
+                      "LAZY", "TOK_K", "TOK_V", "TOK_KS", "TOK_VS", "RING")
 GLUON_DECODE_CONFIGS = (
     # the lean scales (the default from run N until run O; 9-16 rows still take it)
     _GLUON_LEAN,
@@ -1398,6 +1402,15 @@ GLUON_DECODE_CONFIGS = (
             lazy_rescale=True),
     replace(_DECODE_CONFIGS_GLUON[128], block_n=32, num_warps=2, maxnreg=104, programs_per_sm=9, min_chunk_tokens=256),
     replace(_DECODE_CONFIGS_GLUON[128], min_chunk_tokens=256),
+    # the K and V words through a shared-memory ring of 3 tiles (ring; cp.async two tiles ahead), on the default and on
+    # the one-warp config above. sm_90 (triton 3.6.0), unmasked loop per 16 keys and warp: the default 474 instructions
+    # against 430 (6 LDGSTS, 9 LDS and 2 barriers that Triton's shared-memory analysis inserts, against 5 LDG of
+    # words), 110 registers against 122 (still 4 programs per SM), 24 KB of rings per program; one warp 475 against 434
+    # at the 104 cap. The rings need the H100/H200's shared memory for these programs per SM (100 KB SMs fit fewer).
+    # Not yet run on a GPU
+    replace(_DECODE_CONFIGS_GLUON[128], ring=3),
+    replace(_DECODE_CONFIGS_GLUON[128], block_n=16, num_warps=1, maxnreg=104, programs_per_sm=19, min_chunk_tokens=128,
+            ring=3),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
@@ -2101,7 +2114,7 @@ def _run_decode(
                 PAGE_EVEN=d.page_size % 2 == 0 and d.window <= 0, OFF32=d.off32, CVT8=d.cvt8,
                 KT=_gluon_kt(d.cfg, d.group * qmax), LEAN=d.cfg.lean and d.cvt8, SKEW=d.cfg.skew_logits,
                 PAGE_TILE=tok[0] > 0, IMAD_SHR=d.cfg.imad_shr and d.cvt8, LAZY=d.cfg.lazy_rescale,
-                TOK_K=tok[0], TOK_V=tok[1], TOK_KS=tok[2], TOK_VS=tok[3],
+                TOK_K=tok[0], TOK_V=tok[1], TOK_KS=tok[2], TOK_VS=tok[3], RING=d.cfg.ring if tok[0] > 0 else 0,
             )  # fmt: skip
             launched = True
         except Exception as exc:  # a build failure on this GPU / triton: the plain kernel from now on
@@ -2585,6 +2598,7 @@ def aot_variants() -> dict[str, list[Any]]:
         # with it, the token strides of an NHD cache of 8 KV heads (64 data and 8 scale bytes per head and token)
         tok = (512, 512, 64, 64) if c["PAGE_TILE"] else (0, 0, 0, 0)
         c.update(zip(("TOK_K", "TOK_V", "TOK_KS", "TOK_VS"), tok, strict=True))
+        c["RING"] = cfg.ring if c["PAGE_TILE"] else 0
         # the E4M3 conversion where the launcher takes it: SM89+
         by_cc = (lambda cc: {"CVT8": cc >= 89, "LEAN": cfg.lean and cc >= 89, "IMAD_SHR": cfg.imad_shr and cc >= 89}
                  ) if cfg.e4m3_cvt else None

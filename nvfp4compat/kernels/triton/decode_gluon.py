@@ -43,9 +43,13 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from nvfp4compat.kernels.triton import attention_nvfp4 as fp4
+
+# cp.async of a tensor of pointers into shared memory: async_load from triton 3.7 on (async_copy_global_to_shared, its
+# name in 3.6, is removed in 3.9)
+_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 
 def _with_scale_register(text: str, cvt: str) -> str:
@@ -560,11 +564,21 @@ def _k_words_paged(
     ids of :func:`_warp_pages`: one row offset per warp plus the threads' offsets of :func:`_thread_offsets`, and no
     mask (every page id is a checked one; the slots stay inside the page). The scale pairs come back as int32
     (:func:`_wide`)."""
+    kw_ptr, ks_ptr = _k_ptrs_paged(n0, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks, TOK_K, TOK_KS,
+                                   LK, NW, KW, IT)
+    return gl.load(kw_ptr), _wide(gl.load(ks_ptr))
+
+
+@gluon.jit
+def _k_ptrs_paged(
+    n0, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks, TOK_K: gl.constexpr, TOK_KS: gl.constexpr,
+    LK: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr,
+):
+    """The pointers :func:`_k_words_paged` loads: the K words (``[NW, KW, 4, 4]`` int32) and scale pairs (uint16)."""
     row_k, row_ks = _page_rows(n0, pk, page_size, s_kp, TOK_K, TOK_KS, s_ksp, LK, NW, KW, IT)
-    kw = gl.load(((k_base + row_k) + off_k).to(gl.pointer_type(gl.int32)) + _iota(4, LK, 4, 2) * 4
-                 + _iota(4, LK, 4, 3))
-    ks = _wide(gl.load(((ks_base + row_ks) + off_ks).to(gl.pointer_type(gl.uint16)) + _iota(4, LK, 4, 2)))
-    return kw, ks
+    kw_ptr = ((k_base + row_k) + off_k).to(gl.pointer_type(gl.int32)) + _iota(4, LK, 4, 2) * 4 + _iota(4, LK, 4, 3)
+    ks_ptr = ((ks_base + row_ks) + off_ks).to(gl.pointer_type(gl.uint16)) + _iota(4, LK, 4, 2)
+    return kw_ptr, ks_ptr
 
 
 @gluon.jit
@@ -573,13 +587,54 @@ def _v_words_paged(
     TOK_V: gl.constexpr, TOK_VS: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr,
 ):
     """The V half of :func:`_k_words_paged`: the V words of the even and odd keys and their scale bytes (int32)."""
+    va_ptr, vb_ptr, vsa_ptr, vsb_ptr = _v_ptrs_paged(n0, pv, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb,
+                                                     off_vsa, off_vsb, TOK_V, TOK_VS, LV, NW, KW, IT)
+    return gl.load(va_ptr), gl.load(vb_ptr), _wide(gl.load(vsa_ptr)), _wide(gl.load(vsb_ptr))
+
+
+@gluon.jit
+def _v_ptrs_paged(
+    n0, pv, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
+    TOK_V: gl.constexpr, TOK_VS: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr,
+):
+    """The pointers :func:`_v_words_paged` loads: V words of the even and odd keys (``[NW, KW / 2, 8, 2]`` int32) and
+    their scale bytes."""
     row_v, row_vs = _page_rows(n0, pv, page_size, s_vp, TOK_V, TOK_VS, s_vsp, LV, NW, KW, IT)
     wv = _iota(2, LV, 4, 3)
-    va = gl.load(((v_base + row_v) + off_va).to(gl.pointer_type(gl.int32)) + wv)
-    vb = gl.load(((v_base + row_v) + off_vb).to(gl.pointer_type(gl.int32)) + wv)
-    vsa = _wide(gl.load((vs_base + row_vs) + off_vsa))
-    vsb = _wide(gl.load((vs_base + row_vs) + off_vsb))
-    return va, vb, vsa, vsb
+    va_ptr = ((v_base + row_v) + off_va).to(gl.pointer_type(gl.int32)) + wv
+    vb_ptr = ((v_base + row_v) + off_vb).to(gl.pointer_type(gl.int32)) + wv
+    return va_ptr, vb_ptr, (vs_base + row_vs) + off_vsa, (vs_base + row_vs) + off_vsb
+
+
+@gluon.jit
+def _ring_copy(n0, pk, pv, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring, va_ring, vb_ring,
+               stage, TOK_K: gl.constexpr, TOK_V: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr,
+               KW: gl.constexpr, IT: gl.constexpr):
+    """``RING``: start the copies of the tile at ``n0``'s K and V words into ``stage`` of the shared-memory rings
+    (``cp.async``, each thread the bytes it reads back) and commit them as one group. The block scales are not
+    copied (2- and 1-byte loads: below ``cp.async``'s 4 bytes)."""
+    row_k = _page_rows(n0, pk, page_size, s_kp, TOK_K, 0, s_kp, LK, NW, KW, IT)[0]
+    row_v = _page_rows(n0, pv, page_size, s_vp, TOK_V, 0, s_vp, LV, NW, KW, IT)[0]
+    kw_ptr = ((k_base + row_k) + off_k).to(gl.pointer_type(gl.int32)) + _iota(4, LK, 4, 2) * 4 + _iota(4, LK, 4, 3)
+    wv = _iota(2, LV, 4, 3)
+    _async_load(k_ring.index(stage), kw_ptr)
+    _async_load(va_ring.index(stage), ((v_base + row_v) + off_va).to(gl.pointer_type(gl.int32)) + wv)
+    _async_load(vb_ring.index(stage), ((v_base + row_v) + off_vb).to(gl.pointer_type(gl.int32)) + wv)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _scales_paged(
+    n0, pk, pv, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks, off_vsa, off_vsb,
+    TOK_KS: gl.constexpr, TOK_VS: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr,
+    KW: gl.constexpr, IT: gl.constexpr,
+):
+    """``RING``: the tile at ``n0``'s block scales (K pairs, V bytes of the even and odd keys; int32), loaded to
+    registers (:func:`_k_words_paged`'s and :func:`_v_words_paged`'s scale loads alone)."""
+    row_ks = _page_rows(n0, pk, page_size, s_ksp, TOK_KS, 0, s_ksp, LK, NW, KW, IT)[0]
+    row_vs = _page_rows(n0, pv, page_size, s_vsp, TOK_VS, 0, s_vsp, LV, NW, KW, IT)[0]
+    ks = _wide(gl.load(((ks_base + row_ks) + off_ks).to(gl.pointer_type(gl.uint16)) + _iota(4, LK, 4, 2)))
+    return ks, _wide(gl.load((vs_base + row_vs) + off_vsa)), _wide(gl.load((vs_base + row_vs) + off_vsb))
 
 
 @gluon.jit
@@ -861,7 +916,7 @@ def gluon_decode_kernel(
     OFF32: gl.constexpr = False, CVT8: gl.constexpr = False, KT: gl.constexpr = False, LEAN: gl.constexpr = False,
     SKEW: gl.constexpr = False, PAGE_TILE: gl.constexpr = False, IMAD_SHR: gl.constexpr = False,
     LAZY: gl.constexpr = False, TOK_K: gl.constexpr = 0, TOK_V: gl.constexpr = 0, TOK_KS: gl.constexpr = 0,
-    TOK_VS: gl.constexpr = 0,
+    TOK_VS: gl.constexpr = 0, RING: gl.constexpr = 0,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation,
     no fused merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
@@ -876,7 +931,10 @@ def gluon_decode_kernel(
     strides ``TOK_*`` as constexprs, the launcher's :func:`attention._gluon_token_strides`); ``IMAD_SHR`` (with
     ``CVT8``): the E4M3 decoders move the high nibbles' shift from the ALU pipe to the FMA pipe (:func:`_e4m3_cvt`);
     ``LAZY`` (one warp per program, ``NW == 1``): the unmasked tiles rescale the accumulator only when a row's maximum
-    grows by more than a factor ``2^_LAZY_TAU`` (:func:`_online_softmax_lazy`)."""
+    grows by more than a factor ``2^_LAZY_TAU`` (:func:`_online_softmax_lazy`); ``RING`` (``n >= 2``, with
+    ``PAGE_TILE``): the unmasked loop's K and V words pass through a ring of ``n`` tiles in shared memory, copied by
+    ``cp.async`` ``n - 1`` tiles ahead (:func:`_ring_copy`; each thread reads back the bytes it copied), in place of the
+    one tile held ahead in registers; the block scales stay register loads one tile ahead (:func:`_scales_paged`)."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
     gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
     gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
@@ -887,13 +945,14 @@ def gluon_decode_kernel(
     gl.static_assert(not KT or (ROWS8 and KW == 16), "the transposed logits (KT) take <= 8 rows and 16 keys per warp")
     gl.static_assert(not PAGE_TILE or (PAGE_POW2 and not HAS_WINDOW), "PAGE_TILE takes pages of 2^n keys, no window")
     gl.static_assert(not LAZY or NW == 1, "LAZY takes one warp per program (its branch is per program)")
+    gl.static_assert(RING == 0 or (RING >= 2 and PAGE_TILE and not SKEW), "RING takes PAGE_TILE, no SKEW, >= 2 tiles")
     gl.static_assert(not PAGE_TILE or (TOK_K > 0 and TOK_V > 0 and TOK_KS > 0 and TOK_VS > 0),
                      "PAGE_TILE takes the token strides as constexprs (TOK_K, TOK_V, TOK_KS, TOK_VS)")
     # PAGE_TILE's next V words are loaded, in source, after the P V of the current ones: on sm_90 (triton 3.6.0, when
     # it was chosen) the unmasked loop of 4 warps then had no register copies at its end (412 instructions per 16 keys
     # against 423, 155 registers against 168); with the skewed logits or one warp it had more (430 / 441 against
     # 424 / 423)
-    V_LATE: gl.constexpr = PAGE_TILE and NW > 1 and not SKEW
+    V_LATE: gl.constexpr = PAGE_TILE and NW > 1 and not SKEW and RING == 0
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1], instr_shape=[1, 16, 8])
     OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     LK: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [NW, 1, 1, 1], [3, 2, 1, 0])
@@ -1028,6 +1087,11 @@ def gluon_decode_kernel(
             bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
             MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, IMAD_SHR,
         )
+    if RING > 0:  # the unmasked loop's K / V words, RING tiles (no swizzle: each thread reads back its own bytes)
+        RL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0])
+        k_ring = gl.allocate_shared_memory(gl.int32, [RING, NW, KW, 4, 4], RL)
+        va_ring = gl.allocate_shared_memory(gl.int32, [RING, NW, KW // 2, 8, 2], RL)
+        vb_ring = gl.allocate_shared_memory(gl.int32, [RING, NW, KW // 2, 8, 2], RL)
     # unmasked tiles once every page id of theirs is checked: tile i + 1's words and tile i + 2's
     # page ids are loaded before tile i is decoded (nothing is read outside the checked pages: past b_end the loads
     # are masked, or with PAGE_TILE read the last checked page)
@@ -1049,10 +1113,23 @@ def gluon_decode_kernel(
             last = (end_key - 1) >> page_shift
             off_k, off_ks, off_va, off_vb, off_vsa, off_vsb = _thread_offsets(TOK_K, TOK_V, TOK_KS, TOK_VS, LK, LV, KW)
             pk, pa = _warp_pages(n0, last, bt_row, page_shift, LK, LV, NW, KW)
-            kw, ks = _k_words_paged(n0, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks, TOK_K, TOK_KS,
-                                    LK, NW, KW, IT)
-            va, vb, vsa, vsb = _v_words_paged(n0, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa,
-                                              off_vsb, TOK_V, TOK_VS, LV, NW, KW, IT)
+            if RING > 0:
+                # tiles 0 .. RING - 2 of the range into the ring, tile 0's scales to registers; then the page ids of
+                # tile 1 (its scales, loaded in step 0) and of tile RING - 1 (copied in step 0)
+                ks, vsa, vsb = _scales_paged(n0, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks, off_vsa,
+                                             off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+                _ring_copy(n0, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring, va_ring,
+                           vb_ring, 0, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                for r in gl.static_range(1, RING - 1):
+                    pk_r, pa_r = _warp_pages(n0 + r * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                    _ring_copy(n0 + r * BLOCK_N, pk_r, pa_r, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
+                               off_vb, k_ring, va_ring, vb_ring, r, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                pk_c, pa_c = _warp_pages(n0 + (RING - 1) * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+            else:
+                kw, ks = _k_words_paged(n0, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks, TOK_K, TOK_KS,
+                                        LK, NW, KW, IT)
+                va, vb, vsa, vsb = _v_words_paged(n0, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb,
+                                                  off_vsa, off_vsb, TOK_V, TOK_VS, LV, NW, KW, IT)
             pk, pa = _warp_pages(n0 + BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
         else:
             pk, pa, pb = _tile_pages(n0, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
@@ -1067,54 +1144,82 @@ def gluon_decode_kernel(
             s_cur = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
         for i in range(b_begin, b_end):
             n0 = kv_lo + i * BLOCK_N
-            if PAGE_TILE:
-                # the next tile's K words here, its V words here or (V_LATE) after this tile's P V (below)
-                kw_n, ks_n = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks,
-                                            TOK_K, TOK_KS, LK, NW, KW, IT)
-                if not V_LATE:
-                    va_n, vb_n, vsa_n, vsb_n = _v_words_paged(
-                        n0 + BLOCK_N, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
-                        TOK_V, TOK_VS, LV, NW, KW, IT,
-                    )
-                pa_n = pa
+            if RING > 0:
+                # copy tile i + RING - 1 into the stage tile i - 1 held; tile i + 1's scales to registers; the next
+                # step's page ids; then wait for tile i's copies and read its words back
+                _ring_copy(n0 + (RING - 1) * BLOCK_N, pk_c, pa_c, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
+                           off_vb, k_ring, va_ring, vb_ring, (i - b_begin + RING - 1) % RING, TOK_K, TOK_V, LK, LV, NW,
+                           KW, IT)
+                ks_n, vsa_n, vsb_n = _scales_paged(n0 + BLOCK_N, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp,
+                                                   off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
                 pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-            else:
-                kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
-                    n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
-                    k_base, v_base, ks_base, vs_base, s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst,
-                    LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
-                )
-                pk, pa, pb = _tile_pages(
-                    n0 + 2 * BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
-                )
-            if SKEW:
-                acc, m_i, l_i = _softmax_pv(
-                    acc, m_i, l_i, s_cur, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
-                    bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
-                    MMA, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, q_op.dtype,
-                    IMAD_SHR, LAZY,
-                )
-                # the next tile's logits (past the range its words are zeros, or with PAGE_TILE a checked page's, and
-                # these logits go unused)
-                s_cur = _logits(q_op, kw_n, ks_n, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
-            else:
+                if RING == 2:
+                    pk_c, pa_c = pk, pa
+                else:
+                    pk_c, pa_c = _warp_pages(n0 + RING * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                async_copy.wait_group(RING - 1)
+                st = (i - b_begin) % RING
+                kw = k_ring.index(st).load(LK)
+                va = va_ring.index(st).load(LV)
+                vb = vb_ring.index(st).load(LV)
                 acc, m_i, l_i = _attend(
                     acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
                     bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
                     MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
                     IMAD_SHR, LAZY,
                 )
-                kw, ks = kw_n, ks_n
-            if V_LATE:
-                # in source after the P V that reads this tile's V words, so that the next tile's take their registers
-                # (no copy at the loop's end; ptxas still issues these loads mid-step, once the current words are
-                # decoded)
-                va, vb, vsa, vsb = _v_words_paged(
-                    n0 + BLOCK_N, pa_n, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
-                    TOK_V, TOK_VS, LV, NW, KW, IT,
-                )
+                ks, vsa, vsb = ks_n, vsa_n, vsb_n
             else:
-                va, vb, vsa, vsb = va_n, vb_n, vsa_n, vsb_n
+                if PAGE_TILE:
+                    # the next tile's K words here, its V words here or (V_LATE) after this tile's P V (below)
+                    kw_n, ks_n = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k,
+                                                off_ks, TOK_K, TOK_KS, LK, NW, KW, IT)
+                    if not V_LATE:
+                        va_n, vb_n, vsa_n, vsb_n = _v_words_paged(
+                            n0 + BLOCK_N, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
+                            TOK_V, TOK_VS, LV, NW, KW, IT,
+                        )
+                    pa_n = pa
+                    pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                else:
+                    kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
+                        n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
+                        k_base, v_base, ks_base, vs_base, s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst,
+                        LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
+                    )
+                    pk, pa, pb = _tile_pages(
+                        n0 + 2 * BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
+                    )
+                if SKEW:
+                    acc, m_i, l_i = _softmax_pv(
+                        acc, m_i, l_i, s_cur, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+                        bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
+                        MMA, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
+                        q_op.dtype, IMAD_SHR, LAZY,
+                    )
+                    # the next tile's logits (past the range its words are zeros, or with PAGE_TILE a checked page's,
+                    # and these logits go unused)
+                    s_cur = _logits(q_op, kw_n, ks_n, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
+                else:
+                    acc, m_i, l_i = _attend(
+                        acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+                        bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
+                        MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
+                        IMAD_SHR, LAZY,
+                    )
+                    kw, ks = kw_n, ks_n
+                if V_LATE:
+                    # in source after the P V that reads this tile's V words, so that the next tile's take their
+                    # registers (no copy at the loop's end; ptxas still issues these loads mid-step, once the current
+                    # words are decoded)
+                    va, vb, vsa, vsb = _v_words_paged(
+                        n0 + BLOCK_N, pa_n, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
+                        TOK_V, TOK_VS, LV, NW, KW, IT,
+                    )
+                else:
+                    va, vb, vsa, vsb = va_n, vb_n, vsa_n, vsb_n
+        if RING > 0:  # the copies past the range (their words unused) land before the ring's memory is reused
+            async_copy.wait_group(0)
     # masked tiles from the causal diagonal / sequence end on
     c_begin = gl.maximum(b_begin, b_end)
     for i in range(c_begin, t_end):
