@@ -183,6 +183,8 @@ def test_decoder_texts_reach_the_kernel_cache_key(monkeypatch):
         for obj in vars(dg).values():
             if isinstance(obj, JITCallable):
                 obj.hash = None
+                # the globals each function read when it was last hashed (triton 3.6 refuses a changed value there)
+                obj.__dict__.get("used_global_vals", {}).clear()
         return dg.gluon_decode_kernel.cache_key
 
     before = key()
