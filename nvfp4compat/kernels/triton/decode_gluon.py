@@ -546,13 +546,49 @@ def _wide(x):
 
 
 @gluon.jit
-def _page_rows(n0, p, page_size, s_p, TOK: gl.constexpr, TOK_S: gl.constexpr, s_sp, L: gl.constexpr, NW: gl.constexpr,
-               KW: gl.constexpr, IT: gl.constexpr):
-    """``PAGE_TILE``: the byte offsets of each warp's first key of the tile at ``n0`` in a data tensor and its scale
-    tensor (``IT``, one per warp, in layout ``L``), at the warp's page id ``p`` (:func:`_warp_pages`)."""
+def _page_row(n0, p, page_size, s_p, TOK: gl.constexpr, L: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr,
+              IT: gl.constexpr):
+    """``PAGE_TILE``: the byte offset of each warp's first key of the tile at ``n0`` in one cache tensor (page stride
+    ``s_p``, token stride ``TOK``; ``IT``, one per warp, in layout ``L``), at the warp's page id ``p``
+    (:func:`_warp_pages`)."""
     slot = ((n0 + _iota(NW, L, 4, 0) * KW) & (page_size - 1)).to(IT)
-    p_ = p.to(IT)
-    return p_ * s_p + slot * TOK, p_ * s_sp + slot * TOK_S
+    return p.to(IT) * s_p + slot * TOK
+
+
+@gluon.jit
+def _k_word_ptrs(n0, pk, page_size, k_base, s_kp, off_k, TOK_K: gl.constexpr, LK: gl.constexpr, NW: gl.constexpr,
+                 KW: gl.constexpr, IT: gl.constexpr):
+    """``PAGE_TILE``: the tile at ``n0``'s K words (``[NW, KW, 4, 4]`` int32): one row offset per warp
+    (:func:`_page_row`) plus the threads' offsets of :func:`_thread_offsets`."""
+    row_k = _page_row(n0, pk, page_size, s_kp, TOK_K, LK, NW, KW, IT)
+    return ((k_base + row_k) + off_k).to(gl.pointer_type(gl.int32)) + _iota(4, LK, 4, 2) * 4 + _iota(4, LK, 4, 3)
+
+
+@gluon.jit
+def _k_scale_ptrs(n0, pk, page_size, ks_base, s_ksp, off_ks, TOK_KS: gl.constexpr, LK: gl.constexpr,
+                  NW: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr):
+    """``PAGE_TILE``: the tile at ``n0``'s K scale pairs (uint16), in the layout of :func:`_k_word_ptrs`."""
+    row_ks = _page_row(n0, pk, page_size, s_ksp, TOK_KS, LK, NW, KW, IT)
+    return ((ks_base + row_ks) + off_ks).to(gl.pointer_type(gl.uint16)) + _iota(4, LK, 4, 2)
+
+
+@gluon.jit
+def _v_word_ptrs(n0, pv, page_size, v_base, s_vp, off_va, off_vb, TOK_V: gl.constexpr, LV: gl.constexpr,
+                 NW: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr):
+    """``PAGE_TILE``: the tile at ``n0``'s V words of the even and odd keys (``[NW, KW / 2, 8, 2]`` int32 each)."""
+    row_v = _page_row(n0, pv, page_size, s_vp, TOK_V, LV, NW, KW, IT)
+    wv = _iota(2, LV, 4, 3)
+    return (((v_base + row_v) + off_va).to(gl.pointer_type(gl.int32)) + wv,
+            ((v_base + row_v) + off_vb).to(gl.pointer_type(gl.int32)) + wv)
+
+
+@gluon.jit
+def _v_scale_ptrs(n0, pv, page_size, vs_base, s_vsp, off_vsa, off_vsb, TOK_VS: gl.constexpr, LV: gl.constexpr,
+                  NW: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr):
+    """``PAGE_TILE``: the tile at ``n0``'s V scale bytes of the even and odd keys, in the layout of
+    :func:`_v_word_ptrs`."""
+    row_vs = _page_row(n0, pv, page_size, s_vsp, TOK_VS, LV, NW, KW, IT)
+    return (vs_base + row_vs) + off_vsa, (vs_base + row_vs) + off_vsb
 
 
 @gluon.jit
@@ -561,24 +597,10 @@ def _k_words_paged(
     LK: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr,
 ):
     """The K half of :func:`_tile_words` for a tile whose warps' keys each lie in one page (``PAGE_TILE``), at the page
-    ids of :func:`_warp_pages`: one row offset per warp plus the threads' offsets of :func:`_thread_offsets`, and no
-    mask (every page id is a checked one; the slots stay inside the page). The scale pairs come back as int32
-    (:func:`_wide`)."""
-    kw_ptr, ks_ptr = _k_ptrs_paged(n0, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks, TOK_K, TOK_KS,
-                                   LK, NW, KW, IT)
-    return gl.load(kw_ptr), _wide(gl.load(ks_ptr))
-
-
-@gluon.jit
-def _k_ptrs_paged(
-    n0, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks, TOK_K: gl.constexpr, TOK_KS: gl.constexpr,
-    LK: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr,
-):
-    """The pointers :func:`_k_words_paged` loads: the K words (``[NW, KW, 4, 4]`` int32) and scale pairs (uint16)."""
-    row_k, row_ks = _page_rows(n0, pk, page_size, s_kp, TOK_K, TOK_KS, s_ksp, LK, NW, KW, IT)
-    kw_ptr = ((k_base + row_k) + off_k).to(gl.pointer_type(gl.int32)) + _iota(4, LK, 4, 2) * 4 + _iota(4, LK, 4, 3)
-    ks_ptr = ((ks_base + row_ks) + off_ks).to(gl.pointer_type(gl.uint16)) + _iota(4, LK, 4, 2)
-    return kw_ptr, ks_ptr
+    ids of :func:`_warp_pages`: no mask (every page id is a checked one; the slots stay inside the page). The scale
+    pairs come back as int32 (:func:`_wide`)."""
+    kw = gl.load(_k_word_ptrs(n0, pk, page_size, k_base, s_kp, off_k, TOK_K, LK, NW, KW, IT))
+    return kw, _wide(gl.load(_k_scale_ptrs(n0, pk, page_size, ks_base, s_ksp, off_ks, TOK_KS, LK, NW, KW, IT)))
 
 
 @gluon.jit
@@ -587,23 +609,9 @@ def _v_words_paged(
     TOK_V: gl.constexpr, TOK_VS: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr,
 ):
     """The V half of :func:`_k_words_paged`: the V words of the even and odd keys and their scale bytes (int32)."""
-    va_ptr, vb_ptr, vsa_ptr, vsb_ptr = _v_ptrs_paged(n0, pv, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb,
-                                                     off_vsa, off_vsb, TOK_V, TOK_VS, LV, NW, KW, IT)
+    va_ptr, vb_ptr = _v_word_ptrs(n0, pv, page_size, v_base, s_vp, off_va, off_vb, TOK_V, LV, NW, KW, IT)
+    vsa_ptr, vsb_ptr = _v_scale_ptrs(n0, pv, page_size, vs_base, s_vsp, off_vsa, off_vsb, TOK_VS, LV, NW, KW, IT)
     return gl.load(va_ptr), gl.load(vb_ptr), _wide(gl.load(vsa_ptr)), _wide(gl.load(vsb_ptr))
-
-
-@gluon.jit
-def _v_ptrs_paged(
-    n0, pv, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
-    TOK_V: gl.constexpr, TOK_VS: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr,
-):
-    """The pointers :func:`_v_words_paged` loads: V words of the even and odd keys (``[NW, KW / 2, 8, 2]`` int32) and
-    their scale bytes."""
-    row_v, row_vs = _page_rows(n0, pv, page_size, s_vp, TOK_V, TOK_VS, s_vsp, LV, NW, KW, IT)
-    wv = _iota(2, LV, 4, 3)
-    va_ptr = ((v_base + row_v) + off_va).to(gl.pointer_type(gl.int32)) + wv
-    vb_ptr = ((v_base + row_v) + off_vb).to(gl.pointer_type(gl.int32)) + wv
-    return va_ptr, vb_ptr, (vs_base + row_vs) + off_vsa, (vs_base + row_vs) + off_vsb
 
 
 @gluon.jit
@@ -613,13 +621,11 @@ def _ring_copy(n0, pk, pv, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
     """``RING``: start the copies of the tile at ``n0``'s K and V words into ``stage`` of the shared-memory rings
     (``cp.async``, each thread the bytes it reads back) and commit them as one group. The block scales are not
     copied (2- and 1-byte loads: below ``cp.async``'s 4 bytes)."""
-    row_k = _page_rows(n0, pk, page_size, s_kp, TOK_K, 0, s_kp, LK, NW, KW, IT)[0]
-    row_v = _page_rows(n0, pv, page_size, s_vp, TOK_V, 0, s_vp, LV, NW, KW, IT)[0]
-    kw_ptr = ((k_base + row_k) + off_k).to(gl.pointer_type(gl.int32)) + _iota(4, LK, 4, 2) * 4 + _iota(4, LK, 4, 3)
-    wv = _iota(2, LV, 4, 3)
+    kw_ptr = _k_word_ptrs(n0, pk, page_size, k_base, s_kp, off_k, TOK_K, LK, NW, KW, IT)
+    va_ptr, vb_ptr = _v_word_ptrs(n0, pv, page_size, v_base, s_vp, off_va, off_vb, TOK_V, LV, NW, KW, IT)
     _async_load(k_ring.index(stage), kw_ptr)
-    _async_load(va_ring.index(stage), ((v_base + row_v) + off_va).to(gl.pointer_type(gl.int32)) + wv)
-    _async_load(vb_ring.index(stage), ((v_base + row_v) + off_vb).to(gl.pointer_type(gl.int32)) + wv)
+    _async_load(va_ring.index(stage), va_ptr)
+    _async_load(vb_ring.index(stage), vb_ptr)
     async_copy.commit_group()
 
 
@@ -631,10 +637,9 @@ def _scales_paged(
 ):
     """``RING``: the tile at ``n0``'s block scales (K pairs, V bytes of the even and odd keys; int32), loaded to
     registers (:func:`_k_words_paged`'s and :func:`_v_words_paged`'s scale loads alone)."""
-    row_ks = _page_rows(n0, pk, page_size, s_ksp, TOK_KS, 0, s_ksp, LK, NW, KW, IT)[0]
-    row_vs = _page_rows(n0, pv, page_size, s_vsp, TOK_VS, 0, s_vsp, LV, NW, KW, IT)[0]
-    ks = _wide(gl.load(((ks_base + row_ks) + off_ks).to(gl.pointer_type(gl.uint16)) + _iota(4, LK, 4, 2)))
-    return ks, _wide(gl.load((vs_base + row_vs) + off_vsa)), _wide(gl.load((vs_base + row_vs) + off_vsb))
+    ks = _wide(gl.load(_k_scale_ptrs(n0, pk, page_size, ks_base, s_ksp, off_ks, TOK_KS, LK, NW, KW, IT)))
+    vsa_ptr, vsb_ptr = _v_scale_ptrs(n0, pv, page_size, vs_base, s_vsp, off_vsa, off_vsb, TOK_VS, LV, NW, KW, IT)
+    return ks, _wide(gl.load(vsa_ptr)), _wide(gl.load(vsb_ptr))
 
 
 @gluon.jit
