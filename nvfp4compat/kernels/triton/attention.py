@@ -1217,9 +1217,9 @@ class DecodeConfig:
     # of one warp can branch on its own state): the unmasked tiles rescale the accumulator only when a row's maximum
     # grows by more than 2^8 (decode_gluon, LAZY). Exact. Opt-in, not yet run on a GPU
     lazy_rescale: bool = False
-    # keys per chunk of the work split at least (None: SPLIT_MIN_CHUNK_TOKENS). A program of fewer warps holds fewer keys
-    # per tile: at 512 keys a one-warp program's warp walks 4x the keys of a four-warp program's, and one 8K request
-    # splits into 16 one-warp programs per KV head (BENCHMARKS.md run O, config 14: 1.76x the default's time)
+    # keys per chunk of the work split at least (None: SPLIT_MIN_CHUNK_TOKENS). A program of fewer warps holds fewer
+    # keys per tile: at 512 keys a one-warp program's warp walks 4x the keys of a four-warp program's, and one 8K
+    # request splits into 16 one-warp programs per KV head (BENCHMARKS.md run O, config 14: 1.76x the default's time)
     min_chunk_tokens: int | None = None
     # with gluon and page_tile (where a launch takes it), n >= 2: the unmasked loop's K and V words pass through a ring of
     # n tiles in shared memory, copied by cp.async n - 1 tiles ahead, in place of the one tile held ahead in registers
@@ -1341,6 +1341,9 @@ GLUON_ROWS16_PROGRAMS_PER_SM = 2
 _DECODE_CONFIGS_GLUON_ROWS16: dict[int, DecodeConfig] = {
     128: replace(_GLUON_LEAN, programs_per_sm=GLUON_ROWS16_PROGRAMS_PER_SM),
 }
+# the default's features on one warp per program (16 keys per tile), chunks of 128 keys (see GLUON_DECODE_CONFIGS)
+_GLUON_ONE_WARP = replace(_DECODE_CONFIGS_GLUON[128], block_n=16, num_warps=1, maxnreg=104, programs_per_sm=19,
+                          min_chunk_tokens=128)
 # set when the Gluon kernel failed to compile in this process: every later launch takes the plain-Triton kernel
 _gluon_failed = False
 # The Gluon kernel's work split divides in 32 bits and fp32 (decode_gluon._chunk_edge, _request_chunks), exact while a
@@ -1397,9 +1400,8 @@ GLUON_DECODE_CONFIGS = (
     # 458 (18; at 104 it spills); two warps at 104 431 (9 programs, 18 warps); the default 430 at 122 (16 warps; at
     # 112 no spill but still 4 programs, at 96 56 B spilled). With triton 3.9.0 the two-warp one spills 24-56 B on
     # sm_80-90, the one-warp ones 8 B on sm_100 / sm_120 (lazy). Not yet run on a GPU
-    replace(_DECODE_CONFIGS_GLUON[128], block_n=16, num_warps=1, maxnreg=104, programs_per_sm=19, min_chunk_tokens=128),
-    replace(_DECODE_CONFIGS_GLUON[128], block_n=16, num_warps=1, maxnreg=112, programs_per_sm=18, min_chunk_tokens=128,
-            lazy_rescale=True),
+    _GLUON_ONE_WARP,
+    replace(_GLUON_ONE_WARP, maxnreg=112, programs_per_sm=18, lazy_rescale=True),
     replace(_DECODE_CONFIGS_GLUON[128], block_n=32, num_warps=2, maxnreg=104, programs_per_sm=9, min_chunk_tokens=256),
     replace(_DECODE_CONFIGS_GLUON[128], min_chunk_tokens=256),
     # the K and V words through a shared-memory ring of 3 tiles (ring; cp.async two tiles ahead), on the default and on
@@ -1409,8 +1411,7 @@ GLUON_DECODE_CONFIGS = (
     # at the 104 cap. The rings need the H100/H200's shared memory for these programs per SM (100 KB SMs fit fewer).
     # Not yet run on a GPU
     replace(_DECODE_CONFIGS_GLUON[128], ring=3),
-    replace(_DECODE_CONFIGS_GLUON[128], block_n=16, num_warps=1, maxnreg=104, programs_per_sm=19, min_chunk_tokens=128,
-            ring=3),
+    replace(_GLUON_ONE_WARP, ring=3),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
@@ -1549,7 +1550,8 @@ def decode_programs(cfg: DecodeConfig, num_kv_heads: int, num_sms: int, waves: i
     if "num_splits" in _overrides:
         return max(1, int(_overrides["num_splits"])), 1
     wave = max(1, waves) * (cfg.programs_per_sm or SPLIT_TARGET_PROGRAMS_PER_SM) * num_sms
-    return max(1, -(-wave // max(1, num_kv_heads))), max(1, (cfg.min_chunk_tokens or SPLIT_MIN_CHUNK_TOKENS) // cfg.block_n)
+    min_tiles = (cfg.min_chunk_tokens or SPLIT_MIN_CHUNK_TOKENS) // cfg.block_n
+    return max(1, -(-wave // max(1, num_kv_heads))), max(1, min_tiles)
 
 
 def decode_waves(batch: int, programs: int, min_tiles: int, max_tiles: int) -> int:
@@ -1969,6 +1971,12 @@ def _gluon_eligible(query: torch.Tensor, head_dim: int, block_m: int, rotate: bo
     )
 
 
+def _gluon_ring(cfg: DecodeConfig, page_tile: bool) -> int:
+    """The Gluon kernel's ``RING`` for a launch with ``cfg``: the config's ring where the launch takes ``PAGE_TILE``
+    (the ring is a path of the page-tiled loop), else 0."""
+    return cfg.ring if page_tile else 0
+
+
 def _gluon_kt(cfg: DecodeConfig, rows: int) -> bool:
     """The Gluon kernel's ``KT`` for a launch of ``rows`` (``G x q_len``) with ``cfg``: the transposed logits where the
     config asks for them and the launch has the ``O^T`` orientation (<= 8 rows) and 16 keys per warp."""
@@ -2114,7 +2122,7 @@ def _run_decode(
                 PAGE_EVEN=d.page_size % 2 == 0 and d.window <= 0, OFF32=d.off32, CVT8=d.cvt8,
                 KT=_gluon_kt(d.cfg, d.group * qmax), LEAN=d.cfg.lean and d.cvt8, SKEW=d.cfg.skew_logits,
                 PAGE_TILE=tok[0] > 0, IMAD_SHR=d.cfg.imad_shr and d.cvt8, LAZY=d.cfg.lazy_rescale,
-                TOK_K=tok[0], TOK_V=tok[1], TOK_KS=tok[2], TOK_VS=tok[3], RING=d.cfg.ring if tok[0] > 0 else 0,
+                TOK_K=tok[0], TOK_V=tok[1], TOK_KS=tok[2], TOK_VS=tok[3], RING=_gluon_ring(d.cfg, tok[0] > 0),
             )  # fmt: skip
             launched = True
         except Exception as exc:  # a build failure on this GPU / triton: the plain kernel from now on
@@ -2598,7 +2606,7 @@ def aot_variants() -> dict[str, list[Any]]:
         # with it, the token strides of an NHD cache of 8 KV heads (64 data and 8 scale bytes per head and token)
         tok = (512, 512, 64, 64) if c["PAGE_TILE"] else (0, 0, 0, 0)
         c.update(zip(("TOK_K", "TOK_V", "TOK_KS", "TOK_VS"), tok, strict=True))
-        c["RING"] = cfg.ring if c["PAGE_TILE"] else 0
+        c["RING"] = _gluon_ring(cfg, c["PAGE_TILE"])
         # the E4M3 conversion where the launcher takes it: SM89+
         by_cc = (lambda cc: {"CVT8": cc >= 89, "LEAN": cfg.lean and cc >= 89, "IMAD_SHR": cfg.imad_shr and cc >= 89}
                  ) if cfg.e4m3_cvt else None
