@@ -55,23 +55,27 @@ _NAMED = {
 CONFIGS = [pytest.param(c, id=_id(c)) for c in dict.fromkeys(
     [*_NAMED.values(), *(c for c in _G if c.page_tile)])]
 assert len({p.id for p in CONFIGS}) == len(CONFIGS)
-_ALL = {"sliding_window": 2000, "use_sinks": True, "logits_soft_cap": 30.0}
-_ROWS = [("default", {}), ("n32-w2", {}), ("placed", {}), ("kt", {}), ("fp32-scales", {}),
-         ("default", {"sliding_window": 2000, "use_sinks": True}),
-         ("default", {"logits_soft_cap": 30.0, "scale_as_tensor": True}),
-         ("default", {"use_sinks": True, "logits_soft_cap": 30.0}),
-         ("kt", _ALL), ("fp32-scales", {**_ALL, "scale_as_tensor": True}), ("lean-kt", {}), ("lean-kt", _ALL),
-         ("skew", {}), ("skew", {**_ALL, "scale_as_tensor": True}), ("page-tile", {}),
-         ("page-tile", {"use_sinks": True, "logits_soft_cap": 30.0, "scale_as_tensor": True}), ("page-tile-skew", {}),
-         ("page-tile-shr", {}),
-         ("page-tile-lean-kt-shr", {"use_sinks": True, "logits_soft_cap": 30.0, "scale_as_tensor": True}),
-         ("lazy-one-warp", {}), ("lazy-one-warp", _ALL), ("lean", {}), ("lean", _ALL)]
-_ROW_IDS = [n + ("" if not f else "-window-sinks" if f == {"sliding_window": 2000, "use_sinks": True}
-                 else "-softcap" if "use_sinks" not in f else "-softcap-sinks" if "sliding_window" not in f else "-all")
-            for n, f in _ROWS]
+_WS = {"sliding_window": 2000, "use_sinks": True}
+_ALL = {**_WS, "logits_soft_cap": 30.0}
+_SOFTCAP_SINKS = {"use_sinks": True, "logits_soft_cap": 30.0}
+_TENSOR = {"scale_as_tensor": True}
+# (config name in _NAMED, run_case features), with the pair's test id
+_ROWS = [pytest.param((n, f), id=i) for i, n, f in [
+    ("default", "default", {}), ("n32-w2", "n32-w2", {}), ("placed", "placed", {}), ("kt", "kt", {}),
+    ("fp32-scales", "fp32-scales", {}), ("default-window-sinks", "default", _WS),
+    ("default-softcap", "default", {"logits_soft_cap": 30.0, **_TENSOR}),
+    ("default-softcap-sinks", "default", _SOFTCAP_SINKS), ("kt-all", "kt", _ALL),
+    ("fp32-scales-all", "fp32-scales", {**_ALL, **_TENSOR}), ("lean-kt", "lean-kt", {}),
+    ("lean-kt-all", "lean-kt", _ALL), ("skew", "skew", {}), ("skew-all", "skew", {**_ALL, **_TENSOR}),
+    ("page-tile", "page-tile", {}), ("page-tile-softcap-sinks", "page-tile", {**_SOFTCAP_SINKS, **_TENSOR}),
+    ("page-tile-skew", "page-tile-skew", {}), ("page-tile-shr", "page-tile-shr", {}),
+    ("page-tile-lean-kt-shr-softcap-sinks", "page-tile-lean-kt-shr", {**_SOFTCAP_SINKS, **_TENSOR}),
+    ("lazy-one-warp", "lazy-one-warp", {}), ("lazy-one-warp-all", "lazy-one-warp", _ALL), ("lean", "lean", {}),
+    ("lean-all", "lean", _ALL),
+]]
 
 
-@pytest.fixture(params=_ROWS, ids=_ROW_IDS)
+@pytest.fixture(params=_ROWS)
 def cfg_rows(request):
     name, feats = request.param
     return _NAMED[name], feats
