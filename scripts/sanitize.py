@@ -188,12 +188,14 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
             q = torch.randn(3 * q_len, hq, d, generator=gen).to(dtype).to(device)
             for splits, cfg, rot in ((1, None, None), (3, None, None), (3, att.PREFETCH_DECODE_CONFIG, None),
                                      (3, att.BYTE_SCALE_DECODE_CONFIGS[0], None), (3, None, "hadamard"),
-                                     (3, "fused merge", None), (1, att.GLUON_DECODE_CONFIGS[2], None),
+                                     (3, "fused merge", None), (3, "merge pdl", None),
+                                     (1, att.GLUON_DECODE_CONFIGS[2], None),
                                      (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.kt_logits), None),
                                      (3, att.GLUON_FP32_SCALES_CONFIG, None),
                                      (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.lean and c.kt_logits), None),
                                      (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.skew_logits), None),
-                                     *((sp, c, None) for sp, c in zip((3, 1, 3, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1), [
+                                     *((sp, c, None) for sp, c in zip((3, 1, 3, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1,
+                                                                       3, 1), [
                                          c for c in att.GLUON_DECODE_CONFIGS if c.page_tile], strict=True))):
                 for sname, t, s, kw, exc in (
                     ("valid", bt, sl, {}, None),
@@ -207,16 +209,20 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
                     a.update(kw)
 
                     def dec(out, t=t, s=s, a=a, q=q, q_len=q_len, splits=splits, cfg=cfg, rot=rot):
-                        fused = cfg == "fused merge"
-                        before = att.FUSED_MERGE
-                        att.FUSED_MERGE = fused or before
+                        # "fused merge" / "merge pdl": the module constant set for the call, the default config
+                        knob = {"fused merge": "FUSED_MERGE", "merge pdl": "MERGE_PDL"}.get(cfg) if isinstance(
+                            cfg, str) else None
+                        before = getattr(att, knob) if knob else None
+                        if knob:
+                            setattr(att, knob, True)
                         try:
-                            with att.override_configs(num_splits=splits, decode=None if fused else cfg):
+                            with att.override_configs(num_splits=splits, decode=None if knob else cfg):
                                 return att.decode(q, cache, sf, t, s, a["k_scale"], a["v_scale"],
                                                   sm_scale=a["sm_scale"], q_len_per_req=q_len, out=out,
                                                   return_lse=True, kv_rotation=rot)
                         finally:
-                            att.FUSED_MERGE = before
+                            if knob:
+                                setattr(att, knob, before)
 
                     pf = ("" if cfg is None else f" {cfg}" if isinstance(cfg, str)
                           else " prefetch" if cfg.prefetch
@@ -227,6 +233,7 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
                           + (" lazy" if cfg.lazy_rescale else "")
                           + (f" chunks of {cfg.min_chunk_tokens}" if cfg.min_chunk_tokens else "")
                           + (f" ring {cfg.ring}" if cfg.ring else "")
+                          + (" deferred sums" if cfg.defer_sum else "")
                           if cfg.page_tile
                           else " gluon skewed logits" if cfg.skew_logits
                           else " gluon lean transposed logits" if cfg.kt_logits and cfg.lean

@@ -715,6 +715,45 @@ def test_decode_config_takes_the_gluon_kernel_where_it_can():
         assert att.decode_config(128, 16, gluon=False) == att.GLUON_DECODE_CONFIGS[2]
 
 
+def test_merge_pdl_only_where_asked_for_on_sm90_cuda(monkeypatch):
+    """``MERGE_PDL``: the merge kernel becomes the decode kernel's programmatic dependent only where asked for, on a
+    CUDA device of SM90+ (``griddepcontrol``), outside the interpreter, and when there is a merge kernel (no
+    ``FUSED_MERGE``). Off by default."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    assert att.MERGE_PDL is False
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(att, "interpreting", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert not att._merge_pdl(cuda)  # not asked for
+    monkeypatch.setattr(att, "MERGE_PDL", True)
+    assert att._merge_pdl(cuda)
+    assert not att._merge_pdl(torch.device("cpu"))
+    for cc in ((8, 0), (8, 9)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, cc=cc: cc)
+        assert not att._merge_pdl(cuda), cc
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 0))
+    assert att._merge_pdl(cuda)
+    monkeypatch.setattr(att, "FUSED_MERGE", True)
+    assert not att._merge_pdl(cuda)
+    monkeypatch.setattr(att, "FUSED_MERGE", False)
+    monkeypatch.setattr(att, "interpreting", lambda: True)
+    assert not att._merge_pdl(cuda)
+    assert att._pdl_by_cc(89) == {"PDL": False} and att._pdl_by_cc(90) == {"PDL": True}
+
+
+def test_decode_with_merge_pdl_asked_for_on_the_cpu_matches_reference(monkeypatch):
+    """Asking for ``MERGE_PDL`` where it cannot apply (the interpreter) changes nothing: the split requests' merge
+    still runs, after the decode kernel, and the result is the reference's."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    monkeypatch.setattr(att, "MERGE_PDL", True)
+    with att.override_configs(decode=att.DecodeConfig(16, 4, 1), num_splits=3):
+        r = run_case("triton", "decode", seq_lens=[150, 1, 64], num_qo_heads=4, num_kv_heads=2, head_dim=64,
+                     dtype=fp16, return_lse=True, seed=5, use_sinks=True)
+    r.check()
+
+
 def test_gluon_eligibility():
     """What the Gluon kernel serves: bf16 or fp16, head_dim 128, <= 16 rows, no rotation, 16-byte data rows, 2-byte
     scale rows, no fused merge (every feature within that: windows, sinks, any page size, varlen rows); on the CPU

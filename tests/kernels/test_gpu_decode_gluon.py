@@ -33,7 +33,8 @@ def _id(c: att.DecodeConfig) -> str:
     return (f"n{c.block_n}-w{c.num_warps}-r{c.maxnreg}{'-cvt8' if c.e4m3_cvt else ''}{'-kt' if c.kt_logits else ''}"
             f"{'-lean' if c.lean else ''}{'-skew' if c.skew_logits else ''}{'-pagetile' if c.page_tile else ''}"
             f"{'-shr' if c.imad_shr else ''}{'-lazy' if c.lazy_rescale else ''}"
-            f"{f'-c{c.min_chunk_tokens}' if c.min_chunk_tokens else ''}{f'-ring{c.ring}' if c.ring else ''}")
+            f"{f'-c{c.min_chunk_tokens}' if c.min_chunk_tokens else ''}{f'-ring{c.ring}' if c.ring else ''}"
+            f"{'-defer' if c.defer_sum else ''}")
 
 
 _NAMED = {
@@ -243,3 +244,43 @@ def test_gluon_is_the_default_for_bf16_and_fp16_head_dim_128():
     for other in ({"num_qo_heads": 64, "q_len_per_req": 4}, {"head_dim": 64}):
         run_case("triton", "decode", **{**kw, **other}).check()
         assert not _ran_gluon(), other
+
+
+@pytest.mark.parametrize("kernel", ["gluon", "plain"])
+@pytest.mark.parametrize("case_kw", [
+    dict(seq_lens=[5000, 1, 17, 12000], num_qo_heads=32, num_kv_heads=8, use_sinks=True),
+    dict(seq_lens=[8192], num_qo_heads=32, num_kv_heads=8),
+    dict(seq_lens=random_lens(40, 16000, 5), num_qo_heads=64, num_kv_heads=8, q_len_per_req=2, sliding_window=3000),
+], ids=["mixed-sinks", "one-request", "ragged-40-q2-window"])
+def test_merge_as_a_dependent_launch(monkeypatch, kernel, case_kw):
+    """``MERGE_PDL``: the merge kernel launched as the decode kernel's programmatic dependent (SM90+), after the Gluon
+    or the plain decode kernel: the same output and LSE as the reference, eager and replayed in a CUDA graph with other
+    lengths."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch is SM90+")
+    monkeypatch.setattr(att, "MERGE_PDL", True)
+    kw = dict(head_dim=128, dtype=bf16, return_lse=True, device="cuda", **case_kw)
+    with att.override_configs(decode=DEFAULT if kernel == "gluon" else att.DecodeConfig(64, 4, 1)):
+        res = run_case("triton", "decode", **kw)
+        assert _ran_gluon() == (kernel == "gluon")
+        assert att._merge_pdl(torch.device("cuda"))
+    res.check()
+    case = ra.make_paged_cache([8192] * 4, 8, 128, 16, dtype=bf16, device="cuda",
+                               generator=torch.Generator().manual_seed(4))
+    q = torch.randn(4, 32, 128, device="cuda").to(bf16)
+    out = torch.empty_like(q)
+    args = (q, case.paged_kv_cache, case.kv_cache_sf, case.block_table, case.seq_lens, case.k_scale, case.v_scale)
+    with att.override_configs(decode=DEFAULT if kernel == "gluon" else att.DecodeConfig(64, 4, 1)):
+        att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout, out=out)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout, out=out)
+        for lens in ([100, 8192, 3000, 1], [8192, 8192, 8192, 8192], [0, 5, 7000, 4096]):
+            case.seq_lens.copy_(torch.tensor(lens, dtype=case.seq_lens.dtype))
+            g.replay()
+            torch.cuda.synchronize()
+            monkeypatch.setattr(att, "MERGE_PDL", False)
+            ref = att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout)
+            monkeypatch.setattr(att, "MERGE_PDL", True)
+            assert ra.relative_l2(out, ref) <= 1e-6, lens

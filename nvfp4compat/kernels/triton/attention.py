@@ -683,7 +683,7 @@ def _decode_kernel(
     DATA_ALIGN: tl.constexpr, SF_ALIGN: tl.constexpr, PAGE_POW2: tl.constexpr,
     num_pages, status_ptr, PREFETCH: tl.constexpr = False, ROTATE: tl.constexpr = False,
     SCALE_WORDS: tl.constexpr = True, counter_ptr=None, FUSED_MERGE: tl.constexpr = False,
-    MERGE_CB: tl.constexpr = 1, SWAP_AB: tl.constexpr = False,
+    MERGE_CB: tl.constexpr = 1, SWAP_AB: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Length-balanced split-KV decode: program (work chunk ``c``, kv head) over ``G * QMAX`` rows.
 
@@ -710,7 +710,12 @@ def _decode_kernel(
     ``ROTATE``: the cache holds ``K H``, ``V H`` (Hadamard): the query is rotated after its load
     (staged through ``out``, :func:`_rotated_query`) and the output before it is normalized and
     stored (partials too: the merge is linear), :mod:`~nvfp4compat.kernels.triton.hadamard`.
+
+    ``PDL`` (SM90+): the merge kernel is this launch's programmatic dependent (``MERGE_PDL``): every program lets it
+    launch as it starts (:func:`_launch_dependents`).
     """
+    if PDL:
+        _launch_dependents()
     # One flat grid, KV heads fastest: neighbouring programs read the same pages (every KV head of a
     # token is in one page row), and every head's chunks are scheduled before the programs past the
     # last chunk. Measured on an H200 at 32 x 8K, GQA 8: 0.295 ms against 0.392 ms with the chunk
@@ -914,6 +919,21 @@ def _merge_rows(
         tl.store(lse_ptr + tok.to(tl.int64) * stride_lt + head, lse, mask=row_ok)
 
 
+
+@triton.jit
+def _launch_dependents():
+    """``griddepcontrol.launch_dependents`` (SM90+): this program no longer holds back the launch's programmatic
+    dependent (it launches once every program has said so or exited)."""
+    tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32, is_pure=False,
+                              pack=1)
+
+
+@triton.jit
+def _wait_prerequisite():
+    """``griddepcontrol.wait`` (SM90+): wait until the grid this one depends on has completed and its memory
+    operations are visible (at once without a programmatic dependent launch)."""
+    tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
 @triton.jit(do_not_specialize=fp4.DECODE_PER_STEP)
 def _decode_reduce_kernel(
     part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,
@@ -922,7 +942,7 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
     BLOCK_H: tl.constexpr, BATCH_BLOCK: tl.constexpr, CHUNK_BLOCK: tl.constexpr,
-    status_ptr,
+    status_ptr, PDL: tl.constexpr = False,
 ):
     """Merge the chunks of rows ``(b * QMAX + t)`` for ``BLOCK_H`` query heads per program,
     ``CHUNK_BLOCK`` chunks at a time (:func:`_merge_rows`).
@@ -930,6 +950,10 @@ def _decode_reduce_kernel(
     It recomputes the decode kernel's chunking (same arguments, same integer arithmetic) to find
     request ``b``'s chunk count and first partial slot. A request of one chunk was written by the
     decode kernel itself; one of no chunk (no visible key) gets zeros (the sinks alone in the LSE).
+
+    ``PDL`` (SM90+): launched as the decode kernel's programmatic dependent (``MERGE_PDL``), so it may run while the
+    decode does: everything up to the chunk count reads only what was written before the decode launch (lengths,
+    ``query_start_loc``, the guard's status), and :func:`_wait_prerequisite` waits for the decode's partials.
     """
     row = tl.program_id(0)
     hb = tl.program_id(1)
@@ -956,6 +980,8 @@ def _decode_reduce_kernel(
         n_chunks += tl.sum(tl.where(bs == b, ch, 0), 0)
     if n_chunks == 1:
         return
+    if PDL:
+        _wait_prerequisite()
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     _merge_rows(
         part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, sinks_ptr, slot0, n_chunks,
@@ -1213,10 +1239,16 @@ class DecodeConfig:
     # an SHF (ALU pipe, which the decode keeps busiest): exact, 16 ALU instructions fewer per 16 keys and warp on sm_90.
     # Opt-in: with lean, kt_logits and page_tile on an H200 (run O) 1-2% slower than without it on all six decode shapes
     imad_shr: bool = False
-    # with gluon and one warp per program (num_warps=1; the Gluon kernel's warps run independent softmaxes, so a program
-    # of one warp can branch on its own state): the unmasked tiles rescale the accumulator only when a row's maximum
-    # grows by more than 2^8 (decode_gluon, LAZY). Exact. Opt-in, not yet run on a GPU
+    # with gluon: the unmasked tiles rescale the accumulator only when a row's maximum grows by more than 2^8
+    # (decode_gluon, LAZY). Exact. A program of one warp branches on its own state; with more warps the test reduces
+    # over them (shared memory and a barrier per tile: sm_90, triton 3.6.0, the default's unmasked loop 415 instructions
+    # per 16 keys and warp where no row moves, against 430). Opt-in, not yet run on a GPU
     lazy_rescale: bool = False
+    # with gluon: the softmax sums stay each thread's partial sums of its own logits, reduced once after the key loops
+    # instead of across lanes on every tile (decode_gluon, DEFER_SUM): exact up to the order of the additions. sm_90
+    # (triton 3.6.0), unmasked loop per 16 keys and warp: the default 420 instructions against 430 (6 shuffles fewer),
+    # 122 registers either way. Opt-in, not yet run on a GPU
+    defer_sum: bool = False
     # keys per chunk of the work split at least (None: SPLIT_MIN_CHUNK_TOKENS). A program of fewer warps holds fewer
     # keys per tile: at 512 keys a one-warp program's warp walks 4x the keys of a four-warp program's, and one 8K
     # request splits into 16 one-warp programs per KV head (BENCHMARKS.md run O, config 14: 1.76x the default's time)
@@ -1353,7 +1385,7 @@ _GLUON_MAX_PROGRAMS = 2**15
 _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "counter_ptr", "FUSED_MERGE",
                       "MERGE_CB", "SWAP_AB")
 _GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW", "PAGE_TILE", "IMAD_SHR",
-                      "LAZY", "TOK_K", "TOK_V", "TOK_KS", "TOK_VS", "RING")
+                      "LAZY", "TOK_K", "TOK_V", "TOK_KS", "TOK_VS", "RING", "DEFER_SUM")
 GLUON_DECODE_CONFIGS = (
     # the lean scales (the default from run N until run O; 9-16 rows still take it)
     _GLUON_LEAN,
@@ -1412,6 +1444,15 @@ GLUON_DECODE_CONFIGS = (
     # Not yet run on a GPU
     replace(_DECODE_CONFIGS_GLUON[128], ring=3),
     replace(_GLUON_ONE_WARP, ring=3),
+    # the softmax sums reduced once after the loop (defer_sum) on the default, on the default with the lazy rescale
+    # (four warps: its test crosses them), on the one-warp config and on the ring. sm_90 (triton 3.6.0), unmasked loop
+    # per 16 keys and warp, no spill: 420 instructions against the default's 430 (122 registers); with the lazy
+    # rescale 402 where no row moves (124 registers, 3 barriers per tile); one warp 425 against 434 (104); the ring 462
+    # against 474 (114). Not yet run on a GPU
+    replace(_DECODE_CONFIGS_GLUON[128], defer_sum=True),
+    replace(_DECODE_CONFIGS_GLUON[128], defer_sum=True, lazy_rescale=True),
+    replace(_GLUON_ONE_WARP, defer_sum=True),
+    replace(_DECODE_CONFIGS_GLUON[128], ring=3, defer_sum=True),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
@@ -1455,6 +1496,12 @@ MERGE_CHUNK_BLOCK = 16
 # registers (2 programs per SM instead of 3): a candidate for launches smaller than the GPU (one
 # request), where occupancy does not bind, not for full batches.
 FUSED_MERGE = False
+# The merge kernel as a programmatic dependent launch of the decode kernel (PDL, SM90+): every decode program lets it
+# launch as it starts (griddepcontrol.launch_dependents), so its programs are placed, and find their request's chunks
+# from the lengths, while the decode runs; they wait for the decode's partials (griddepcontrol.wait) before reading
+# them. This removes the merge's launch gap and set-up from the pair's time, the part of it that does not move bytes
+# (one 8K request: 5.5 of 28 us under ncu, decode run F). Opt-in, not yet timed on a GPU.
+MERGE_PDL = False
 # Requests scanned per step of the kernels' on-device prefix over the batch: 128 for batches up to
 # 128, else 1024 (two compiled variants for every batch size; one step up to 1024 requests).
 BATCH_BLOCK_SMALL = 128
@@ -1891,6 +1938,7 @@ class _DecodeLaunch:
     cvt8: bool = False  # ... with the E4M3 conversion (cfg.e4m3_cvt on an SM89+ device)
     # ... and its PAGE_TILE's token strides (TOK_K, TOK_V, TOK_KS, TOK_VS; all 0: no PAGE_TILE)
     page_tile_tok: tuple[int, int, int, int] = (0, 0, 0, 0)
+    pdl: bool = False  # the merge kernel as a programmatic dependent launch of the decode kernel (MERGE_PDL, SM90+)
 
 
 def _byte_extent(t: torch.Tensor) -> int:
@@ -1934,7 +1982,21 @@ def _decode_launch(
         gluon=gluon and cfg.gluon,  # (a forced config may ask for the Gluon kernel where it cannot run)
         cvt8=gluon and cfg.gluon and cfg.e4m3_cvt and torch.cuda.get_device_capability(device) >= (8, 9),
         page_tile_tok=_gluon_page_tile_tok(cfg, views.page_size, a.window, cl) if gluon and cfg.gluon else (0, 0, 0, 0),
+        pdl=_merge_pdl(device),
     )  # fmt: skip
+
+
+def _pdl_by_cc(cc: int) -> dict[str, Any]:
+    """``PDL`` per compile target as :func:`_merge_pdl` sets it on a device (``griddepcontrol`` is SM90+)."""
+    return {"PDL": cc >= 90}
+
+
+def _merge_pdl(device: torch.device) -> bool:
+    """Whether a decode launch on ``device`` starts its merge kernel as a programmatic dependent launch: asked for
+    (``MERGE_PDL``), CUDA on SM90+ (``griddepcontrol``), not interpreted, and a merge kernel to launch (no
+    ``FUSED_MERGE``)."""
+    return (bool(MERGE_PDL) and not FUSED_MERGE and device.type == "cuda" and not interpreting()
+            and torch.cuda.get_device_capability(device) >= (9, 0))
 
 
 def _launch_decode_path(
@@ -2109,7 +2171,7 @@ def _run_decode(
         HAS_SOFTCAP=d.softcap > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse,
         BATCH_BLOCK=d.batch_block, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr,
         DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
-        num_pages=d.num_pages, status_ptr=status_arg,
+        num_pages=d.num_pages, status_ptr=status_arg, PDL=d.pdl,
         num_warps=d.cfg.num_warps, maxnreg=d.cfg.maxnreg,
     )  # fmt: skip
     launched = False
@@ -2123,6 +2185,7 @@ def _run_decode(
                 KT=_gluon_kt(d.cfg, d.group * qmax), LEAN=d.cfg.lean and d.cvt8, SKEW=d.cfg.skew_logits,
                 PAGE_TILE=tok[0] > 0, IMAD_SHR=d.cfg.imad_shr and d.cvt8, LAZY=d.cfg.lazy_rescale,
                 TOK_K=tok[0], TOK_V=tok[1], TOK_KS=tok[2], TOK_VS=tok[3], RING=_gluon_ring(d.cfg, tok[0] > 0),
+                DEFER_SUM=d.cfg.defer_sum,
             )  # fmt: skip
             launched = True
         except Exception as exc:  # a build failure on this GPU / triton: the plain kernel from now on
@@ -2141,7 +2204,8 @@ def _run_decode(
         d.num_qo_heads, out.stride(0), out.stride(1), d.num_qo_heads,
         HEAD_DIM=d.head_dim, BLOCK_N=d.cfg.block_n, QMAX=qmax, VARLEN=qsl is not None,
         HAS_WINDOW=d.window > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse, BLOCK_H=d.merge_block_h,
-        BATCH_BLOCK=d.batch_block, CHUNK_BLOCK=d.merge_chunk_block, status_ptr=status_arg, num_warps=4,
+        BATCH_BLOCK=d.batch_block, CHUNK_BLOCK=d.merge_chunk_block, status_ptr=status_arg, PDL=d.pdl, num_warps=4,
+        launch_pdl=d.pdl,
     )  # fmt: skip
 
 
@@ -2178,7 +2242,7 @@ def _knobs() -> tuple:
     """Everything besides the arguments that a launch depends on (tuning constants, overrides)."""
     return (
         SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, SPLIT_WAVES, SPLIT_MAX_WAVES, SPLIT_WAVE_GAIN, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
-        MERGE_STEP_ELEMENTS, MERGE_CHUNK_BLOCK, FUSED_MERGE, tuple(_DECODE_CONFIGS.items()), tuple(_DECODE_CONFIGS_BYTE_SCALES.items()), tuple(sorted(_overrides.items())), interpreting(),
+        MERGE_STEP_ELEMENTS, MERGE_CHUNK_BLOCK, FUSED_MERGE, MERGE_PDL, tuple(_DECODE_CONFIGS.items()), tuple(_DECODE_CONFIGS_BYTE_SCALES.items()), tuple(sorted(_overrides.items())), interpreting(),
         _gluon_failed, tuple(_DECODE_CONFIGS_GLUON.items()), tuple(_DECODE_CONFIGS_GLUON_ROWS16.items()),
     )  # fmt: skip
 
@@ -2444,7 +2508,7 @@ def _decode_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
     sig.update({"num_pages": "i32", "status_ptr": "*i32", "PREFETCH": "constexpr",
                 "ROTATE": "constexpr", "SCALE_WORDS": "constexpr", "counter_ptr": "*i32",
                 "FUSED_MERGE": "constexpr", "MERGE_CB": "constexpr",
-                "SWAP_AB": "constexpr"})  # (num_tokens, max_pages are above)
+                "SWAP_AB": "constexpr", "PDL": "constexpr"})  # (num_tokens, max_pages are above)
     return sig
 
 
@@ -2495,7 +2559,7 @@ def aot_variants() -> dict[str, list[Any]]:
 
     def add_decode(label: str, dtype: str, hd: int, *, qmax: int = 1, group: int = 4, varlen: bool = False,
                    batch_block: int = 128, decoder: str = "bitwise", ptr: bool = True, combined: bool = False,
-                   pow2: bool = True, latency: bool = False, config: DecodeConfig | None = None,
+                   pow2: bool = True, latency: bool = False, config: DecodeConfig | None = None, pdl: bool = False,
                    **features: Any) -> None:
         block_m = max(16, triton.next_power_of_2(group * qmax))
         # the launch config decode() picks (latency=True is a grid smaller than the GPU), or `config`
@@ -2507,11 +2571,12 @@ def aot_variants() -> dict[str, list[Any]]:
                              "DOT_FP32": False, "DATA_ALIGN": 8 if combined else 16,
                              "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2, "PREFETCH": cfg.prefetch,
                              "ROTATE": False, "SCALE_WORDS": cfg.scale_words, "FUSED_MERGE": False, "MERGE_CB": 1,
-                             "SWAP_AB": cfg.swap_ab}
+                             "SWAP_AB": cfg.swap_ab, "PDL": False}
         c.update(_FEATURES_OFF)
         c.update(features)
         sig = _decode_signature(dtype, ptr, ptr)
-        dec.append(AotVariant(label, sig, c, cfg.num_warps, cfg.num_stages, _pointer_attrs(sig), maxnreg=cfg.maxnreg))
+        dec.append(AotVariant(label, sig, c, cfg.num_warps, cfg.num_stages, _pointer_attrs(sig), maxnreg=cfg.maxnreg,
+                              by_cc=_pdl_by_cc if pdl else None))
 
     def add_prefill(label: str, dtype: str, hd: int, *, causal: bool = True, decoder: str = "bitwise",
                     ptr: bool = True, combined: bool = False, pow2: bool = True, **features: Any) -> None:
@@ -2530,6 +2595,7 @@ def aot_variants() -> dict[str, list[Any]]:
             add_decode(f"{dtype}-d{hd}", dtype, hd)
             add_prefill(f"{dtype}-d{hd}", dtype, hd)
     add_decode("bf16-d128-batch1024", "bf16", 128, batch_block=1024)
+    add_decode("bf16-d128-pdl", "bf16", 128, pdl=True)
     add_decode("bf16-d128-latency", "bf16", 128, latency=True)
     add_decode("fp16-d128-latency-batch128", "fp16", 128, latency=True, batch_block=128)
     add_decode("bf16-d128-floatscale", "bf16", 128, ptr=False)
@@ -2588,7 +2654,7 @@ def aot_variants() -> dict[str, list[Any]]:
 
     def add_gluon(label: str, cfg: DecodeConfig, *, dtype: str = "bf16", group: int = 4, qmax: int = 1,
                   pow2: bool = True, even: bool = True, off32: bool = True, batch_block: int = 128, ptr: bool = True,
-                  **features: Any) -> None:
+                  pdl: bool = False, **features: Any) -> None:
         sig = _decode_signature(dtype, ptr, ptr)
         for name in _PLAIN_DECODE_ONLY:
             sig.pop(name)
@@ -2598,7 +2664,7 @@ def aot_variants() -> dict[str, list[Any]]:
                              "DATA_ALIGN": 16, "SF_ALIGN": 8, "PAGE_POW2": pow2, "NW": cfg.num_warps,
                              "ROWS8": group * qmax <= 8, "PAGE_EVEN": even, "OFF32": off32, "CVT8": False,
                              "KT": _gluon_kt(cfg, group * qmax), "LEAN": False, "SKEW": cfg.skew_logits,
-                             "IMAD_SHR": False, "LAZY": cfg.lazy_rescale}
+                             "IMAD_SHR": False, "LAZY": cfg.lazy_rescale, "DEFER_SUM": cfg.defer_sum, "PDL": False}
         c.update(_FEATURES_OFF)
         c.update(features)
         # pages of 16 keys where the variant has pages of 2^n keys
@@ -2608,8 +2674,9 @@ def aot_variants() -> dict[str, list[Any]]:
         c.update(zip(("TOK_K", "TOK_V", "TOK_KS", "TOK_VS"), tok, strict=True))
         c["RING"] = _gluon_ring(cfg, c["PAGE_TILE"])
         # the E4M3 conversion where the launcher takes it: SM89+
-        by_cc = (lambda cc: {"CVT8": cc >= 89, "LEAN": cfg.lean and cc >= 89, "IMAD_SHR": cfg.imad_shr and cc >= 89}
-                 ) if cfg.e4m3_cvt else None
+        by_cc = (lambda cc: {"CVT8": cc >= 89, "LEAN": cfg.lean and cc >= 89, "IMAD_SHR": cfg.imad_shr and cc >= 89,
+                             **(_pdl_by_cc(cc) if pdl else {})}
+                 ) if cfg.e4m3_cvt else (_pdl_by_cc if pdl else None)
         glu.append(AotVariant(label, sig, c, cfg.num_warps, 1, _pointer_attrs(sig), maxnreg=cfg.maxnreg, by_cc=by_cc))
 
     gdef, g16def = _DECODE_CONFIGS_GLUON[128], _DECODE_CONFIGS_GLUON_ROWS16[128]
@@ -2621,6 +2688,7 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-g8-q2-varlen", g16def, group=8, qmax=2, VARLEN=True)
     add_gluon("bf16-d128-page-any", gdef, pow2=False, even=False, ptr=False)
     add_gluon("bf16-d128-batch1024", gdef, batch_block=1024)
+    add_gluon("bf16-d128-pdl", gdef, pdl=True)
     add_gluon("fp16-d128", gdef, dtype="fp16")
     add_gluon("fp16-d128-q2-all", gdef, dtype="fp16", qmax=2, **_FEATURES_ON)
     kt = next(c for c in GLUON_DECODE_CONFIGS if c.kt_logits)
@@ -2655,19 +2723,21 @@ def aot_variants() -> dict[str, list[Any]]:
     for name in ("HEAD_DIM", "BLOCK_N", "QMAX", "VARLEN", "HAS_WINDOW", "HAS_SINKS", "RETURN_LSE", "BLOCK_H",
                  "BATCH_BLOCK", "CHUNK_BLOCK"):
         red_sig_base[name] = "constexpr"
-    red_sig_base.update({"status_ptr": "*i32"})
+    red_sig_base.update({"status_ptr": "*i32", "PDL": "constexpr"})
     for dtype in ("bf16", "fp16"):
         for hd in (64, 128, 256, 512):
             sig = dict(red_sig_base, o_ptr=f"*{dtype}")
             block_h, chunk_block = merge_blocks(32, hd)
             c = {"HEAD_DIM": hd, "BLOCK_N": _DECODE_CONFIGS[hd].block_n, "QMAX": 1, "VARLEN": False,
                  "HAS_WINDOW": hd == 64, "HAS_SINKS": hd == 64, "RETURN_LSE": hd == 64,
-                 "BLOCK_H": block_h, "BATCH_BLOCK": 128, "CHUNK_BLOCK": chunk_block}
+                 "BLOCK_H": block_h, "BATCH_BLOCK": 128, "CHUNK_BLOCK": chunk_block, "PDL": False}
             red.append(AotVariant(f"{dtype}-d{hd}", sig, c, 4, 1, _pointer_attrs(sig)))
+            if (dtype, hd) == ("bf16", 128):  # the dependent launch (MERGE_PDL) where it exists: SM90+
+                red.append(AotVariant(f"{dtype}-d{hd}-pdl", sig, c, 4, 1, _pointer_attrs(sig), by_cc=_pdl_by_cc))
     red.append(AotVariant("bf16-d128-varlen", red_sig_base,
                           {"HEAD_DIM": 128, "BLOCK_N": 64, "QMAX": 4, "VARLEN": True, "HAS_WINDOW": False,
                            "HAS_SINKS": True, "RETURN_LSE": True, "BLOCK_H": 1, "BATCH_BLOCK": 1024,
-                           "CHUNK_BLOCK": 64}, 4, 1,
+                           "CHUNK_BLOCK": 64, "PDL": False}, 4, 1,
                           _pointer_attrs(red_sig_base)))
     guard: list[AotVariant] = []
     for dtype, hd, lse in (("bf16", 64, True), ("bf16", 128, True), ("bf16", 256, False), ("bf16", 512, True),

@@ -700,7 +700,10 @@ def _online_softmax(s, m_i, l_i, qk_scale2, HAS_SOFTCAP: gl.constexpr, AX: gl.co
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(s * qk_scale2 - gl.expand_dims(m_safe, AX))
     alpha = gl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + gl.sum(p, AX)
+    if len(l_i.shape) == len(s.shape):  # DEFER_SUM: each thread's partial sums of its own logits, reduced after the loop
+        l_i = l_i * gl.expand_dims(alpha, AX) + p
+    else:
+        l_i = l_i * alpha + gl.sum(p, AX)
     return p, m_new, l_i, alpha
 
 
@@ -720,10 +723,12 @@ def _rescaled(acc, alpha, MMA: gl.constexpr, ACC: gl.constexpr):
 def _online_softmax_lazy(
     s, m_i, l_i, acc, qk_scale2, HAS_SOFTCAP: gl.constexpr, AX: gl.constexpr, MMA: gl.constexpr, ACC: gl.constexpr,
 ):
-    """``LAZY`` (one warp per program): :func:`_online_softmax` with a reference maximum that moves, and the state
-    rescaled, only when a row's logits exceed it by more than a factor ``2^_LAZY_TAU`` (base-2 logits: by more than
-    ``_LAZY_TAU``); ``p`` stays ``<= 2^_LAZY_TAU``. Exact: the accumulator and the sum keep the same reference. The test is one scalar, so the branch is uniform
-    over the program's one warp. Returns ``(p, m_ref, l_i, acc)``."""
+    """``LAZY``: :func:`_online_softmax` with a reference maximum that moves, and the state rescaled, only when a row's
+    logits exceed it by more than a factor ``2^_LAZY_TAU`` (base-2 logits: by more than ``_LAZY_TAU``); ``p`` stays
+    ``<= 2^_LAZY_TAU``. Exact: the accumulator and the sum keep the same reference. The test is one scalar per
+    program: with one warp the branch is that warp's; with several it reduces over the warps (shared memory and a
+    barrier per tile), and when one warp's row passes its reference every warp moves to its own new maximum (an
+    ordinary rescale for the others). Returns ``(p, m_ref, l_i, acc)``."""
     if HAS_SOFTCAP:
         m_tile = gl.max(s, AX)
     else:
@@ -732,14 +737,21 @@ def _online_softmax_lazy(
         m_new = gl.maximum(m_i, m_tile)
         alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
         acc = _rescaled(acc, alpha, MMA, ACC)
-        l_i = l_i * alpha
+        if len(l_i.shape) == len(s.shape):  # DEFER_SUM (see _online_softmax)
+            l_i = l_i * gl.expand_dims(alpha, AX)
+        else:
+            l_i = l_i * alpha
         m_i = m_new
     m_safe = gl.where(m_i == float("-inf"), 0.0, m_i)
     if HAS_SOFTCAP:
         p = gl.exp2(s - gl.expand_dims(m_safe, AX))
     else:
         p = gl.exp2(s * qk_scale2 - gl.expand_dims(m_safe, AX))
-    return p, m_i, l_i + gl.sum(p, AX), acc
+    if len(l_i.shape) == len(s.shape):
+        l_i = l_i + p
+    else:
+        l_i = l_i + gl.sum(p, AX)
+    return p, m_i, l_i, acc
 
 
 @gluon.jit
@@ -921,7 +933,7 @@ def gluon_decode_kernel(
     OFF32: gl.constexpr = False, CVT8: gl.constexpr = False, KT: gl.constexpr = False, LEAN: gl.constexpr = False,
     SKEW: gl.constexpr = False, PAGE_TILE: gl.constexpr = False, IMAD_SHR: gl.constexpr = False,
     LAZY: gl.constexpr = False, TOK_K: gl.constexpr = 0, TOK_V: gl.constexpr = 0, TOK_KS: gl.constexpr = 0,
-    TOK_VS: gl.constexpr = 0, RING: gl.constexpr = 0,
+    TOK_VS: gl.constexpr = 0, RING: gl.constexpr = 0, DEFER_SUM: gl.constexpr = False, PDL: gl.constexpr = False,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation,
     no fused merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
@@ -935,11 +947,15 @@ def gluon_decode_kernel(
     plus loop-invariant thread offsets, with no mask (:func:`_k_words_paged`, :func:`_v_words_paged`; the token
     strides ``TOK_*`` as constexprs, the launcher's :func:`attention._gluon_token_strides`); ``IMAD_SHR`` (with
     ``CVT8``): the E4M3 decoders move the high nibbles' shift from the ALU pipe to the FMA pipe (:func:`_e4m3_cvt`);
-    ``LAZY`` (one warp per program, ``NW == 1``): the unmasked tiles rescale the accumulator only when a row's maximum
-    grows by more than a factor ``2^_LAZY_TAU`` (:func:`_online_softmax_lazy`); ``RING`` (``n >= 2``, with
+    ``LAZY``: the unmasked tiles rescale the accumulator only when a row's maximum grows by more than a factor
+    ``2^_LAZY_TAU`` (:func:`_online_softmax_lazy`; with ``NW > 1`` its test reduces over the warps); ``DEFER_SUM``: the
+    softmax sums stay each thread's partial sums of its own logits (the logits' shape and layout) and are reduced once
+    after the key loops, instead of a reduction across lanes per tile (:func:`_online_softmax`); ``RING`` (``n >= 2``, with
     ``PAGE_TILE``): the unmasked loop's K and V words pass through a ring of ``n`` tiles in shared memory, copied by
     ``cp.async`` ``n - 1`` tiles ahead (:func:`_ring_copy`; each thread reads back the bytes it copied), in place of the
-    one tile held ahead in registers; the block scales stay register loads one tile ahead (:func:`_scales_paged`)."""
+    one tile held ahead in registers; the block scales stay register loads one tile ahead (:func:`_scales_paged`);
+    ``PDL`` (SM90+): the merge kernel is this launch's programmatic dependent (``attention.MERGE_PDL``), which every
+    program lets launch as it starts."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
     gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
     gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
@@ -949,7 +965,6 @@ def gluon_decode_kernel(
     gl.static_assert(KW % 16 == 0, "each warp takes a multiple of 16 keys per tile")
     gl.static_assert(not KT or (ROWS8 and KW == 16), "the transposed logits (KT) take <= 8 rows and 16 keys per warp")
     gl.static_assert(not PAGE_TILE or (PAGE_POW2 and not HAS_WINDOW), "PAGE_TILE takes pages of 2^n keys, no window")
-    gl.static_assert(not LAZY or NW == 1, "LAZY takes one warp per program (its branch is per program)")
     gl.static_assert(RING == 0 or (RING >= 2 and PAGE_TILE and not SKEW), "RING takes PAGE_TILE, no SKEW, >= 2 tiles")
     gl.static_assert(not PAGE_TILE or (TOK_K > 0 and TOK_V > 0 and TOK_KS > 0 and TOK_VS > 0),
                      "PAGE_TILE takes the token strides as constexprs (TOK_K, TOK_V, TOK_KS, TOK_VS)")
@@ -964,6 +979,9 @@ def gluon_decode_kernel(
     LV: gl.constexpr = gl.BlockedLayout([1, 1, 1, 2], [1, 4, 8, 1], [NW, 1, 1, 1], [3, 1, 2, 0])
     LQ: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 2, 16], [NW, 1, 1], [2, 1, 0])
 
+    if PDL:  # griddepcontrol.launch_dependents (attention._launch_dependents)
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                  pack=1)
     num_kv_heads = num_qo_heads // group
     c = gl.program_id(0) // num_kv_heads
     kvh = gl.program_id(0) % num_kv_heads
@@ -1076,7 +1094,15 @@ def gluon_decode_kernel(
         qpos = gl.convert_layout(_rows8(qpos), m_i.type.layout)
     else:
         m_i = gl.full([NW, 16], float("-inf"), gl.float32, layout=gl.SliceLayout(2, MMA))
-    l_i = gl.zeros_like(m_i)
+    if DEFER_SUM:  # the softmax sums as each thread's partial sums of its own logits (reduced after the key loops)
+        if KT:
+            l_i = gl.zeros([NW, KW, 8], gl.float32, layout=MMA)
+        elif ROWS8:
+            l_i = _rows8(gl.zeros([NW, 16, KW], gl.float32, layout=MMA))
+        else:
+            l_i = gl.zeros([NW, 16, KW], gl.float32, layout=MMA)
+    else:
+        l_i = gl.zeros_like(m_i)
 
     # masked tiles below the window edge
     a_end = gl.minimum(t_end, n_mask_lo)
@@ -1240,6 +1266,8 @@ def gluon_decode_kernel(
             MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, IMAD_SHR,
         )
 
+    if DEFER_SUM:
+        l_i = gl.sum(l_i, 1 if KT else 2)
     # merge the warps' states, then store rows R (16, or 8 with ROWS8) from a plain layout
     m = gl.max(m_i, 0)
     m_safe = gl.where(m == float("-inf"), 0.0, m)
