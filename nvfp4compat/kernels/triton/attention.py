@@ -1241,13 +1241,14 @@ class DecodeConfig:
     imad_shr: bool = False
     # with gluon: the unmasked tiles rescale the accumulator only when a row's maximum grows by more than 2^8
     # (decode_gluon, LAZY). Exact. A program of one warp branches on its own state; with more warps the test reduces
-    # over them (shared memory and a barrier per tile: sm_90, triton 3.6.0, the default's unmasked loop 415 instructions
-    # per 16 keys and warp where no row moves, against 430). Opt-in, not yet run on a GPU
+    # over them (shared memory and 3 barriers per tile: sm_90, triton 3.6.0, the default's unmasked loop 403
+    # instructions per 16 keys and warp where no row moves, against 408). Opt-in, not yet run on a GPU
     lazy_rescale: bool = False
     # with gluon: the softmax sums stay each thread's partial sums of its own logits, reduced once after the key loops
     # instead of across lanes on every tile (decode_gluon, DEFER_SUM): exact up to the order of the additions. sm_90
-    # (triton 3.6.0), unmasked loop per 16 keys and warp: the default 420 instructions against 430 (6 shuffles fewer),
-    # 122 registers either way. Opt-in, not yet run on a GPU
+    # (triton 3.6.0), unmasked loop per 16 keys and warp: the default 405 instructions against 408 (6 shuffles and 8
+    # adds fewer, 4 FMAs more; ptxas moves some address arithmetic to the uniform datapath), 121 registers against 116.
+    # Opt-in, not yet run on a GPU
     defer_sum: bool = False
     # keys per chunk of the work split at least (None: SPLIT_MIN_CHUNK_TOKENS). A program of fewer warps holds fewer
     # keys per tile: at 512 keys a one-warp program's warp walks 4x the keys of a four-warp program's, and one 8K
@@ -1386,6 +1387,11 @@ _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "
                       "MERGE_CB", "SWAP_AB")
 _GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW", "PAGE_TILE", "IMAD_SHR",
                       "LAZY", "TOK_K", "TOK_V", "TOK_KS", "TOK_VS", "RING", "DEFER_SUM")
+# The SASS counts in the comments below are those of the change that added each config. Since the page_tile thread
+# offsets were split into lane and register parts (decode_gluon._thread_offsets, 2026-12-05) the page_tile configs'
+# unmasked loops are shorter (sm_90, triton 3.6.0, per 16 keys and warp): the default 408 instructions and 116
+# registers (430, 122 before), page_tile alone and on one warp uncapped 403 at 128 (410 at 156, 148), the one-warp
+# config 420 at 104 (434), the ring of 3 455 at 116 (474 at 110), its one-warp form 467 at 103 (475).
 GLUON_DECODE_CONFIGS = (
     # the lean scales (the default from run N until run O; 9-16 rows still take it)
     _GLUON_LEAN,
@@ -1446,13 +1452,18 @@ GLUON_DECODE_CONFIGS = (
     replace(_GLUON_ONE_WARP, ring=3),
     # the softmax sums reduced once after the loop (defer_sum) on the default, on the default with the lazy rescale
     # (four warps: its test crosses them), on the one-warp config and on the ring. sm_90 (triton 3.6.0), unmasked loop
-    # per 16 keys and warp, no spill: 420 instructions against the default's 430 (122 registers); with the lazy
-    # rescale 402 where no row moves (124 registers, 3 barriers per tile); one warp 425 against 434 (104); the ring 462
-    # against 474 (114). Not yet run on a GPU
+    # per 16 keys and warp, no spill: 405 instructions against the default's 408 (121 registers against 116); with the
+    # lazy rescale 391 where no row moves (120 registers, 3 barriers per tile); one warp 424 against 420 (104); the ring
+    # 442 against 455 (111 registers against 116). Not yet run on a GPU
     replace(_DECODE_CONFIGS_GLUON[128], defer_sum=True),
     replace(_DECODE_CONFIGS_GLUON[128], defer_sum=True, lazy_rescale=True),
     replace(_GLUON_ONE_WARP, defer_sum=True),
     replace(_DECODE_CONFIGS_GLUON[128], ring=3, defer_sum=True),
+    # five programs (20 warps) per SM instead of four: the default and its ring of 3 capped at 96 registers. sm_90
+    # (triton 3.6.0), unmasked loop per 16 keys and warp: 427 instructions against 408, 5 of them local-memory spill
+    # traffic (48 B spilled); the ring 473 against 455 (4; 40 B), 24 KB of rings per program. Not yet run on a GPU
+    replace(_DECODE_CONFIGS_GLUON[128], maxnreg=96, programs_per_sm=5),
+    replace(_DECODE_CONFIGS_GLUON[128], maxnreg=96, programs_per_sm=5, ring=3),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
