@@ -115,7 +115,7 @@ def test_attention_is_an_aot_provider():
     assert {v.constexprs["ROTATE"] for v in variants["attention_prefill"]} == {True, False}
     gluon = variants["attention_decode_gluon"]
     for flag in ("ROWS8", "PAGE_EVEN", "OFF32", "PAGE_POW2", "HAS_WINDOW", "HAS_SINKS", "VARLEN", "KT", "SKEW", "PAGE_TILE",
-                 "LAZY"):
+                 "LAZY", "DEFER_SUM", "PAIR"):
         assert {v.constexprs[flag] for v in gluon} == {True, False}, flag
     for k, vs in variants.items():
         assert len({v.label for v in vs}) == len(vs), k

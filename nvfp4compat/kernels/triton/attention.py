@@ -1250,6 +1250,12 @@ class DecodeConfig:
     # adds fewer, 4 FMAs more; ptxas moves some address arithmetic to the uniform datapath), 121 registers against 116.
     # Opt-in, not yet run on a GPU
     defer_sum: bool = False
+    # with gluon, kt_logits and page_tile (where a launch takes them), no ring, skew or lazy rescale: the unmasked loop
+    # takes two tiles per step with one online-softmax update for both (one maximum across the lanes, one rescale of
+    # the accumulator), decode_gluon PAIR. Exact up to rounding. sm_90 (triton 3.6.0), per 16 keys and warp: the
+    # default 381 instructions against 408 at the same 128-register cap without spill (4 programs per SM). Opt-in, not
+    # yet run on a GPU
+    tile_pairs: bool = False
     # keys per chunk of the work split at least (None: SPLIT_MIN_CHUNK_TOKENS). A program of fewer warps holds fewer
     # keys per tile: at 512 keys a one-warp program's warp walks 4x the keys of a four-warp program's, and one 8K
     # request splits into 16 one-warp programs per KV head (BENCHMARKS.md run O, config 14: 1.76x the default's time)
@@ -1386,7 +1392,7 @@ _GLUON_MAX_PROGRAMS = 2**15
 _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "counter_ptr", "FUSED_MERGE",
                       "MERGE_CB", "SWAP_AB")
 _GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW", "PAGE_TILE", "IMAD_SHR",
-                      "LAZY", "TOK_K", "TOK_V", "TOK_KS", "TOK_VS", "RING", "DEFER_SUM")
+                      "LAZY", "TOK_K", "TOK_V", "TOK_KS", "TOK_VS", "RING", "DEFER_SUM", "PAIR")
 # The SASS counts in the comments below are those of the change that added each config. Since the page_tile thread
 # offsets were split into lane and register parts (decode_gluon._thread_offsets, 2026-12-05) the page_tile configs'
 # unmasked loops are shorter (sm_90, triton 3.6.0, per 16 keys and warp): the default 408 instructions and 116
@@ -1464,6 +1470,12 @@ GLUON_DECODE_CONFIGS = (
     # traffic (48 B spilled); the ring 473 against 455 (4; 40 B), 24 KB of rings per program. Not yet run on a GPU
     replace(_DECODE_CONFIGS_GLUON[128], maxnreg=96, programs_per_sm=5),
     replace(_DECODE_CONFIGS_GLUON[128], maxnreg=96, programs_per_sm=5, ring=3),
+    # two tiles per softmax update (tile_pairs) on the default, with defer_sum, and on the one-warp config. sm_90 (triton
+    # 3.6.0), unmasked loop per 16 keys and warp, no spill: 381 instructions against 408 (128 registers under the cap:
+    # still 4 programs per SM), with defer_sum 376; one warp 381 against 420 (104 registers). Not yet run on a GPU
+    replace(_DECODE_CONFIGS_GLUON[128], tile_pairs=True),
+    replace(_DECODE_CONFIGS_GLUON[128], tile_pairs=True, defer_sum=True),
+    replace(_GLUON_ONE_WARP, tile_pairs=True),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
@@ -2196,7 +2208,7 @@ def _run_decode(
                 KT=_gluon_kt(d.cfg, d.group * qmax), LEAN=d.cfg.lean and d.cvt8, SKEW=d.cfg.skew_logits,
                 PAGE_TILE=tok[0] > 0, IMAD_SHR=d.cfg.imad_shr and d.cvt8, LAZY=d.cfg.lazy_rescale,
                 TOK_K=tok[0], TOK_V=tok[1], TOK_KS=tok[2], TOK_VS=tok[3], RING=_gluon_ring(d.cfg, tok[0] > 0),
-                DEFER_SUM=d.cfg.defer_sum,
+                DEFER_SUM=d.cfg.defer_sum, PAIR=d.cfg.tile_pairs,
             )  # fmt: skip
             launched = True
         except Exception as exc:  # a build failure on this GPU / triton: the plain kernel from now on
@@ -2675,7 +2687,8 @@ def aot_variants() -> dict[str, list[Any]]:
                              "DATA_ALIGN": 16, "SF_ALIGN": 8, "PAGE_POW2": pow2, "NW": cfg.num_warps,
                              "ROWS8": group * qmax <= 8, "PAGE_EVEN": even, "OFF32": off32, "CVT8": False,
                              "KT": _gluon_kt(cfg, group * qmax), "LEAN": False, "SKEW": cfg.skew_logits,
-                             "IMAD_SHR": False, "LAZY": cfg.lazy_rescale, "DEFER_SUM": cfg.defer_sum, "PDL": False}
+                             "IMAD_SHR": False, "LAZY": cfg.lazy_rescale, "DEFER_SUM": cfg.defer_sum, "PDL": False,
+                             "PAIR": cfg.tile_pairs}
         c.update(_FEATURES_OFF)
         c.update(features)
         # pages of 16 keys where the variant has pages of 2^n keys
@@ -2700,6 +2713,10 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-page-any", gdef, pow2=False, even=False, ptr=False)
     add_gluon("bf16-d128-batch1024", gdef, batch_block=1024)
     add_gluon("bf16-d128-pdl", gdef, pdl=True)
+    # two tiles per softmax update (tile_pairs) with q_len 2, sinks, soft-cap and LSE, and with fp16 queries
+    add_gluon("bf16-d128-pairs-q2-sinks-softcap-lse", replace(gdef, tile_pairs=True), qmax=2, HAS_SOFTCAP=True,
+              HAS_SINKS=True, RETURN_LSE=True)
+    add_gluon("fp16-d128-pairs", replace(gdef, tile_pairs=True), dtype="fp16")
     add_gluon("fp16-d128", gdef, dtype="fp16")
     add_gluon("fp16-d128-q2-all", gdef, dtype="fp16", qmax=2, **_FEATURES_ON)
     kt = next(c for c in GLUON_DECODE_CONFIGS if c.kt_logits)

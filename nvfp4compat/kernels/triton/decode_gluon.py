@@ -786,10 +786,7 @@ def _softmax_pv_kt(
 ):
     """:func:`_attend` from the transposed logits ``s`` = ``S^T`` ``[NW, KW keys, 8 rows]`` (``KT``): the softmax runs
     over axis 1, its state ``[NW, 8]`` has the layout of the output's columns, and ``P^T`` becomes the ``P V``
-    operand by one ``movmatrix.trans`` per 8 x 8 block (no shuffle, no shared memory)."""
-    OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-    OPB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-    KP: gl.constexpr = KW // 2
+    operand by one ``movmatrix.trans`` per 8 x 8 block (no shuffle, no shared memory; :func:`_pv_operands_kt`)."""
     if HAS_SOFTCAP:
         y = s * softcap_pre
         s = (1.0 - 2.0 / (gl.exp2(y * 2.8853900817779268) + 1.0)) * softcap_post
@@ -801,18 +798,65 @@ def _softmax_pv_kt(
         p, m_new, l_i, acc = _online_softmax_lazy(s, m_i, l_i, acc, qk_scale2, HAS_SOFTCAP, 1, MMA, 0)
     else:
         p, m_new, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale2, HAS_SOFTCAP, 1)
-    # P^T [NW, KW, 8] in the accumulator fragment: each thread's pair (key g, rows 2t, 2t + 1) of each 8 x 8 block
-    # becomes (keys 2t, 2t + 1, row g): the B operand's fragment of P^T, relabelled below
+    v_t, p_t = _pv_operands_kt(p, va, vb, vsa, vsb, MMA, NW, KW, CVT8, DT, LEAN, IMAD_SHR)
+    if not (LAZY and not MASKED):
+        acc = _rescaled(acc, alpha, MMA, 0)
+    acc = mma_v2(v_t, p_t, acc)
+    return acc, m_new, l_i
+
+
+@gluon.jit
+def _pv_operands_kt(
+    p, va, vb, vsa, vsb, MMA: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, CVT8: gl.constexpr, DT: gl.constexpr,
+    LEAN: gl.constexpr, IMAD_SHR: gl.constexpr,
+):
+    """``KT``: the operands of ``O^T += V^T P^T`` from a tile's ``P^T`` ``[NW, KW, 8]`` (fp32, the logits' accumulator
+    fragment) and its V words: ``(V^T, P^T)``. ``P^T`` goes to the B operand by one ``movmatrix.trans`` per 8 x 8
+    block: each thread's pair (key g, rows 2t, 2t + 1) becomes (keys 2t, 2t + 1, row g), relabelled."""
+    OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    OPB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
     p16 = p.to(DT)
     t = gl.inline_asm_elementwise(_MOVMATRIX_T, "=r,r", [p16], dtype=p16.dtype, is_pure=True, pack=2)
     t = gl.reshape(gl.permute(gl.reshape(t, [NW, 2, 8, 8]), (0, 1, 3, 2)), [NW, KW, 8])
     p_t = gl.convert_layout(t, OPB, assert_trivial=True)
     y = _v_decoded(va, vb, vsa, vsb, DT, CVT8, LEAN, IMAD_SHR)
     y = gl.permute(y, (0, 3, 6, 5, 4, 2, 1, 7))  # [NW, wv, m1, m0, h, c, kp, pair]
-    v_t = gl.convert_layout(gl.reshape(y, [NW, 128, 2 * KP]), OPA, assert_trivial=True)
-    if not (LAZY and not MASKED):
-        acc = _rescaled(acc, alpha, MMA, 0)
-    acc = mma_v2(v_t, p_t, acc)
+    v_t = gl.convert_layout(gl.reshape(y, [NW, 128, KW]), OPA, assert_trivial=True)
+    return v_t, p_t
+
+
+@gluon.jit
+def _softmax_pv_kt2(
+    acc, m_i, l_i, s0, s1, qk_scale2, softcap_pre, softcap_post,
+    va0, vb0, vsa0, vsb0, va1, vb1, vsa1, vsb1,
+    MMA: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, HAS_SOFTCAP: gl.constexpr, CVT8: gl.constexpr,
+    DT: gl.constexpr, LEAN: gl.constexpr = False, IMAD_SHR: gl.constexpr = False,
+):
+    """``PAIR``: :func:`_softmax_pv_kt` for two unmasked tiles at once, from their transposed logits ``s0``, ``s1``
+    (``[NW, KW, 8]`` each) and V words: one online-softmax update over both tiles' keys (one maximum across the lanes,
+    one rescale of the accumulator and the sums), then both ``P V`` products. Exact: the same state as two single
+    steps up to rounding (the maximum of both tiles is reached in one step instead of two)."""
+    if HAS_SOFTCAP:
+        s0 = (1.0 - 2.0 / (gl.exp2(s0 * softcap_pre * 2.8853900817779268) + 1.0)) * softcap_post
+        s1 = (1.0 - 2.0 / (gl.exp2(s1 * softcap_pre * 2.8853900817779268) + 1.0)) * softcap_post
+        m_new = gl.maximum(m_i, gl.max(gl.maximum(s0, s1), 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p0 = gl.exp2(s0 - gl.expand_dims(m_safe, 1))
+        p1 = gl.exp2(s1 - gl.expand_dims(m_safe, 1))
+    else:
+        m_new = gl.maximum(m_i, gl.max(gl.maximum(s0, s1), 1) * qk_scale2)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p0 = gl.exp2(s0 * qk_scale2 - gl.expand_dims(m_safe, 1))
+        p1 = gl.exp2(s1 * qk_scale2 - gl.expand_dims(m_safe, 1))
+    alpha = gl.exp2(m_i - m_safe)
+    if len(l_i.shape) == len(s0.shape):  # DEFER_SUM (see _online_softmax)
+        l_i = l_i * gl.expand_dims(alpha, 1) + (p0 + p1)
+    else:
+        l_i = l_i * alpha + gl.sum(p0 + p1, 1)
+    v0, p0_t = _pv_operands_kt(p0, va0, vb0, vsa0, vsb0, MMA, NW, KW, CVT8, DT, LEAN, IMAD_SHR)
+    acc = mma_v2(v0, p0_t, _rescaled(acc, alpha, MMA, 0))
+    v1, p1_t = _pv_operands_kt(p1, va1, vb1, vsa1, vsb1, MMA, NW, KW, CVT8, DT, LEAN, IMAD_SHR)
+    acc = mma_v2(v1, p1_t, acc)
     return acc, m_new, l_i
 
 
@@ -956,6 +1000,7 @@ def gluon_decode_kernel(
     SKEW: gl.constexpr = False, PAGE_TILE: gl.constexpr = False, IMAD_SHR: gl.constexpr = False,
     LAZY: gl.constexpr = False, TOK_K: gl.constexpr = 0, TOK_V: gl.constexpr = 0, TOK_KS: gl.constexpr = 0,
     TOK_VS: gl.constexpr = 0, RING: gl.constexpr = 0, DEFER_SUM: gl.constexpr = False, PDL: gl.constexpr = False,
+    PAIR: gl.constexpr = False,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation,
     no fused merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
@@ -995,6 +1040,8 @@ def gluon_decode_kernel(
     # against 423, 155 registers against 168); with the skewed logits or one warp it had more (430 / 441 against
     # 424 / 423)
     V_LATE: gl.constexpr = PAGE_TILE and NW > 1 and not SKEW and RING == 0
+    # PAIR where it applies: the transposed logits, PAGE_TILE's register words, neither the skew nor the lazy rescale
+    TILE_PAIRS: gl.constexpr = PAIR and KT and PAGE_TILE and RING == 0 and not SKEW and not LAZY
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1], instr_shape=[1, 16, 8])
     OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     LK: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [NW, 1, 1, 1], [3, 2, 1, 0])
@@ -1195,7 +1242,39 @@ def gluon_decode_kernel(
             )
         if SKEW:  # tile i's logits are computed in step i - 1 (the first before the loop)
             s_cur = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
-        for i in range(b_begin, b_end):
+        b_one = b_begin  # the first tile of the one-tile loop below
+        if TILE_PAIRS:
+            # two tiles i, i + 1 per step while two remain, one softmax update for both (_softmax_pv_kt2); the words of
+            # tile i come from the step before (as in the loop below), tile i + 1's K words and V words are loaded in
+            # this step before tile i's and tile i + 1's logits, tile i + 2's K words after tile i's logits and its V
+            # words after the P V (past the range they read the range's last checked page); an odd last tile takes
+            # the one-tile loop
+            for i in range(b_begin, b_end - 1, 2):
+                n0 = kv_lo + i * BLOCK_N
+                kw1, ks1 = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks,
+                                          TOK_K, TOK_KS, LK, NW, KW, IT)
+                pa1 = pa
+                pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                s0 = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
+                va1, vb1, vsa1, vsb1 = _v_words_paged(
+                    n0 + BLOCK_N, pa1, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
+                    TOK_V, TOK_VS, LV, NW, KW, IT,
+                )
+                kw, ks = _k_words_paged(n0 + 2 * BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks,
+                                        TOK_K, TOK_KS, LK, NW, KW, IT)
+                pa2 = pa
+                pk, pa = _warp_pages(n0 + 3 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                s1 = _logits(q_op, kw1, ks1, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
+                acc, m_i, l_i = _softmax_pv_kt2(
+                    acc, m_i, l_i, s0, s1, qk_scale2, softcap_pre, softcap_post,
+                    va, vb, vsa, vsb, va1, vb1, vsa1, vsb1, MMA, NW, KW, HAS_SOFTCAP, CVT8, q_op.dtype, LEAN, IMAD_SHR,
+                )
+                va, vb, vsa, vsb = _v_words_paged(
+                    n0 + 2 * BLOCK_N, pa2, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
+                    TOK_V, TOK_VS, LV, NW, KW, IT,
+                )
+            b_one = b_end - (b_end - b_begin) % 2
+        for i in range(b_one, b_end):
             n0 = kv_lo + i * BLOCK_N
             if RING > 0:
                 # copy tile i + RING - 1 into the stage tile i - 1 held; tile i + 1's scales to registers; the next
