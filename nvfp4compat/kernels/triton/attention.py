@@ -1253,7 +1253,7 @@ class DecodeConfig:
     # with gluon, kt_logits and page_tile (where a launch takes them), no ring, skew or lazy rescale: the unmasked loop
     # takes two tiles per step with one online-softmax update for both (one maximum across the lanes, one rescale of
     # the accumulator), decode_gluon PAIR. Exact up to rounding. sm_90 (triton 3.6.0), per 16 keys and warp: the
-    # default 381 instructions against 408 at the same 128-register cap without spill (4 programs per SM). Opt-in, not
+    # default 383 instructions against 408 at the same 128-register cap without spill (4 programs per SM). Opt-in, not
     # yet run on a GPU
     tile_pairs: bool = False
     # keys per chunk of the work split at least (None: SPLIT_MIN_CHUNK_TOKENS). A program of fewer warps holds fewer
@@ -1471,11 +1471,12 @@ GLUON_DECODE_CONFIGS = (
     replace(_DECODE_CONFIGS_GLUON[128], maxnreg=96, programs_per_sm=5),
     replace(_DECODE_CONFIGS_GLUON[128], maxnreg=96, programs_per_sm=5, ring=3),
     # two tiles per softmax update (tile_pairs) on the default, with defer_sum, and on the one-warp config. sm_90 (triton
-    # 3.6.0), unmasked loop per 16 keys and warp, no spill: 381 instructions against 408 (128 registers under the cap:
-    # still 4 programs per SM), with defer_sum 376; one warp 381 against 420 (104 registers). Not yet run on a GPU
+    # 3.6.0), unmasked loop per 16 keys and warp, no spill: 383 instructions against 408 (128 registers under the cap:
+    # still 4 programs per SM), with defer_sum 376; one warp 388 against 420 at a 112 cap (18 warps per SM; at 104 it
+    # spills 48 B). Not yet run on a GPU
     replace(_DECODE_CONFIGS_GLUON[128], tile_pairs=True),
     replace(_DECODE_CONFIGS_GLUON[128], tile_pairs=True, defer_sum=True),
-    replace(_GLUON_ONE_WARP, tile_pairs=True),
+    replace(_GLUON_ONE_WARP, tile_pairs=True, maxnreg=112, programs_per_sm=18),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)

@@ -1244,27 +1244,32 @@ def gluon_decode_kernel(
             s_cur = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
         b_one = b_begin  # the first tile of the one-tile loop below
         if TILE_PAIRS:
-            # two tiles i, i + 1 per step while two remain, one softmax update for both (_softmax_pv_kt2); the words of
-            # tile i come from the step before (as in the loop below), tile i + 1's K words and V words are loaded in
-            # this step before tile i's and tile i + 1's logits, tile i + 2's K words after tile i's logits and its V
-            # words after the P V (past the range they read the range's last checked page); an odd last tile takes
-            # the one-tile loop
+            # two tiles i, i + 1 per step while two remain, one softmax update for both (_softmax_pv_kt2). A step starts
+            # with tiles i's and i + 1's K words and tile i's V words (from the step before, or here for the first);
+            # it loads tile i + 1's V words first, tiles i + 2's and i + 3's K words after tile i's and tile i + 1's
+            # logits, and tile i + 2's V words after the P V: every load has about half a step or more to land (past
+            # the range they read the range's last checked page). An odd last tile takes the one-tile loop below, with
+            # its own words; what it loads ahead (past the range) is unused.
+            kw1, ks1 = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks,
+                                      TOK_K, TOK_KS, LK, NW, KW, IT)
+            pa1 = pa
+            pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
             for i in range(b_begin, b_end - 1, 2):
                 n0 = kv_lo + i * BLOCK_N
-                kw1, ks1 = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks,
-                                          TOK_K, TOK_KS, LK, NW, KW, IT)
-                pa1 = pa
-                pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                s0 = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
                 va1, vb1, vsa1, vsb1 = _v_words_paged(
                     n0 + BLOCK_N, pa1, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
                     TOK_V, TOK_VS, LV, NW, KW, IT,
                 )
+                s0 = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
                 kw, ks = _k_words_paged(n0 + 2 * BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks,
                                         TOK_K, TOK_KS, LK, NW, KW, IT)
                 pa2 = pa
                 pk, pa = _warp_pages(n0 + 3 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
                 s1 = _logits(q_op, kw1, ks1, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
+                kw1, ks1 = _k_words_paged(n0 + 3 * BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k,
+                                          off_ks, TOK_K, TOK_KS, LK, NW, KW, IT)
+                pa1 = pa
+                pk, pa = _warp_pages(n0 + 4 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
                 acc, m_i, l_i = _softmax_pv_kt2(
                     acc, m_i, l_i, s0, s1, qk_scale2, softcap_pre, softcap_post,
                     va, vb, vsa, vsb, va1, vb1, vsa1, vsb1, MMA, NW, KW, HAS_SOFTCAP, CVT8, q_op.dtype, LEAN, IMAD_SHR,
