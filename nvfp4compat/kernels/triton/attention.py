@@ -1250,11 +1250,11 @@ class DecodeConfig:
     # adds fewer, 4 FMAs more; ptxas moves some address arithmetic to the uniform datapath), 121 registers against 116.
     # Opt-in, not yet run on a GPU
     defer_sum: bool = False
-    # with gluon, kt_logits and page_tile (where a launch takes them), no ring, skew or lazy rescale: the unmasked loop
-    # takes two tiles per step with one online-softmax update for both (one maximum across the lanes, one rescale of
-    # the accumulator), decode_gluon PAIR. Exact up to rounding. sm_90 (triton 3.6.0), per 16 keys and warp: the
-    # default 383 instructions against 408 at the same 128-register cap without spill (4 programs per SM). Opt-in, not
-    # yet run on a GPU
+    # with gluon, kt_logits and page_tile (where a launch takes them), no skew or lazy rescale, and no ring or a ring of
+    # 4: the unmasked loop takes two tiles per step with one online-softmax update for both (one maximum across the
+    # lanes, one rescale of the accumulator), decode_gluon PAIR. Exact up to rounding. sm_90 (triton 3.6.0), per 16 keys
+    # and warp: the default 383 instructions against 408 at the same 128-register cap without spill (4 programs per
+    # SM); with a ring of 4, 416 (126 registers) against the ring of 3's 455. Opt-in, not yet run on a GPU
     tile_pairs: bool = False
     # keys per chunk of the work split at least (None: SPLIT_MIN_CHUNK_TOKENS). A program of fewer warps holds fewer
     # keys per tile: at 512 keys a one-warp program's warp walks 4x the keys of a four-warp program's, and one 8K
@@ -1477,6 +1477,11 @@ GLUON_DECODE_CONFIGS = (
     replace(_DECODE_CONFIGS_GLUON[128], tile_pairs=True),
     replace(_DECODE_CONFIGS_GLUON[128], tile_pairs=True, defer_sum=True),
     replace(_GLUON_ONE_WARP, tile_pairs=True, maxnreg=112, programs_per_sm=18),
+    # and with the words through a ring of 4 tiles (two tiles copied ahead, a pair per step), on the default (126
+    # registers, 416 instructions per 16 keys and warp, 3 barriers per pair, 32 KB of rings per program) and on one warp
+    # (112 registers, 419; 8 KB). Not yet run on a GPU
+    replace(_DECODE_CONFIGS_GLUON[128], tile_pairs=True, ring=4),
+    replace(_GLUON_ONE_WARP, tile_pairs=True, ring=4, maxnreg=112, programs_per_sm=18),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
@@ -2718,6 +2723,8 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-pairs-q2-sinks-softcap-lse", replace(gdef, tile_pairs=True), qmax=2, HAS_SOFTCAP=True,
               HAS_SINKS=True, RETURN_LSE=True)
     add_gluon("fp16-d128-pairs", replace(gdef, tile_pairs=True), dtype="fp16")
+    add_gluon("bf16-d128-ring4-pairs-q2-sinks-softcap-lse", replace(gdef, tile_pairs=True, ring=4), qmax=2,
+              HAS_SOFTCAP=True, HAS_SINKS=True, RETURN_LSE=True)
     add_gluon("fp16-d128", gdef, dtype="fp16")
     add_gluon("fp16-d128-q2-all", gdef, dtype="fp16", qmax=2, **_FEATURES_ON)
     kt = next(c for c in GLUON_DECODE_CONFIGS if c.kt_logits)

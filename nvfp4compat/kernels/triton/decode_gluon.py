@@ -1040,8 +1040,10 @@ def gluon_decode_kernel(
     # against 423, 155 registers against 168); with the skewed logits or one warp it had more (430 / 441 against
     # 424 / 423)
     V_LATE: gl.constexpr = PAGE_TILE and NW > 1 and not SKEW and RING == 0
-    # PAIR where it applies: the transposed logits, PAGE_TILE's register words, neither the skew nor the lazy rescale
+    # PAIR where it applies: the transposed logits and PAGE_TILE, neither the skew nor the lazy rescale; with the
+    # words in registers (TILE_PAIRS) or in a ring of 4 tiles (RING_PAIRS)
     TILE_PAIRS: gl.constexpr = PAIR and KT and PAGE_TILE and RING == 0 and not SKEW and not LAZY
+    RING_PAIRS: gl.constexpr = PAIR and KT and PAGE_TILE and RING == 4 and not SKEW and not LAZY
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1], instr_shape=[1, 16, 8])
     OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     LK: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [NW, 1, 1, 1], [3, 2, 1, 0])
@@ -1206,6 +1208,8 @@ def gluon_decode_kernel(
             p_last = (kv_lo + b_end * BLOCK_N - 1) // page_size
         if _bad_pages(bt_row, p_lo, p_last + 1, num_pages, NW) > 0:
             b_end = b_begin
+    if RING_PAIRS:  # pairs of unmasked tiles only: an odd last one takes the masked loop
+        b_end = b_begin + gl.maximum(b_end - b_begin, 0) // 2 * 2
     if b_end > b_begin:
         end_key = kv_lo + b_end * BLOCK_N  # (<= kv_hi)
         n0 = kv_lo + b_begin * BLOCK_N
@@ -1213,7 +1217,20 @@ def gluon_decode_kernel(
             last = (end_key - 1) >> page_shift
             off_k, off_ks, off_va, off_vb, off_vsa, off_vsb = _thread_offsets(TOK_K, TOK_V, TOK_KS, TOK_VS, LK, LV, KW)
             pk, pa = _warp_pages(n0, last, bt_row, page_shift, LK, LV, NW, KW)
-            if RING > 0:
+            if RING_PAIRS:
+                # tiles 0 and 1 of the range into stages 0 and 1, their scales to registers; the page ids of tiles 2
+                # and 3 (copied, and their scales loaded, in step 0)
+                pk1, pa1 = _warp_pages(n0 + BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                ks, vsa, vsb = _scales_paged(n0, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks, off_vsa,
+                                             off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+                ks1, vsa1, vsb1 = _scales_paged(n0 + BLOCK_N, pk1, pa1, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks,
+                                                off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+                _ring_copy(n0, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring, va_ring,
+                           vb_ring, 0, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                _ring_copy(n0 + BLOCK_N, pk1, pa1, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring,
+                           va_ring, vb_ring, 1, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                pk1, pa1 = _warp_pages(n0 + 3 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+            elif RING > 0:
                 # tiles 0 .. RING - 2 of the range into the ring, tile 0's scales to registers; then the page ids of
                 # tile 1 (its scales, loaded in step 0) and of tile RING - 1 (copied in step 0)
                 ks, vsa, vsb = _scales_paged(n0, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks, off_vsa,
@@ -1230,7 +1247,7 @@ def gluon_decode_kernel(
                                         LK, NW, KW, IT)
                 va, vb, vsa, vsb = _v_words_paged(n0, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb,
                                                   off_vsa, off_vsb, TOK_V, TOK_VS, LV, NW, KW, IT)
-            pk, pa = _warp_pages(n0 + BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+            pk, pa = _warp_pages(n0 + (2 if RING_PAIRS else 1) * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
         else:
             pk, pa, pb = _tile_pages(n0, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
             kw, ks, va, vb, vsa, vsb = _tile_words(
@@ -1279,82 +1296,113 @@ def gluon_decode_kernel(
                     TOK_V, TOK_VS, LV, NW, KW, IT,
                 )
             b_one = b_end - (b_end - b_begin) % 2
-        for i in range(b_one, b_end):
-            n0 = kv_lo + i * BLOCK_N
-            if RING > 0:
-                # copy tile i + RING - 1 into the stage tile i - 1 held; tile i + 1's scales to registers; the next
-                # step's page ids; then wait for tile i's copies and read its words back
-                _ring_copy(n0 + (RING - 1) * BLOCK_N, pk_c, pa_c, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
-                           off_vb, k_ring, va_ring, vb_ring, (i - b_begin + RING - 1) % RING, TOK_K, TOK_V, LK, LV, NW,
-                           KW, IT)
-                ks_n, vsa_n, vsb_n = _scales_paged(n0 + BLOCK_N, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp,
-                                                   off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
-                pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                if RING == 2:
-                    pk_c, pa_c = pk, pa
-                else:
-                    pk_c, pa_c = _warp_pages(n0 + RING * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                async_copy.wait_group(RING - 1)
-                st = (i - b_begin) % RING
-                kw = k_ring.index(st).load(LK)
-                va = va_ring.index(st).load(LV)
-                vb = vb_ring.index(st).load(LV)
-                acc, m_i, l_i = _attend(
-                    acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
-                    bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
-                    MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
-                    IMAD_SHR, LAZY,
+        if RING_PAIRS:
+            # two tiles i, i + 1 per step (an even count, above), their words through a ring of 4 tiles: tiles i + 2
+            # and i + 3 are copied into the stages of tiles i - 2 and i - 1 (read in the step before) and their scales
+            # loaded to registers, the next step's page ids loaded; then tiles i's and i + 1's copies are waited for
+            # (2 groups stay in flight) and their words read back
+            for i in range(b_begin, b_end, 2):
+                n0 = kv_lo + i * BLOCK_N
+                _ring_copy(n0 + 2 * BLOCK_N, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring,
+                           va_ring, vb_ring, (i - b_begin + 2) % 4, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                _ring_copy(n0 + 3 * BLOCK_N, pk1, pa1, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb,
+                           k_ring, va_ring, vb_ring, (i - b_begin + 3) % 4, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                ks2, vsa2, vsb2 = _scales_paged(n0 + 2 * BLOCK_N, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp,
+                                                off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+                ks3, vsa3, vsb3 = _scales_paged(n0 + 3 * BLOCK_N, pk1, pa1, page_size, ks_base, vs_base, s_ksp, s_vsp,
+                                                off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+                pk, pa = _warp_pages(n0 + 4 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                pk1, pa1 = _warp_pages(n0 + 5 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                async_copy.wait_group(2)
+                st = (i - b_begin) % 4
+                s0 = _logits(q_op, k_ring.index(st).load(LK), ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
+                s1 = _logits(q_op, k_ring.index(st + 1).load(LK), ks1, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN,
+                             IMAD_SHR)
+                acc, m_i, l_i = _softmax_pv_kt2(
+                    acc, m_i, l_i, s0, s1, qk_scale2, softcap_pre, softcap_post,
+                    va_ring.index(st).load(LV), vb_ring.index(st).load(LV), vsa, vsb,
+                    va_ring.index(st + 1).load(LV), vb_ring.index(st + 1).load(LV), vsa1, vsb1,
+                    MMA, NW, KW, HAS_SOFTCAP, CVT8, q_op.dtype, LEAN, IMAD_SHR,
                 )
-                ks, vsa, vsb = ks_n, vsa_n, vsb_n
-            else:
-                if PAGE_TILE:
-                    # the next tile's K words here, its V words here or (V_LATE) after this tile's P V (below)
-                    kw_n, ks_n = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k,
-                                                off_ks, TOK_K, TOK_KS, LK, NW, KW, IT)
-                    if not V_LATE:
-                        va_n, vb_n, vsa_n, vsb_n = _v_words_paged(
-                            n0 + BLOCK_N, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
-                            TOK_V, TOK_VS, LV, NW, KW, IT,
-                        )
-                    pa_n = pa
+                ks, vsa, vsb = ks2, vsa2, vsb2
+                ks1, vsa1, vsb1 = ks3, vsa3, vsb3
+        if not RING_PAIRS:  # the one-tile loop (with PAIR, an odd last tile)
+            for i in range(b_one, b_end):
+                n0 = kv_lo + i * BLOCK_N
+                if RING > 0:
+                    # copy tile i + RING - 1 into the stage tile i - 1 held; tile i + 1's scales to registers; the next
+                    # step's page ids; then wait for tile i's copies and read its words back
+                    _ring_copy(n0 + (RING - 1) * BLOCK_N, pk_c, pa_c, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
+                               off_vb, k_ring, va_ring, vb_ring, (i - b_begin + RING - 1) % RING, TOK_K, TOK_V, LK, LV, NW,
+                               KW, IT)
+                    ks_n, vsa_n, vsb_n = _scales_paged(n0 + BLOCK_N, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp,
+                                                       off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
                     pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                else:
-                    kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
-                        n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
-                        k_base, v_base, ks_base, vs_base, s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst,
-                        LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
-                    )
-                    pk, pa, pb = _tile_pages(
-                        n0 + 2 * BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
-                    )
-                if SKEW:
-                    acc, m_i, l_i = _softmax_pv(
-                        acc, m_i, l_i, s_cur, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
-                        bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
-                        MMA, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
-                        q_op.dtype, IMAD_SHR, LAZY,
-                    )
-                    # the next tile's logits (past the range its words are zeros, or with PAGE_TILE a checked page's,
-                    # and these logits go unused)
-                    s_cur = _logits(q_op, kw_n, ks_n, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
-                else:
+                    if RING == 2:
+                        pk_c, pa_c = pk, pa
+                    else:
+                        pk_c, pa_c = _warp_pages(n0 + RING * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                    async_copy.wait_group(RING - 1)
+                    st = (i - b_begin) % RING
+                    kw = k_ring.index(st).load(LK)
+                    va = va_ring.index(st).load(LV)
+                    vb = vb_ring.index(st).load(LV)
                     acc, m_i, l_i = _attend(
                         acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
                         bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
                         MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
                         IMAD_SHR, LAZY,
                     )
-                    kw, ks = kw_n, ks_n
-                if V_LATE:
-                    # in source after the P V that reads this tile's V words, so that the next tile's take their
-                    # registers (no copy at the loop's end; ptxas still issues these loads mid-step, once the current
-                    # words are decoded)
-                    va, vb, vsa, vsb = _v_words_paged(
-                        n0 + BLOCK_N, pa_n, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
-                        TOK_V, TOK_VS, LV, NW, KW, IT,
-                    )
+                    ks, vsa, vsb = ks_n, vsa_n, vsb_n
                 else:
-                    va, vb, vsa, vsb = va_n, vb_n, vsa_n, vsb_n
+                    if PAGE_TILE:
+                        # the next tile's K words here, its V words here or (V_LATE) after this tile's P V (below)
+                        kw_n, ks_n = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k,
+                                                    off_ks, TOK_K, TOK_KS, LK, NW, KW, IT)
+                        if not V_LATE:
+                            va_n, vb_n, vsa_n, vsb_n = _v_words_paged(
+                                n0 + BLOCK_N, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
+                                TOK_V, TOK_VS, LV, NW, KW, IT,
+                            )
+                        pa_n = pa
+                        pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                    else:
+                        kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
+                            n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
+                            k_base, v_base, ks_base, vs_base, s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst,
+                            LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
+                        )
+                        pk, pa, pb = _tile_pages(
+                            n0 + 2 * BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
+                        )
+                    if SKEW:
+                        acc, m_i, l_i = _softmax_pv(
+                            acc, m_i, l_i, s_cur, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+                            bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
+                            MMA, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
+                            q_op.dtype, IMAD_SHR, LAZY,
+                        )
+                        # the next tile's logits (past the range its words are zeros, or with PAGE_TILE a checked page's,
+                        # and these logits go unused)
+                        s_cur = _logits(q_op, kw_n, ks_n, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
+                    else:
+                        acc, m_i, l_i = _attend(
+                            acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+                            bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
+                            MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
+                            IMAD_SHR, LAZY,
+                        )
+                        kw, ks = kw_n, ks_n
+                    if V_LATE:
+                        # in source after the P V that reads this tile's V words, so that the next tile's take their
+                        # registers (no copy at the loop's end; ptxas still issues these loads mid-step, once the current
+                        # words are decoded)
+                        va, vb, vsa, vsb = _v_words_paged(
+                            n0 + BLOCK_N, pa_n, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
+                            TOK_V, TOK_VS, LV, NW, KW, IT,
+                        )
+                    else:
+                        va, vb, vsa, vsb = va_n, vb_n, vsa_n, vsb_n
         if RING > 0:  # the copies past the range (their words unused) land before the ring's memory is reused
             async_copy.wait_group(0)
     # masked tiles from the causal diagonal / sequence end on
