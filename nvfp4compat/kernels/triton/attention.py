@@ -1254,7 +1254,7 @@ class DecodeConfig:
     # 4: the unmasked loop takes two tiles per step with one online-softmax update for both (one maximum across the
     # lanes, one rescale of the accumulator), decode_gluon PAIR. Exact up to rounding. sm_90 (triton 3.6.0), per 16 keys
     # and warp: the default 383 instructions against 408 at the same 128-register cap without spill (4 programs per
-    # SM); with a ring of 4, 416 (126 registers) against the ring of 3's 455. Opt-in, not yet run on a GPU
+    # SM); with a ring of 4, 411 (126 registers) against the ring of 3's 455. Opt-in, not yet run on a GPU
     tile_pairs: bool = False
     # keys per chunk of the work split at least (None: SPLIT_MIN_CHUNK_TOKENS). A program of fewer warps holds fewer
     # keys per tile: at 512 keys a one-warp program's warp walks 4x the keys of a four-warp program's, and one 8K
@@ -1478,8 +1478,8 @@ GLUON_DECODE_CONFIGS = (
     replace(_DECODE_CONFIGS_GLUON[128], tile_pairs=True, defer_sum=True),
     replace(_GLUON_ONE_WARP, tile_pairs=True, maxnreg=112, programs_per_sm=18),
     # and with the words through a ring of 4 tiles (two tiles copied ahead, a pair per step), on the default (126
-    # registers, 416 instructions per 16 keys and warp, 3 barriers per pair, 32 KB of rings per program) and on one warp
-    # (112 registers, 419; 8 KB). Not yet run on a GPU
+    # registers, 411 instructions per 16 keys and warp, 3 barriers per pair, 32 KB of rings per program) and on one warp
+    # (112 registers, 416; 8 KB). Not yet run on a GPU
     replace(_DECODE_CONFIGS_GLUON[128], tile_pairs=True, ring=4),
     replace(_GLUON_ONE_WARP, tile_pairs=True, ring=4, maxnreg=112, programs_per_sm=18),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)

@@ -1304,9 +1304,9 @@ def gluon_decode_kernel(
             for i in range(b_begin, b_end, 2):
                 n0 = kv_lo + i * BLOCK_N
                 _ring_copy(n0 + 2 * BLOCK_N, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring,
-                           va_ring, vb_ring, (i - b_begin + 2) % 4, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                           va_ring, vb_ring, (i - b_begin + 2) & 3, TOK_K, TOK_V, LK, LV, NW, KW, IT)
                 _ring_copy(n0 + 3 * BLOCK_N, pk1, pa1, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb,
-                           k_ring, va_ring, vb_ring, (i - b_begin + 3) % 4, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                           k_ring, va_ring, vb_ring, (i - b_begin + 3) & 3, TOK_K, TOK_V, LK, LV, NW, KW, IT)
                 ks2, vsa2, vsb2 = _scales_paged(n0 + 2 * BLOCK_N, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp,
                                                 off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
                 ks3, vsa3, vsb3 = _scales_paged(n0 + 3 * BLOCK_N, pk1, pa1, page_size, ks_base, vs_base, s_ksp, s_vsp,
@@ -1314,7 +1314,7 @@ def gluon_decode_kernel(
                 pk, pa = _warp_pages(n0 + 4 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
                 pk1, pa1 = _warp_pages(n0 + 5 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
                 async_copy.wait_group(2)
-                st = (i - b_begin) % 4
+                st = (i - b_begin) & 3
                 s0 = _logits(q_op, k_ring.index(st).load(LK), ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
                 s1 = _logits(q_op, k_ring.index(st + 1).load(LK), ks1, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN,
                              IMAD_SHR)
