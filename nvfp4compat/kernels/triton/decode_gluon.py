@@ -44,6 +44,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from nvfp4compat.kernels.triton import attention_nvfp4 as fp4
 
@@ -710,23 +711,67 @@ def _mask_logits(
 
 
 @gluon.jit
+def _softcapped(s, softcap_pre, softcap_post):
+    """Raw logits ``s`` soft-capped, in the softmax's base-2 units: ``softcap * tanh(s * scale / softcap) * log2(e)``
+    (``softcap_pre`` = ``scale / (softcap * log2(e))`` with the base-2 scale, ``softcap_post`` = ``softcap *
+    log2(e)``; ``tanh(x) = 1 - 2 / (e^2x + 1)``)."""
+    y = s * softcap_pre
+    return (1.0 - 2.0 / (gl.exp2(y * 2.8853900817779268) + 1.0)) * softcap_post
+
+
+@gluon.jit
+def _tile_max(s, qk_scale2, HAS_SOFTCAP: gl.constexpr, AX: gl.constexpr):
+    """The largest of the logits ``s`` over the keys on axis ``AX``, in base-2 units (soft-capped ones are already)."""
+    if HAS_SOFTCAP:
+        return gl.max(s, AX)
+    else:
+        return gl.max(s, AX) * qk_scale2
+
+
+@gluon.jit
+def _probs(s, m_safe, qk_scale2, HAS_SOFTCAP: gl.constexpr, AX: gl.constexpr):
+    """``2^(s - m)`` in base-2 units, ``m_safe`` the rows' reference maximum (finite) over the keys on axis ``AX``."""
+    if HAS_SOFTCAP:
+        return gl.exp2(s - gl.expand_dims(m_safe, AX))
+    else:
+        return gl.exp2(s * qk_scale2 - gl.expand_dims(m_safe, AX))
+
+
+@gluon.jit
+def _finite(m):
+    """A reference maximum that is ``-inf`` (no key yet) as 0, so that ``2^(x - m)`` stays defined."""
+    return gl.where(m == float("-inf"), 0.0, m)
+
+
+@gluon.jit
+def _sums_rescaled(l_i, alpha, AX: gl.constexpr):
+    """The softmax sums times the rows' ``alpha``: ``l_i`` one per row, or (``DEFER_SUM``) each thread's partial sums
+    in the logits' shape, the keys on axis ``AX``."""
+    if len(l_i.shape) == len(alpha.shape):
+        return l_i * alpha
+    else:
+        return l_i * gl.expand_dims(alpha, AX)
+
+
+@gluon.jit
+def _sums_plus(l_i, p, AX: gl.constexpr):
+    """The softmax sums plus the probabilities ``p`` (keys on axis ``AX``): their row sums, or (``DEFER_SUM``, the sums in
+    ``p``'s shape) ``p`` itself, the reduction across the lanes left to the end of the key loops."""
+    if len(l_i.shape) == len(p.shape):
+        return l_i + p
+    else:
+        return l_i + gl.sum(p, AX)
+
+
+@gluon.jit
 def _online_softmax(s, m_i, l_i, qk_scale2, HAS_SOFTCAP: gl.constexpr, AX: gl.constexpr):
     """One online-softmax step over the keys on axis ``AX`` of ``s``: ``(p, m_new, l_i, alpha)`` (base 2; with
     soft-cap ``s`` is already scaled)."""
-    if HAS_SOFTCAP:
-        m_new = gl.maximum(m_i, gl.max(s, AX))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(s - gl.expand_dims(m_safe, AX))
-    else:
-        m_new = gl.maximum(m_i, gl.max(s, AX) * qk_scale2)
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(s * qk_scale2 - gl.expand_dims(m_safe, AX))
+    m_new = gl.maximum(m_i, _tile_max(s, qk_scale2, HAS_SOFTCAP, AX))
+    m_safe = _finite(m_new)
+    p = _probs(s, m_safe, qk_scale2, HAS_SOFTCAP, AX)
     alpha = gl.exp2(m_i - m_safe)
-    if len(l_i.shape) == len(s.shape):  # DEFER_SUM: each thread's partial sums of its own logits, reduced after the loop
-        l_i = l_i * gl.expand_dims(alpha, AX) + p
-    else:
-        l_i = l_i * alpha + gl.sum(p, AX)
-    return p, m_new, l_i, alpha
+    return p, m_new, _sums_plus(_sums_rescaled(l_i, alpha, AX), p, AX), alpha
 
 
 @gluon.jit
@@ -751,29 +796,15 @@ def _online_softmax_lazy(
     program: with one warp the branch is that warp's; with several it reduces over the warps (shared memory and a
     barrier per tile), and when one warp's row passes its reference every warp moves to its own new maximum (an
     ordinary rescale for the others). Returns ``(p, m_ref, l_i, acc)``."""
-    if HAS_SOFTCAP:
-        m_tile = gl.max(s, AX)
-    else:
-        m_tile = gl.max(s, AX) * qk_scale2
+    m_tile = _tile_max(s, qk_scale2, HAS_SOFTCAP, AX)
     if gl.max(gl.max(m_tile - m_i, 1), 0) > _LAZY_TAU:  # (also on the first tile: m_i = -inf)
         m_new = gl.maximum(m_i, m_tile)
-        alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
+        alpha = gl.exp2(m_i - _finite(m_new))
         acc = _rescaled(acc, alpha, MMA, ACC)
-        if len(l_i.shape) == len(s.shape):  # DEFER_SUM (see _online_softmax)
-            l_i = l_i * gl.expand_dims(alpha, AX)
-        else:
-            l_i = l_i * alpha
+        l_i = _sums_rescaled(l_i, alpha, AX)
         m_i = m_new
-    m_safe = gl.where(m_i == float("-inf"), 0.0, m_i)
-    if HAS_SOFTCAP:
-        p = gl.exp2(s - gl.expand_dims(m_safe, AX))
-    else:
-        p = gl.exp2(s * qk_scale2 - gl.expand_dims(m_safe, AX))
-    if len(l_i.shape) == len(s.shape):
-        l_i = l_i + p
-    else:
-        l_i = l_i + gl.sum(p, AX)
-    return p, m_i, l_i, acc
+    p = _probs(s, _finite(m_i), qk_scale2, HAS_SOFTCAP, AX)
+    return p, m_i, _sums_plus(l_i, p, AX), acc
 
 
 @gluon.jit
@@ -788,8 +819,7 @@ def _softmax_pv_kt(
     over axis 1, its state ``[NW, 8]`` has the layout of the output's columns, and ``P^T`` becomes the ``P V``
     operand by one ``movmatrix.trans`` per 8 x 8 block (no shuffle, no shared memory; :func:`_pv_operands_kt`)."""
     if HAS_SOFTCAP:
-        y = s * softcap_pre
-        s = (1.0 - 2.0 / (gl.exp2(y * 2.8853900817779268) + 1.0)) * softcap_post
+        s = _softcapped(s, softcap_pre, softcap_post)
     if MASKED:
         key_s = n0 + _iota(NW, MMA, 3, 0) * KW + _iota(KW, MMA, 3, 1) + gl.zeros([NW, KW, 8], gl.int32, layout=MMA)
         s = _mask_logits(s, key_s, qpos, kv_hi, window, bt_row, page_size, page_shift, num_pages,
@@ -837,22 +867,14 @@ def _softmax_pv_kt2(
     one rescale of the accumulator and the sums), then both ``P V`` products. Exact: the same state as two single
     steps up to rounding (the maximum of both tiles is reached in one step instead of two)."""
     if HAS_SOFTCAP:
-        s0 = (1.0 - 2.0 / (gl.exp2(s0 * softcap_pre * 2.8853900817779268) + 1.0)) * softcap_post
-        s1 = (1.0 - 2.0 / (gl.exp2(s1 * softcap_pre * 2.8853900817779268) + 1.0)) * softcap_post
-        m_new = gl.maximum(m_i, gl.max(gl.maximum(s0, s1), 1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p0 = gl.exp2(s0 - gl.expand_dims(m_safe, 1))
-        p1 = gl.exp2(s1 - gl.expand_dims(m_safe, 1))
-    else:
-        m_new = gl.maximum(m_i, gl.max(gl.maximum(s0, s1), 1) * qk_scale2)
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p0 = gl.exp2(s0 * qk_scale2 - gl.expand_dims(m_safe, 1))
-        p1 = gl.exp2(s1 * qk_scale2 - gl.expand_dims(m_safe, 1))
+        s0 = _softcapped(s0, softcap_pre, softcap_post)
+        s1 = _softcapped(s1, softcap_pre, softcap_post)
+    m_new = gl.maximum(m_i, _tile_max(gl.maximum(s0, s1), qk_scale2, HAS_SOFTCAP, 1))
+    m_safe = _finite(m_new)
+    p0 = _probs(s0, m_safe, qk_scale2, HAS_SOFTCAP, 1)
+    p1 = _probs(s1, m_safe, qk_scale2, HAS_SOFTCAP, 1)
     alpha = gl.exp2(m_i - m_safe)
-    if len(l_i.shape) == len(s0.shape):  # DEFER_SUM (see _online_softmax)
-        l_i = l_i * gl.expand_dims(alpha, 1) + (p0 + p1)
-    else:
-        l_i = l_i * alpha + gl.sum(p0 + p1, 1)
+    l_i = _sums_plus(_sums_rescaled(l_i, alpha, 1), p0 + p1, 1)
     v0, p0_t = _pv_operands_kt(p0, va0, vb0, vsa0, vsb0, MMA, NW, KW, CVT8, DT, LEAN, IMAD_SHR)
     acc = mma_v2(v0, p0_t, _rescaled(acc, alpha, MMA, 0))
     v1, p1_t = _pv_operands_kt(p1, va1, vb1, vsa1, vsb1, MMA, NW, KW, CVT8, DT, LEAN, IMAD_SHR)
@@ -922,8 +944,7 @@ def _softmax_pv(
         OPB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
         KP: gl.constexpr = KW // 2
         if HAS_SOFTCAP:
-            y = s * softcap_pre
-            s = (1.0 - 2.0 / (gl.exp2(y * 2.8853900817779268) + 1.0)) * softcap_post
+            s = _softcapped(s, softcap_pre, softcap_post)
         if MASKED:
             key_s = n0 + _iota(NW, MMA, 3, 0) * KW + _iota(KW, MMA, 3, 2)
             if ROWS8:
@@ -1050,9 +1071,8 @@ def gluon_decode_kernel(
     LV: gl.constexpr = gl.BlockedLayout([1, 1, 1, 2], [1, 4, 8, 1], [NW, 1, 1, 1], [3, 1, 2, 0])
     LQ: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 2, 16], [NW, 1, 1], [2, 1, 0])
 
-    if PDL:  # griddepcontrol.launch_dependents (attention._launch_dependents)
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                  pack=1)
+    if PDL:
+        gdc_launch_dependents()
     num_kv_heads = num_qo_heads // group
     c = gl.program_id(0) // num_kv_heads
     kvh = gl.program_id(0) % num_kv_heads
@@ -1424,7 +1444,7 @@ def gluon_decode_kernel(
         l_i = gl.sum(l_i, 1 if KT else 2)
     # merge the warps' states, then store rows R (16, or 8 with ROWS8) from a plain layout
     m = gl.max(m_i, 0)
-    m_safe = gl.where(m == float("-inf"), 0.0, m)
+    m_safe = _finite(m)
     wgt = gl.exp2(m_i - gl.expand_dims(m_safe, 0))
     l_sum = gl.sum(l_i * wgt, 0)
     R: gl.constexpr = 8 if ROWS8 else 16
