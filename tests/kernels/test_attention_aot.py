@@ -170,3 +170,33 @@ def test_dependent_launch_instructions_only_on_sm90_and_up():
     assert got == {"attention_decode_reduce@80": [0, 0], "attention_decode_reduce@90": [0, 1],
                    "attention_decode@90": [1, 0], "attention_decode_gluon@90": [1, 0],
                    "attention_decode_gluon@80": [0, 0]}, got
+
+
+_TMA_PROBE = r"""
+import json, sys
+from nvfp4compat.kernels import aot
+from nvfp4compat.kernels.triton import attention as att
+k = next(k for k in att.aot_kernels() if k.name == "attention_decode_gluon")
+i = next(i for i, c in enumerate(att.GLUON_DECODE_CONFIGS) if c.tma_loader)
+v = next(v for v in k.variants if v.label == f"bf16-d128-sweep{i}")
+out = {}
+for cc in json.loads(sys.argv[1]):
+    ptx = aot.build(k, v, cc).asm["ptx"]
+    out[str(cc)] = [ptx.count("cp.async.bulk.tensor"), ptx.count("setmaxnreg"), ptx.count("cp.async.cg.shared")
+                    + ptx.count("cp.async.ca.shared")]
+print("TMA " + json.dumps(out))
+"""
+
+
+def test_tma_loader_only_on_sm90_and_up():
+    """``DecodeConfig.tma_loader``'s sweep variant: on SM90 the ring is filled by TMA boxes from a loader warp (8 boxes a
+    tile, ``cp.async.bulk.tensor``; the warp groups' ``setmaxnreg``) and no ``cp.async`` of the words; on SM80, where
+    TMA does not exist, the same variant compiles its ``cp.async`` ring instead (``TMA`` by target, as the launcher
+    sets it). Compiled in a child (this session interprets)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _TMA_PROBE, json.dumps([80, 90])], env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("TMA "))[4:])
+    assert got["90"][0] > 0 and got["90"][1] > 0 and got["90"][2] == 0, got
+    assert got["80"] == [0, 0, got["80"][2]] and got["80"][2] > 0, got

@@ -1249,8 +1249,16 @@ class DecodeConfig:
     min_chunk_tokens: int | None = None
     # with gluon and page_tile (where a launch takes it), n >= 2: the unmasked loop's K and V words pass through a ring of
     # n tiles in shared memory, copied by cp.async n - 1 tiles ahead, in place of the one tile held ahead in registers
-    # (decode_gluon, RING); the block scales stay register loads one tile ahead. 0: off. Opt-in, not yet run on a GPU
+    # (decode_gluon, RING); the block scales stay register loads one tile ahead. 0: off. Opt-in; on an H100 (run P)
+    # 2-10% slower than the default (ring of 3)
     ring: int = 0
+    # with a ring (n >= 2, no tile_pairs), on SM90+ where the cache's K and V data rows start on 16-byte boundaries: the
+    # ring is filled by TMA from one loader warp (decode_gluon, TMA: warp-specialized, one box of 16 keys x 64 B per
+    # warp's page and tensor, full / empty mbarriers per stage) instead of cp.async from every thread. The program's
+    # warps only wait, read each stage back and release it. The launch has 8 warps (the loader's warp group: 1 working,
+    # at 24 registers); the program's 4 warps get the registers maxnreg leaves (maxnreg 64: 104 each, 4 programs per
+    # SM). Elsewhere the config runs its ring by cp.async. Opt-in, not yet run on a GPU
+    tma_loader: bool = False
 
 
 @dataclass(frozen=True)
@@ -1379,7 +1387,8 @@ _GLUON_MAX_PROGRAMS = 2**15
 _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "counter_ptr", "FUSED_MERGE",
                       "MERGE_CB", "SWAP_AB")
 _GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW", "PAGE_TILE", "IMAD_SHR",
-                      "LAZY", "TOK_K", "TOK_V", "TOK_KS", "TOK_VS", "RING", "DEFER_SUM", "PAIR")
+                      "LAZY", "TOK_K", "TOK_V", "TOK_KS", "TOK_VS", "RING", "DEFER_SUM", "PAIR", "k_desc", "v_desc",
+                      "TMA")
 # The SASS counts in the comments below are those of the change that added each config. Since the page_tile thread
 # offsets were split into lane and register parts (decode_gluon._thread_offsets, 2026-12-05) the page_tile configs'
 # unmasked loops are shorter (sm_90, triton 3.6.0, per 16 keys and warp): the default 408 instructions and 116
@@ -1469,6 +1478,13 @@ GLUON_DECODE_CONFIGS = (
     # (112 registers, 416; 8 KB). Not yet run on a GPU
     replace(_DECODE_CONFIGS_GLUON[128], tile_pairs=True, ring=4),
     replace(_GLUON_ONE_WARP, tile_pairs=True, ring=4, maxnreg=112, programs_per_sm=18),
+    # the ring filled by TMA from one loader warp (tma_loader; SM90+, elsewhere its cp.async ring): 8 warps a program
+    # (the loader's group), registers per thread at launch 64 (4 programs per SM; the 4 decoding warps run at 104, the
+    # loader at 24) with a ring of 4 (32 KB a program), and 80 (3 per SM; 136 and 24) with a ring of 6 (48 KB). sm_90
+    # (triton 3.6.0), the decoding warps' unmasked loop per 16 keys and warp, no spill: 432 and 434 instructions against
+    # the default's 408, 6 LDS and 2 barriers among them; the loader issues 8 boxes a tile. Not yet run on a GPU
+    replace(_DECODE_CONFIGS_GLUON[128], ring=4, tma_loader=True, maxnreg=64),
+    replace(_DECODE_CONFIGS_GLUON[128], ring=6, tma_loader=True, maxnreg=80, programs_per_sm=3),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
@@ -1955,6 +1971,7 @@ class _DecodeLaunch:
     # ... and its PAGE_TILE's token strides (TOK_K, TOK_V, TOK_KS, TOK_VS; all 0: no PAGE_TILE)
     page_tile_tok: tuple[int, int, int, int] = (0, 0, 0, 0)
     pdl: bool = False  # the merge kernel as a programmatic dependent launch of the decode kernel (MERGE_PDL, SM90+)
+    tma: bool = False  # the Gluon ring filled by a TMA loader warp (cfg.tma_loader, _gluon_tma), where the bases allow
 
 
 def _byte_extent(t: torch.Tensor) -> int:
@@ -1999,6 +2016,7 @@ def _decode_launch(
         cvt8=gluon and cfg.gluon and cfg.e4m3_cvt and torch.cuda.get_device_capability(device) >= (8, 9),
         page_tile_tok=_gluon_page_tile_tok(cfg, views.page_size, a.window, cl) if gluon and cfg.gluon else (0, 0, 0, 0),
         pdl=_merge_pdl(device),
+        tma=_gluon_tma(cfg, device, cl) if gluon and cfg.gluon else False,
     )  # fmt: skip
 
 
@@ -2053,6 +2071,39 @@ def _gluon_ring(cfg: DecodeConfig, page_tile: bool) -> int:
     """The Gluon kernel's ``RING`` for a launch with ``cfg``: the config's ring where the launch takes ``PAGE_TILE``
     (the ring is a path of the page-tiled loop), else 0."""
     return cfg.ring if page_tile else 0
+
+
+# the type of _tma_descriptors' descriptors in a kernel signature (ahead-of-time builds)
+_TMA_DESC_TYPE = ("tensordesc<u8[1, 16, 1, 64],NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=4, "
+                  "transposed=False, fp4_padded=False, cga_layout=[])>")
+
+
+def _gluon_tma(cfg: DecodeConfig, device: torch.device, cl: _CacheLaunch) -> bool:
+    """Whether a Gluon launch with ``cfg`` fills its ring by TMA (``TMA``): where the config asks for it, the launch takes
+    ``PAGE_TILE`` with a ring (the caller's ``page_tile_tok``), the device is SM90+ and every data stride of the cache
+    is a multiple of 16 bytes (a TMA descriptor's rule; the bases are checked per call, :func:`_tma_descriptors`)."""
+    return (cfg.tma_loader and cfg.ring >= 2 and not cfg.tile_pairs and device.type == "cuda" and not interpreting()
+            and torch.cuda.get_device_capability(device) >= (9, 0) and cl.data_align == 16)
+
+
+def _tma_descriptors(d: _DecodeLaunch, cache: Sequence[torch.Tensor]) -> tuple[Any, Any] | None:
+    """The TMA descriptors of the K and V data for a launch with ``d.tma`` (``[pages, page_size, kv heads, 64 B]`` at
+    the cache's strides, boxes of one warp's 16 keys of one page), or None where a base is not 16-byte aligned (the
+    launch then runs its ring by cp.async)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    k, v = cache[0], cache[1]
+    if k.data_ptr() % 16 or v.data_ptr() % 16:
+        return None
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=4)
+    kw = d.cfg.block_n // d.cfg.num_warps
+    a = d.data_align
+    shape = [d.num_pages, d.page_size, d.num_kv_heads, d.head_dim // 2]
+    return tuple(
+        TensorDescriptor(t.view(torch.uint8), shape, [sp * a, st * a, sh * a, 1], [1, kw, 1, d.head_dim // 2], layout)
+        for t, (sp, st, sh) in ((k, d.strides[0:3]), (v, d.strides[3:6]))
+    )
 
 
 def _gluon_kt(cfg: DecodeConfig, rows: int) -> bool:
@@ -2194,14 +2245,17 @@ def _run_decode(
     if d.gluon and not fused and not _gluon_failed and d.programs < _GLUON_MAX_PROGRAMS:
         # PAGE_TILE takes the token strides as constexprs (one build per cache layout); elsewhere they stay 0
         tok = d.page_tile_tok
+        ring = _gluon_ring(d.cfg, tok[0] > 0)
+        descs = _tma_descriptors(d, cache) if d.tma and ring >= 2 else None
         try:
             LAST_KERNELS["decode"] = _gluon.gluon_decode_kernel[(d.chunks * d.num_kv_heads,)](
                 *args, **common, NW=d.cfg.num_warps, ROWS8=d.group * qmax <= 8,
                 PAGE_EVEN=d.page_size % 2 == 0 and d.window <= 0, OFF32=d.off32, CVT8=d.cvt8,
                 KT=_gluon_kt(d.cfg, d.group * qmax), LEAN=d.cfg.lean and d.cvt8, SKEW=d.cfg.skew_logits,
                 PAGE_TILE=tok[0] > 0, IMAD_SHR=d.cfg.imad_shr and d.cvt8, LAZY=d.cfg.lazy_rescale,
-                TOK_K=tok[0], TOK_V=tok[1], TOK_KS=tok[2], TOK_VS=tok[3], RING=_gluon_ring(d.cfg, tok[0] > 0),
+                TOK_K=tok[0], TOK_V=tok[1], TOK_KS=tok[2], TOK_VS=tok[3], RING=ring,
                 DEFER_SUM=d.cfg.defer_sum, PAIR=d.cfg.tile_pairs,
+                k_desc=descs[0] if descs else None, v_desc=descs[1] if descs else None, TMA=descs is not None,
             )  # fmt: skip
             launched = True
         except Exception as exc:  # a build failure on this GPU / triton: the plain kernel from now on
@@ -2681,7 +2735,7 @@ def aot_variants() -> dict[str, list[Any]]:
                              "ROWS8": group * qmax <= 8, "PAGE_EVEN": even, "OFF32": off32, "CVT8": False,
                              "KT": _gluon_kt(cfg, group * qmax), "LEAN": False, "SKEW": cfg.skew_logits,
                              "IMAD_SHR": False, "LAZY": cfg.lazy_rescale, "DEFER_SUM": cfg.defer_sum, "PDL": False,
-                             "PAIR": cfg.tile_pairs}
+                             "PAIR": cfg.tile_pairs, "k_desc": None, "v_desc": None, "TMA": False}
         c.update(_FEATURES_OFF)
         c.update(features)
         # pages of 16 keys where the variant has pages of 2^n keys
@@ -2690,9 +2744,14 @@ def aot_variants() -> dict[str, list[Any]]:
         tok = (512, 512, 64, 64) if c["PAGE_TILE"] else (0, 0, 0, 0)
         c.update(zip(("TOK_K", "TOK_V", "TOK_KS", "TOK_VS"), tok, strict=True))
         c["RING"] = _gluon_ring(cfg, c["PAGE_TILE"])
+        # the ring filled by TMA (tma_loader) where the launcher takes it: SM90+, the descriptors of a uint8 cache
+        tma = cfg.tma_loader and c["RING"] >= 2 and not cfg.tile_pairs
+        if tma:
+            sig.update(dict.fromkeys(("k_desc", "v_desc"), _TMA_DESC_TYPE))
+            del c["k_desc"], c["v_desc"]
         # the E4M3 conversion where the launcher takes it: SM89+
         by_cc = (lambda cc: {"CVT8": cc >= 89, "LEAN": cfg.lean and cc >= 89, "IMAD_SHR": cfg.imad_shr and cc >= 89,
-                             **(_pdl_by_cc(cc) if pdl else {})}
+                             **(_pdl_by_cc(cc) if pdl else {}), **({"TMA": cc >= 90} if tma else {})}
                  ) if cfg.e4m3_cvt else (_pdl_by_cc if pdl else None)
         glu.append(AotVariant(label, sig, c, cfg.num_warps, 1, _pointer_attrs(sig), maxnreg=cfg.maxnreg, by_cc=by_cc))
 

@@ -44,6 +44,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from nvfp4compat.kernels.triton import attention_nvfp4 as fp4
@@ -51,6 +52,11 @@ from nvfp4compat.kernels.triton import attention_nvfp4 as fp4
 # cp.async of a tensor of pointers into shared memory: async_load from triton 3.7 on (async_copy_global_to_shared, its
 # name in 3.6, is removed in 3.9)
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+# a TMA load into shared memory: tma.async_copy_global_to_shared in triton 3.6, tma.async_load from 3.7 on (3.9 removed
+# the old name)
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# a shared-memory buffer seen as another type / shape: _reinterpret in triton 3.6, reinterpret from 3.7 on
+_HAS_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
 
 def _with_scale_register(text: str, cvt: str) -> str:
@@ -653,6 +659,89 @@ def _ring_copy(n0, pk, pv, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
 
 
 @gluon.jit
+def _smem_as(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+    """``buf`` (shared memory) seen as ``dtype`` of ``shape`` in ``layout`` (same bytes)."""
+    if _HAS_REINTERPRET:
+        return buf.reinterpret(dtype, shape, layout)
+    else:
+        return buf._reinterpret(dtype, shape, layout)
+
+
+@gluon.jit
+def _loader_words(k_ring, v_ring, full, stage, phase, RING: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr,
+                  NW: gl.constexpr, KW: gl.constexpr):
+    """``TMA``: wait until ``stage``'s boxes have landed (``full``), then read back its K words (``[NW, KW, 4, 4]`` in
+    ``LK``) and the V words of the even and odd keys (``[NW, KW / 2, 8, 2]`` in ``LV``, :func:`_v_word_ptrs`' layout).
+    A box holds one warp's ``KW`` keys of one page, 64 bytes each, in the cache's order: as int32 words that is
+    ``[KW, 4, 4]`` for K, and ``[KW / 2, 2, 8, 2]`` (key pair, even / odd key, column, word) for V, read as one
+    ``[KW / 2, 8, 2, 2]`` load and split in registers."""
+    mbarrier.wait(full.index(stage), phase)
+    PL4: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0])
+    PL5: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0])
+    kw = _smem_as(k_ring, gl.int32, [RING, NW, KW, 4, 4], PL4).index(stage).load(LK)
+    v6 = _smem_as(v_ring, gl.int32, [RING, NW, KW // 2, 2, 8, 2], PL5).index(stage)
+    L5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 2, 2], [1, 4, 8, 1, 1], [NW, 1, 1, 1, 1], [4, 3, 1, 2, 0])
+    va, vb = gl.split(v6.permute([0, 1, 3, 4, 2]).load(L5))
+    return kw, gl.convert_layout(va, LV), gl.convert_layout(vb, LV)
+
+
+@gluon.jit
+def _tma_loader(bt_row, kv_lo, b_begin, b_end, last, page_shift, page_size, kvh, k_desc, v_desc, k_ring, v_ring, full,
+                empty, NW: gl.constexpr, KW: gl.constexpr, BLOCK_N: gl.constexpr, RING: gl.constexpr):
+    """``TMA``, the loader warp: the unmasked tiles ``b_begin .. b_end``, each into stage ``j % RING`` (``j`` its index in
+    the range) once the program's warps have released the stage (``empty``; a fresh barrier passes the first round),
+    counted on ``full``: per warp's page of the tile one box of K words and one of V words (``[1, KW, 1, 64]`` at the
+    page, the warp's first slot and this KV head). Every page id of the range was checked before (and the descriptors
+    bound every box to the cache)."""
+    for i in range(b_begin, b_end):
+        j = i - b_begin
+        st = j % RING
+        mbarrier.wait(empty.index(st), ((j // RING) & 1) ^ 1)
+        n0 = kv_lo + i * BLOCK_N
+        bar = full.index(st)
+        mbarrier.expect(bar, 2 * NW * KW * 64)
+        for w in gl.static_range(NW):
+            key = n0 + w * KW
+            page = gl.load(bt_row + gl.minimum(key >> page_shift, last))
+            slot = key & (page_size - 1)
+            _tma_load(k_desc, [page, slot, kvh, 0], bar, k_ring.index(st * NW + w))
+            _tma_load(v_desc, [page, slot, kvh, 0], bar, v_ring.index(st * NW + w))
+
+
+@gluon.jit
+def _tma_consumer(acc, m_i, l_i, q_op, qpos, kv_hi, window, qk_scale2, softcap_pre, softcap_post, bt_row, page_size,
+                  page_shift, num_pages, ks_base, vs_base, s_ksp, s_vsp, off_ks, off_vsa, off_vsb, pk, pa, last, kv_lo,
+                  b_begin, b_end, k_ring, v_ring, full, empty,
+                  MMA: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr,
+                  BLOCK_N: gl.constexpr, RING: gl.constexpr, CAUSAL: gl.constexpr, WINDOW_ROWS: gl.constexpr,
+                  HAS_SOFTCAP: gl.constexpr, PAGE_POW2: gl.constexpr, ROWS8: gl.constexpr, CVT8: gl.constexpr,
+                  KT: gl.constexpr, LEAN: gl.constexpr, IMAD_SHR: gl.constexpr, LAZY: gl.constexpr,
+                  TOK_KS: gl.constexpr, TOK_VS: gl.constexpr, IT: gl.constexpr):
+    """``TMA``, the program's warps: the unmasked tiles' words from the ring (the stage released once read back to
+    registers), their block scales loaded to registers one tile ahead (``pk``, ``pa``: the first tile's page ids)."""
+    n0 = kv_lo + b_begin * BLOCK_N
+    ks, vsa, vsb = _scales_paged(n0, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks, off_vsa, off_vsb,
+                                 TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+    pk, pa = _warp_pages(n0 + BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+    for i in range(b_begin, b_end):
+        n0 = kv_lo + i * BLOCK_N
+        j = i - b_begin
+        ks_n, vsa_n, vsb_n = _scales_paged(n0 + BLOCK_N, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks,
+                                           off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+        pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+        kw, va, vb = _loader_words(k_ring, v_ring, full, j % RING, (j // RING) & 1, RING, LK, LV, NW, KW)
+        mbarrier.arrive(empty.index(j % RING), count=1)
+        acc, m_i, l_i = _attend(
+            acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+            bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
+            MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
+            IMAD_SHR, LAZY,
+        )
+        ks, vsa, vsb = ks_n, vsa_n, vsb_n
+    return acc, m_i, l_i
+
+
+@gluon.jit
 def _scales_paged(
     n0, pk, pv, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks, off_vsa, off_vsb,
     TOK_KS: gl.constexpr, TOK_VS: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr,
@@ -1021,7 +1110,7 @@ def gluon_decode_kernel(
     SKEW: gl.constexpr = False, PAGE_TILE: gl.constexpr = False, IMAD_SHR: gl.constexpr = False,
     LAZY: gl.constexpr = False, TOK_K: gl.constexpr = 0, TOK_V: gl.constexpr = 0, TOK_KS: gl.constexpr = 0,
     TOK_VS: gl.constexpr = 0, RING: gl.constexpr = 0, DEFER_SUM: gl.constexpr = False, PDL: gl.constexpr = False,
-    PAIR: gl.constexpr = False,
+    PAIR: gl.constexpr = False, k_desc=None, v_desc=None, TMA: gl.constexpr = False,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation,
     no fused merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
@@ -1043,7 +1132,9 @@ def gluon_decode_kernel(
     ``cp.async`` ``n - 1`` tiles ahead (:func:`_ring_copy`; each thread reads back the bytes it copied), in place of the
     one tile held ahead in registers; the block scales stay register loads one tile ahead (:func:`_scales_paged`);
     ``PDL`` (SM90+): the merge kernel is this launch's programmatic dependent (``attention.MERGE_PDL``), which every
-    program lets launch as it starts."""
+    program lets launch as it starts; ``TMA`` (SM90+, with a ``RING``, no ``PAIR``; ``k_desc`` / ``v_desc`` the K and V
+    data's TMA descriptors, ``attention._tma_descriptors``): the ring is filled by one loader warp's TMA boxes
+    (:func:`_tma_loader`) while the program's warps decode (:func:`_tma_consumer`), warp-specialized."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
     gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
     gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
@@ -1054,6 +1145,7 @@ def gluon_decode_kernel(
     gl.static_assert(not KT or (ROWS8 and KW == 16), "the transposed logits (KT) take <= 8 rows and 16 keys per warp")
     gl.static_assert(not PAGE_TILE or (PAGE_POW2 and not HAS_WINDOW), "PAGE_TILE takes pages of 2^n keys, no window")
     gl.static_assert(RING == 0 or (RING >= 2 and PAGE_TILE and not SKEW), "RING takes PAGE_TILE, no SKEW, >= 2 tiles")
+    gl.static_assert(not TMA or (RING >= 2 and not PAIR), "TMA takes a RING (PAGE_TILE, no SKEW) and no PAIR")
     gl.static_assert(not PAGE_TILE or (TOK_K > 0 and TOK_V > 0 and TOK_KS > 0 and TOK_VS > 0),
                      "PAGE_TILE takes the token strides as constexprs (TOK_K, TOK_V, TOK_KS, TOK_VS)")
     # PAGE_TILE's next V words are loaded, in source, after the P V of the current ones: on sm_90 (triton 3.6.0, when
@@ -1209,11 +1301,20 @@ def gluon_decode_kernel(
             bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
             MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, IMAD_SHR,
         )
-    if RING > 0:  # the unmasked loop's K / V words, RING tiles (no swizzle: each thread reads back its own bytes)
+    if RING > 0 and not TMA:  # the unmasked loop's K / V words, RING tiles (no swizzle: each thread reads back its bytes)
         RL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0])
         k_ring = gl.allocate_shared_memory(gl.int32, [RING, NW, KW, 4, 4], RL)
         va_ring = gl.allocate_shared_memory(gl.int32, [RING, NW, KW // 2, 8, 2], RL)
         vb_ring = gl.allocate_shared_memory(gl.int32, [RING, NW, KW // 2, 8, 2], RL)
+    if TMA:  # RING stages of NW boxes of K and of V words (unswizzled: the cache's byte order), full / empty barriers
+        TL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=4)
+        kt_ring = gl.allocate_shared_memory(gl.uint8, [RING * NW, 1, KW, 1, 64], TL)
+        vt_ring = gl.allocate_shared_memory(gl.uint8, [RING * NW, 1, KW, 1, 64], TL)
+        full = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+        for r in gl.static_range(RING):
+            mbarrier.init(full.index(r), count=1)
+            mbarrier.init(empty.index(r), count=1)
     # unmasked tiles once every page id of theirs is checked: tile i + 1's words and tile i + 2's
     # page ids are loaded before tile i is decoded (nothing is read outside the checked pages: past b_end the loads
     # are masked, or with PAGE_TILE read the last checked page)
@@ -1230,201 +1331,218 @@ def gluon_decode_kernel(
             b_end = b_begin
     if RING_PAIRS:  # pairs of unmasked tiles only: an odd last one takes the masked loop
         b_end = b_begin + gl.maximum(b_end - b_begin, 0) // 2 * 2
-    if b_end > b_begin:
-        end_key = kv_lo + b_end * BLOCK_N  # (<= kv_hi)
-        n0 = kv_lo + b_begin * BLOCK_N
-        if PAGE_TILE:  # one page id per warp and tile, loop-invariant thread offsets, no mask
-            last = (end_key - 1) >> page_shift
+    if TMA:  # one loader warp copies the unmasked tiles' words by TMA (_tma_loader), the program's warps decode them
+        if b_end > b_begin:
+            n0 = kv_lo + b_begin * BLOCK_N
+            last = (kv_lo + b_end * BLOCK_N - 1) >> page_shift
             off_k, off_ks, off_va, off_vb, off_vsa, off_vsb = _thread_offsets(TOK_K, TOK_V, TOK_KS, TOK_VS, LK, LV, KW)
             pk, pa = _warp_pages(n0, last, bt_row, page_shift, LK, LV, NW, KW)
-            if RING_PAIRS:
-                # tiles 0 and 1 of the range into stages 0 and 1, their scales to registers; the page ids of tiles 2
-                # and 3 (copied, and their scales loaded, in step 0)
-                pk1, pa1 = _warp_pages(n0 + BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                ks, vsa, vsb = _scales_paged(n0, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks, off_vsa,
-                                             off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
-                ks1, vsa1, vsb1 = _scales_paged(n0 + BLOCK_N, pk1, pa1, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks,
-                                                off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
-                _ring_copy(n0, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring, va_ring,
-                           vb_ring, 0, TOK_K, TOK_V, LK, LV, NW, KW, IT)
-                _ring_copy(n0 + BLOCK_N, pk1, pa1, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring,
-                           va_ring, vb_ring, 1, TOK_K, TOK_V, LK, LV, NW, KW, IT)
-                pk1, pa1 = _warp_pages(n0 + 3 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-            elif RING > 0:
-                # tiles 0 .. RING - 2 of the range into the ring, tile 0's scales to registers; then the page ids of
-                # tile 1 (its scales, loaded in step 0) and of tile RING - 1 (copied in step 0)
-                ks, vsa, vsb = _scales_paged(n0, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks, off_vsa,
-                                             off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
-                _ring_copy(n0, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring, va_ring,
-                           vb_ring, 0, TOK_K, TOK_V, LK, LV, NW, KW, IT)
-                for r in gl.static_range(1, RING - 1):
-                    pk_r, pa_r = _warp_pages(n0 + r * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                    _ring_copy(n0 + r * BLOCK_N, pk_r, pa_r, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
-                               off_vb, k_ring, va_ring, vb_ring, r, TOK_K, TOK_V, LK, LV, NW, KW, IT)
-                pk_c, pa_c = _warp_pages(n0 + (RING - 1) * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-            else:
-                kw, ks = _k_words_paged(n0, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks, TOK_K, TOK_KS,
-                                        LK, NW, KW, IT)
-                va, vb, vsa, vsb = _v_words_paged(n0, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb,
-                                                  off_vsa, off_vsb, TOK_V, TOK_VS, LV, NW, KW, IT)
-            pk, pa = _warp_pages(n0 + (2 if RING_PAIRS else 1) * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-        else:
-            pk, pa, pb = _tile_pages(n0, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
-            kw, ks, va, vb, vsa, vsb = _tile_words(
-                n0, end_key, pk, pa, pb, page_size, page_shift, num_pages, k_base, v_base, ks_base, vs_base,
-                s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
+            acc, m_i, l_i = gl.warp_specialize(
+                [(_tma_consumer, (acc, m_i, l_i, q_op, qpos, kv_hi, window, qk_scale2, softcap_pre, softcap_post, bt_row,
+                                  page_size, page_shift, num_pages, ks_base, vs_base, s_ksp, s_vsp, off_ks, off_vsa,
+                                  off_vsb, pk, pa, last, kv_lo, b_begin, b_end, kt_ring, vt_ring, full, empty,
+                                  MMA, LK, LV, NW, KW, BLOCK_N, RING, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2,
+                                  ROWS8, CVT8, KT, LEAN, IMAD_SHR, LAZY, TOK_KS, TOK_VS, IT)),
+                 (_tma_loader, (bt_row, kv_lo, b_begin, b_end, last, page_shift, page_size, kvh, k_desc, v_desc,
+                                kt_ring, vt_ring, full, empty, NW, KW, BLOCK_N, RING))],
+                [1], [24],
             )
-            pk, pa, pb = _tile_pages(
-                n0 + BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
-            )
-        if SKEW:  # tile i's logits are computed in step i - 1 (the first before the loop)
-            s_cur = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
-        b_one = b_begin  # the first tile of the one-tile loop below
-        if TILE_PAIRS:
-            # two tiles i, i + 1 per step while two remain, one softmax update for both (_softmax_pv_kt2). A step starts
-            # with tiles i's and i + 1's K words and tile i's V words (from the step before, or here for the first);
-            # it loads tile i + 1's V words first, tiles i + 2's and i + 3's K words after tile i's and tile i + 1's
-            # logits, and tile i + 2's V words after the P V: every load has about half a step or more to land (past
-            # the range they read the range's last checked page). An odd last tile takes the one-tile loop below, with
-            # its own words; what it loads ahead (past the range) is unused.
-            kw1, ks1 = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks,
-                                      TOK_K, TOK_KS, LK, NW, KW, IT)
-            pa1 = pa
-            pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-            for i in range(b_begin, b_end - 1, 2):
-                n0 = kv_lo + i * BLOCK_N
-                va1, vb1, vsa1, vsb1 = _v_words_paged(
-                    n0 + BLOCK_N, pa1, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
-                    TOK_V, TOK_VS, LV, NW, KW, IT,
-                )
-                s0 = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
-                kw, ks = _k_words_paged(n0 + 2 * BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks,
-                                        TOK_K, TOK_KS, LK, NW, KW, IT)
-                pa2 = pa
-                pk, pa = _warp_pages(n0 + 3 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                s1 = _logits(q_op, kw1, ks1, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
-                kw1, ks1 = _k_words_paged(n0 + 3 * BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k,
-                                          off_ks, TOK_K, TOK_KS, LK, NW, KW, IT)
-                pa1 = pa
-                pk, pa = _warp_pages(n0 + 4 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                acc, m_i, l_i = _softmax_pv_kt2(
-                    acc, m_i, l_i, s0, s1, qk_scale2, softcap_pre, softcap_post,
-                    va, vb, vsa, vsb, va1, vb1, vsa1, vsb1, MMA, NW, KW, HAS_SOFTCAP, CVT8, q_op.dtype, LEAN, IMAD_SHR,
-                )
-                va, vb, vsa, vsb = _v_words_paged(
-                    n0 + 2 * BLOCK_N, pa2, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
-                    TOK_V, TOK_VS, LV, NW, KW, IT,
-                )
-            b_one = b_end - (b_end - b_begin) % 2
-        if RING_PAIRS:
-            # two tiles i, i + 1 per step (an even count, above), their words through a ring of 4 tiles: tiles i + 2
-            # and i + 3 are copied into the stages of tiles i - 2 and i - 1 (read in the step before) and their scales
-            # loaded to registers, the next step's page ids loaded; then tiles i's and i + 1's copies are waited for
-            # (2 groups stay in flight) and their words read back
-            for i in range(b_begin, b_end, 2):
-                n0 = kv_lo + i * BLOCK_N
-                _ring_copy(n0 + 2 * BLOCK_N, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring,
-                           va_ring, vb_ring, (i - b_begin + 2) & 3, TOK_K, TOK_V, LK, LV, NW, KW, IT)
-                _ring_copy(n0 + 3 * BLOCK_N, pk1, pa1, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb,
-                           k_ring, va_ring, vb_ring, (i - b_begin + 3) & 3, TOK_K, TOK_V, LK, LV, NW, KW, IT)
-                ks2, vsa2, vsb2 = _scales_paged(n0 + 2 * BLOCK_N, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp,
-                                                off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
-                ks3, vsa3, vsb3 = _scales_paged(n0 + 3 * BLOCK_N, pk1, pa1, page_size, ks_base, vs_base, s_ksp, s_vsp,
-                                                off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
-                pk, pa = _warp_pages(n0 + 4 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                pk1, pa1 = _warp_pages(n0 + 5 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                async_copy.wait_group(2)
-                st = (i - b_begin) & 3
-                s0 = _logits(q_op, k_ring.index(st).load(LK), ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
-                s1 = _logits(q_op, k_ring.index(st + 1).load(LK), ks1, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN,
-                             IMAD_SHR)
-                acc, m_i, l_i = _softmax_pv_kt2(
-                    acc, m_i, l_i, s0, s1, qk_scale2, softcap_pre, softcap_post,
-                    va_ring.index(st).load(LV), vb_ring.index(st).load(LV), vsa, vsb,
-                    va_ring.index(st + 1).load(LV), vb_ring.index(st + 1).load(LV), vsa1, vsb1,
-                    MMA, NW, KW, HAS_SOFTCAP, CVT8, q_op.dtype, LEAN, IMAD_SHR,
-                )
-                ks, vsa, vsb = ks2, vsa2, vsb2
-                ks1, vsa1, vsb1 = ks3, vsa3, vsb3
-        if not RING_PAIRS:  # the one-tile loop (with PAIR, an odd last tile)
-            for i in range(b_one, b_end):
-                n0 = kv_lo + i * BLOCK_N
-                if RING > 0:
-                    # copy tile i + RING - 1 into the stage tile i - 1 held; tile i + 1's scales to registers; the next
-                    # step's page ids; then wait for tile i's copies and read its words back
-                    _ring_copy(n0 + (RING - 1) * BLOCK_N, pk_c, pa_c, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
-                               off_vb, k_ring, va_ring, vb_ring, (i - b_begin + RING - 1) % RING, TOK_K, TOK_V, LK, LV, NW,
-                               KW, IT)
-                    ks_n, vsa_n, vsb_n = _scales_paged(n0 + BLOCK_N, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp,
-                                                       off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
-                    pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                    if RING == 2:
-                        pk_c, pa_c = pk, pa
-                    else:
-                        pk_c, pa_c = _warp_pages(n0 + RING * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                    async_copy.wait_group(RING - 1)
-                    st = (i - b_begin) % RING
-                    kw = k_ring.index(st).load(LK)
-                    va = va_ring.index(st).load(LV)
-                    vb = vb_ring.index(st).load(LV)
-                    acc, m_i, l_i = _attend(
-                        acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
-                        bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
-                        MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
-                        IMAD_SHR, LAZY,
-                    )
-                    ks, vsa, vsb = ks_n, vsa_n, vsb_n
+    else:
+        if b_end > b_begin:
+            end_key = kv_lo + b_end * BLOCK_N  # (<= kv_hi)
+            n0 = kv_lo + b_begin * BLOCK_N
+            if PAGE_TILE:  # one page id per warp and tile, loop-invariant thread offsets, no mask
+                last = (end_key - 1) >> page_shift
+                off_k, off_ks, off_va, off_vb, off_vsa, off_vsb = _thread_offsets(TOK_K, TOK_V, TOK_KS, TOK_VS, LK, LV, KW)
+                pk, pa = _warp_pages(n0, last, bt_row, page_shift, LK, LV, NW, KW)
+                if RING_PAIRS:
+                    # tiles 0 and 1 of the range into stages 0 and 1, their scales to registers; the page ids of tiles 2
+                    # and 3 (copied, and their scales loaded, in step 0)
+                    pk1, pa1 = _warp_pages(n0 + BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                    ks, vsa, vsb = _scales_paged(n0, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks, off_vsa,
+                                                 off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+                    ks1, vsa1, vsb1 = _scales_paged(n0 + BLOCK_N, pk1, pa1, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks,
+                                                    off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+                    _ring_copy(n0, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring, va_ring,
+                               vb_ring, 0, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                    _ring_copy(n0 + BLOCK_N, pk1, pa1, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring,
+                               va_ring, vb_ring, 1, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                    pk1, pa1 = _warp_pages(n0 + 3 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                elif RING > 0:
+                    # tiles 0 .. RING - 2 of the range into the ring, tile 0's scales to registers; then the page ids of
+                    # tile 1 (its scales, loaded in step 0) and of tile RING - 1 (copied in step 0)
+                    ks, vsa, vsb = _scales_paged(n0, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks, off_vsa,
+                                                 off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+                    _ring_copy(n0, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring, va_ring,
+                               vb_ring, 0, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                    for r in gl.static_range(1, RING - 1):
+                        pk_r, pa_r = _warp_pages(n0 + r * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                        _ring_copy(n0 + r * BLOCK_N, pk_r, pa_r, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
+                                   off_vb, k_ring, va_ring, vb_ring, r, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                    pk_c, pa_c = _warp_pages(n0 + (RING - 1) * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
                 else:
-                    if PAGE_TILE:
-                        # the next tile's K words here, its V words here or (V_LATE) after this tile's P V (below)
-                        kw_n, ks_n = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k,
-                                                    off_ks, TOK_K, TOK_KS, LK, NW, KW, IT)
-                        if not V_LATE:
-                            va_n, vb_n, vsa_n, vsb_n = _v_words_paged(
-                                n0 + BLOCK_N, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
-                                TOK_V, TOK_VS, LV, NW, KW, IT,
-                            )
-                        pa_n = pa
+                    kw, ks = _k_words_paged(n0, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks, TOK_K, TOK_KS,
+                                            LK, NW, KW, IT)
+                    va, vb, vsa, vsb = _v_words_paged(n0, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb,
+                                                      off_vsa, off_vsb, TOK_V, TOK_VS, LV, NW, KW, IT)
+                pk, pa = _warp_pages(n0 + (2 if RING_PAIRS else 1) * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+            else:
+                pk, pa, pb = _tile_pages(n0, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
+                kw, ks, va, vb, vsa, vsb = _tile_words(
+                    n0, end_key, pk, pa, pb, page_size, page_shift, num_pages, k_base, v_base, ks_base, vs_base,
+                    s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
+                )
+                pk, pa, pb = _tile_pages(
+                    n0 + BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
+                )
+            if SKEW:  # tile i's logits are computed in step i - 1 (the first before the loop)
+                s_cur = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
+            b_one = b_begin  # the first tile of the one-tile loop below
+            if TILE_PAIRS:
+                # two tiles i, i + 1 per step while two remain, one softmax update for both (_softmax_pv_kt2). A step starts
+                # with tiles i's and i + 1's K words and tile i's V words (from the step before, or here for the first);
+                # it loads tile i + 1's V words first, tiles i + 2's and i + 3's K words after tile i's and tile i + 1's
+                # logits, and tile i + 2's V words after the P V: every load has about half a step or more to land (past
+                # the range they read the range's last checked page). An odd last tile takes the one-tile loop below, with
+                # its own words; what it loads ahead (past the range) is unused.
+                kw1, ks1 = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks,
+                                          TOK_K, TOK_KS, LK, NW, KW, IT)
+                pa1 = pa
+                pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                for i in range(b_begin, b_end - 1, 2):
+                    n0 = kv_lo + i * BLOCK_N
+                    va1, vb1, vsa1, vsb1 = _v_words_paged(
+                        n0 + BLOCK_N, pa1, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
+                        TOK_V, TOK_VS, LV, NW, KW, IT,
+                    )
+                    s0 = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
+                    kw, ks = _k_words_paged(n0 + 2 * BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks,
+                                            TOK_K, TOK_KS, LK, NW, KW, IT)
+                    pa2 = pa
+                    pk, pa = _warp_pages(n0 + 3 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                    s1 = _logits(q_op, kw1, ks1, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
+                    kw1, ks1 = _k_words_paged(n0 + 3 * BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k,
+                                              off_ks, TOK_K, TOK_KS, LK, NW, KW, IT)
+                    pa1 = pa
+                    pk, pa = _warp_pages(n0 + 4 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                    acc, m_i, l_i = _softmax_pv_kt2(
+                        acc, m_i, l_i, s0, s1, qk_scale2, softcap_pre, softcap_post,
+                        va, vb, vsa, vsb, va1, vb1, vsa1, vsb1, MMA, NW, KW, HAS_SOFTCAP, CVT8, q_op.dtype, LEAN, IMAD_SHR,
+                    )
+                    va, vb, vsa, vsb = _v_words_paged(
+                        n0 + 2 * BLOCK_N, pa2, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
+                        TOK_V, TOK_VS, LV, NW, KW, IT,
+                    )
+                b_one = b_end - (b_end - b_begin) % 2
+            if RING_PAIRS:
+                # two tiles i, i + 1 per step (an even count, above), their words through a ring of 4 tiles: tiles i + 2
+                # and i + 3 are copied into the stages of tiles i - 2 and i - 1 (read in the step before) and their scales
+                # loaded to registers, the next step's page ids loaded; then tiles i's and i + 1's copies are waited for
+                # (2 groups stay in flight) and their words read back
+                for i in range(b_begin, b_end, 2):
+                    n0 = kv_lo + i * BLOCK_N
+                    _ring_copy(n0 + 2 * BLOCK_N, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring,
+                               va_ring, vb_ring, (i - b_begin + 2) & 3, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                    _ring_copy(n0 + 3 * BLOCK_N, pk1, pa1, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb,
+                               k_ring, va_ring, vb_ring, (i - b_begin + 3) & 3, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                    ks2, vsa2, vsb2 = _scales_paged(n0 + 2 * BLOCK_N, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp,
+                                                    off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+                    ks3, vsa3, vsb3 = _scales_paged(n0 + 3 * BLOCK_N, pk1, pa1, page_size, ks_base, vs_base, s_ksp, s_vsp,
+                                                    off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+                    pk, pa = _warp_pages(n0 + 4 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                    pk1, pa1 = _warp_pages(n0 + 5 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                    async_copy.wait_group(2)
+                    st = (i - b_begin) & 3
+                    s0 = _logits(q_op, k_ring.index(st).load(LK), ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
+                    s1 = _logits(q_op, k_ring.index(st + 1).load(LK), ks1, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN,
+                                 IMAD_SHR)
+                    acc, m_i, l_i = _softmax_pv_kt2(
+                        acc, m_i, l_i, s0, s1, qk_scale2, softcap_pre, softcap_post,
+                        va_ring.index(st).load(LV), vb_ring.index(st).load(LV), vsa, vsb,
+                        va_ring.index(st + 1).load(LV), vb_ring.index(st + 1).load(LV), vsa1, vsb1,
+                        MMA, NW, KW, HAS_SOFTCAP, CVT8, q_op.dtype, LEAN, IMAD_SHR,
+                    )
+                    ks, vsa, vsb = ks2, vsa2, vsb2
+                    ks1, vsa1, vsb1 = ks3, vsa3, vsb3
+            if not RING_PAIRS:  # the one-tile loop (with PAIR, an odd last tile)
+                for i in range(b_one, b_end):
+                    n0 = kv_lo + i * BLOCK_N
+                    if RING > 0:
+                        # copy tile i + RING - 1 into the stage tile i - 1 held; tile i + 1's scales to registers; the next
+                        # step's page ids; then wait for tile i's copies and read its words back
+                        _ring_copy(n0 + (RING - 1) * BLOCK_N, pk_c, pa_c, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
+                                   off_vb, k_ring, va_ring, vb_ring, (i - b_begin + RING - 1) % RING, TOK_K, TOK_V, LK, LV, NW,
+                                   KW, IT)
+                        ks_n, vsa_n, vsb_n = _scales_paged(n0 + BLOCK_N, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp,
+                                                           off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
                         pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                    else:
-                        kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
-                            n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
-                            k_base, v_base, ks_base, vs_base, s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst,
-                            LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
-                        )
-                        pk, pa, pb = _tile_pages(
-                            n0 + 2 * BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
-                        )
-                    if SKEW:
-                        acc, m_i, l_i = _softmax_pv(
-                            acc, m_i, l_i, s_cur, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
-                            bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
-                            MMA, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
-                            q_op.dtype, IMAD_SHR, LAZY,
-                        )
-                        # the next tile's logits (past the range its words are zeros, or with PAGE_TILE a checked page's,
-                        # and these logits go unused)
-                        s_cur = _logits(q_op, kw_n, ks_n, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
-                    else:
+                        if RING == 2:
+                            pk_c, pa_c = pk, pa
+                        else:
+                            pk_c, pa_c = _warp_pages(n0 + RING * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                        async_copy.wait_group(RING - 1)
+                        st = (i - b_begin) % RING
+                        kw = k_ring.index(st).load(LK)
+                        va = va_ring.index(st).load(LV)
+                        vb = vb_ring.index(st).load(LV)
                         acc, m_i, l_i = _attend(
                             acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
                             bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
                             MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
                             IMAD_SHR, LAZY,
                         )
-                        kw, ks = kw_n, ks_n
-                    if V_LATE:
-                        # in source after the P V that reads this tile's V words, so that the next tile's take their
-                        # registers (no copy at the loop's end; ptxas still issues these loads mid-step, once the current
-                        # words are decoded)
-                        va, vb, vsa, vsb = _v_words_paged(
-                            n0 + BLOCK_N, pa_n, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
-                            TOK_V, TOK_VS, LV, NW, KW, IT,
-                        )
+                        ks, vsa, vsb = ks_n, vsa_n, vsb_n
                     else:
-                        va, vb, vsa, vsb = va_n, vb_n, vsa_n, vsb_n
-        if RING > 0:  # the copies past the range (their words unused) land before the ring's memory is reused
-            async_copy.wait_group(0)
+                        if PAGE_TILE:
+                            # the next tile's K words here, its V words here or (V_LATE) after this tile's P V (below)
+                            kw_n, ks_n = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k,
+                                                        off_ks, TOK_K, TOK_KS, LK, NW, KW, IT)
+                            if not V_LATE:
+                                va_n, vb_n, vsa_n, vsb_n = _v_words_paged(
+                                    n0 + BLOCK_N, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
+                                    TOK_V, TOK_VS, LV, NW, KW, IT,
+                                )
+                            pa_n = pa
+                            pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                        else:
+                            kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
+                                n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
+                                k_base, v_base, ks_base, vs_base, s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst,
+                                LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
+                            )
+                            pk, pa, pb = _tile_pages(
+                                n0 + 2 * BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
+                            )
+                        if SKEW:
+                            acc, m_i, l_i = _softmax_pv(
+                                acc, m_i, l_i, s_cur, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+                                bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
+                                MMA, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
+                                q_op.dtype, IMAD_SHR, LAZY,
+                            )
+                            # the next tile's logits (past the range its words are zeros, or with PAGE_TILE a checked page's,
+                            # and these logits go unused)
+                            s_cur = _logits(q_op, kw_n, ks_n, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
+                        else:
+                            acc, m_i, l_i = _attend(
+                                acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+                                bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
+                                MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
+                                IMAD_SHR, LAZY,
+                            )
+                            kw, ks = kw_n, ks_n
+                        if V_LATE:
+                            # in source after the P V that reads this tile's V words, so that the next tile's take their
+                            # registers (no copy at the loop's end; ptxas still issues these loads mid-step, once the current
+                            # words are decoded)
+                            va, vb, vsa, vsb = _v_words_paged(
+                                n0 + BLOCK_N, pa_n, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
+                                TOK_V, TOK_VS, LV, NW, KW, IT,
+                            )
+                        else:
+                            va, vb, vsa, vsb = va_n, vb_n, vsa_n, vsb_n
+            if RING > 0:  # the copies past the range (their words unused) land before the ring's memory is reused
+                async_copy.wait_group(0)
     # masked tiles from the causal diagonal / sequence end on
     c_begin = gl.maximum(b_begin, b_end)
     for i in range(c_begin, t_end):
