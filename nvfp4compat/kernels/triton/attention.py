@@ -1482,7 +1482,7 @@ GLUON_DECODE_CONFIGS = (
     # (the loader's group), registers per thread at launch 64 (4 programs per SM; the 4 decoding warps run at 104, the
     # loader at 24) with a ring of 4 (32 KB a program), and 80 (3 per SM; 136 and 24) with a ring of 6 (48 KB). sm_90
     # (triton 3.6.0), the decoding warps' unmasked loop per 16 keys and warp, no spill: 432 and 434 instructions against
-    # the default's 408, 6 LDS and 2 barriers among them; the loader issues 8 boxes a tile. Not yet run on a GPU
+    # the default's 408, 6 LDS and 2 barriers among them; the loader starts 8 boxes a tile. Not yet run on a GPU
     replace(_DECODE_CONFIGS_GLUON[128], ring=4, tma_loader=True, maxnreg=64),
     replace(_DECODE_CONFIGS_GLUON[128], ring=6, tma_loader=True, maxnreg=80, programs_per_sm=3),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
@@ -2246,8 +2246,8 @@ def _run_decode(
         # PAGE_TILE takes the token strides as constexprs (one build per cache layout); elsewhere they stay 0
         tok = d.page_tile_tok
         ring = _gluon_ring(d.cfg, tok[0] > 0)
-        descs = _tma_descriptors(d, cache) if d.tma and ring >= 2 else None
         try:
+            descs = _tma_descriptors(d, cache) if d.tma and ring >= 2 else None
             LAST_KERNELS["decode"] = _gluon.gluon_decode_kernel[(d.chunks * d.num_kv_heads,)](
                 *args, **common, NW=d.cfg.num_warps, ROWS8=d.group * qmax <= 8,
                 PAGE_EVEN=d.page_size % 2 == 0 and d.window <= 0, OFF32=d.off32, CVT8=d.cvt8,
