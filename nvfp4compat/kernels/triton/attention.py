@@ -1997,6 +1997,7 @@ def _decode_launch(
     programs, min_tiles, chunks, slots = split.programs, split.min_tiles, split.chunks, split.slots
     merge_block_h, merge_chunk_block = merge_blocks(a.num_qo_heads, views.head_dim)
     cfg = decode_config(views.head_dim, block_m, chunks * views.num_kv_heads, num_sms, rotate, gluon, rows)
+    tok = _gluon_page_tile_tok(cfg, views.page_size, a.window, cl) if gluon and cfg.gluon else (0, 0, 0, 0)
     return _DecodeLaunch(
         num_kv_heads=views.num_kv_heads, head_dim=views.head_dim, page_size=views.page_size,
         num_qo_heads=a.num_qo_heads, group=a.group, qmax=qmax, block_m=block_m, programs=programs,
@@ -2014,9 +2015,9 @@ def _decode_launch(
         off32=all(_byte_extent(t) < 2**31 for t in cl.tensors),
         gluon=gluon and cfg.gluon,  # (a forced config may ask for the Gluon kernel where it cannot run)
         cvt8=gluon and cfg.gluon and cfg.e4m3_cvt and torch.cuda.get_device_capability(device) >= (8, 9),
-        page_tile_tok=_gluon_page_tile_tok(cfg, views.page_size, a.window, cl) if gluon and cfg.gluon else (0, 0, 0, 0),
+        page_tile_tok=tok,
         pdl=_merge_pdl(device),
-        tma=_gluon_tma(cfg, device, cl) if gluon and cfg.gluon else False,
+        tma=gluon and cfg.gluon and _gluon_tma(cfg, _gluon_ring(cfg, tok[0] > 0), device, cl),
     )  # fmt: skip
 
 
@@ -2078,11 +2079,17 @@ _TMA_DESC_TYPE = ("tensordesc<u8[1, 16, 1, 64],NVMMASharedLayout(swizzle_byte_wi
                   "transposed=False, fp4_padded=False, cga_layout=[])>")
 
 
-def _gluon_tma(cfg: DecodeConfig, device: torch.device, cl: _CacheLaunch) -> bool:
-    """Whether a Gluon launch with ``cfg`` fills its ring by TMA (``TMA``): where the config asks for it, the launch takes
-    ``PAGE_TILE`` with a ring (the caller's ``page_tile_tok``), the device is SM90+ and every data stride of the cache
-    is a multiple of 16 bytes (a TMA descriptor's rule; the bases are checked per call, :func:`_tma_descriptors`)."""
-    return (cfg.tma_loader and cfg.ring >= 2 and not cfg.tile_pairs and device.type == "cuda" and not interpreting()
+def _tma_ring(cfg: DecodeConfig, ring: int) -> bool:
+    """Whether the Gluon kernel's ``RING`` (``ring``, :func:`_gluon_ring`) of a launch with ``cfg`` is one the config
+    fills by TMA where the target has it (``TMA`` takes a ring and no ``PAIR``)."""
+    return cfg.tma_loader and ring >= 2 and not cfg.tile_pairs
+
+
+def _gluon_tma(cfg: DecodeConfig, ring: int, device: torch.device, cl: _CacheLaunch) -> bool:
+    """Whether a Gluon launch with ``cfg`` and ``RING`` ``ring`` fills its ring by TMA (``TMA``): where
+    :func:`_tma_ring` says so, the device is SM90+ and every data stride of the cache is a multiple of 16 bytes (a TMA
+    descriptor's rule; the bases are checked per call, :func:`_tma_descriptors`)."""
+    return (_tma_ring(cfg, ring) and device.type == "cuda" and not interpreting()
             and torch.cuda.get_device_capability(device) >= (9, 0) and cl.data_align == 16)
 
 
@@ -2247,7 +2254,7 @@ def _run_decode(
         tok = d.page_tile_tok
         ring = _gluon_ring(d.cfg, tok[0] > 0)
         try:
-            descs = _tma_descriptors(d, cache) if d.tma and ring >= 2 else None
+            descs = _tma_descriptors(d, cache) if d.tma else None
             LAST_KERNELS["decode"] = _gluon.gluon_decode_kernel[(d.chunks * d.num_kv_heads,)](
                 *args, **common, NW=d.cfg.num_warps, ROWS8=d.group * qmax <= 8,
                 PAGE_EVEN=d.page_size % 2 == 0 and d.window <= 0, OFF32=d.off32, CVT8=d.cvt8,
@@ -2735,7 +2742,7 @@ def aot_variants() -> dict[str, list[Any]]:
                              "ROWS8": group * qmax <= 8, "PAGE_EVEN": even, "OFF32": off32, "CVT8": False,
                              "KT": _gluon_kt(cfg, group * qmax), "LEAN": False, "SKEW": cfg.skew_logits,
                              "IMAD_SHR": False, "LAZY": cfg.lazy_rescale, "DEFER_SUM": cfg.defer_sum, "PDL": False,
-                             "PAIR": cfg.tile_pairs, "k_desc": None, "v_desc": None, "TMA": False}
+                             "PAIR": cfg.tile_pairs, "TMA": False}
         c.update(_FEATURES_OFF)
         c.update(features)
         # pages of 16 keys where the variant has pages of 2^n keys
@@ -2745,10 +2752,11 @@ def aot_variants() -> dict[str, list[Any]]:
         c.update(zip(("TOK_K", "TOK_V", "TOK_KS", "TOK_VS"), tok, strict=True))
         c["RING"] = _gluon_ring(cfg, c["PAGE_TILE"])
         # the ring filled by TMA (tma_loader) where the launcher takes it: SM90+, the descriptors of a uint8 cache
-        tma = cfg.tma_loader and c["RING"] >= 2 and not cfg.tile_pairs
+        tma = _tma_ring(cfg, c["RING"])
         if tma:
             sig.update(dict.fromkeys(("k_desc", "v_desc"), _TMA_DESC_TYPE))
-            del c["k_desc"], c["v_desc"]
+        else:
+            c.update(k_desc=None, v_desc=None)
         # the E4M3 conversion where the launcher takes it: SM89+
         by_cc = (lambda cc: {"CVT8": cc >= 89, "LEAN": cfg.lean and cc >= 89, "IMAD_SHR": cfg.imad_shr and cc >= 89,
                              **(_pdl_by_cc(cc) if pdl else {}), **({"TMA": cc >= 90} if tma else {})}

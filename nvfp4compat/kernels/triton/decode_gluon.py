@@ -1347,202 +1347,201 @@ def gluon_decode_kernel(
                                 kt_ring, vt_ring, full, empty, NW, KW, BLOCK_N, RING))],
                 [1], [24],
             )
-    else:
-        if b_end > b_begin:
-            end_key = kv_lo + b_end * BLOCK_N  # (<= kv_hi)
-            n0 = kv_lo + b_begin * BLOCK_N
-            if PAGE_TILE:  # one page id per warp and tile, loop-invariant thread offsets, no mask
-                last = (end_key - 1) >> page_shift
-                off_k, off_ks, off_va, off_vb, off_vsa, off_vsb = _thread_offsets(TOK_K, TOK_V, TOK_KS, TOK_VS, LK, LV, KW)
-                pk, pa = _warp_pages(n0, last, bt_row, page_shift, LK, LV, NW, KW)
-                if RING_PAIRS:
-                    # tiles 0 and 1 of the range into stages 0 and 1, their scales to registers; the page ids of tiles 2
-                    # and 3 (copied, and their scales loaded, in step 0)
-                    pk1, pa1 = _warp_pages(n0 + BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                    ks, vsa, vsb = _scales_paged(n0, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks, off_vsa,
-                                                 off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
-                    ks1, vsa1, vsb1 = _scales_paged(n0 + BLOCK_N, pk1, pa1, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks,
-                                                    off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
-                    _ring_copy(n0, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring, va_ring,
-                               vb_ring, 0, TOK_K, TOK_V, LK, LV, NW, KW, IT)
-                    _ring_copy(n0 + BLOCK_N, pk1, pa1, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring,
-                               va_ring, vb_ring, 1, TOK_K, TOK_V, LK, LV, NW, KW, IT)
-                    pk1, pa1 = _warp_pages(n0 + 3 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                elif RING > 0:
-                    # tiles 0 .. RING - 2 of the range into the ring, tile 0's scales to registers; then the page ids of
-                    # tile 1 (its scales, loaded in step 0) and of tile RING - 1 (copied in step 0)
-                    ks, vsa, vsb = _scales_paged(n0, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks, off_vsa,
-                                                 off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
-                    _ring_copy(n0, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring, va_ring,
-                               vb_ring, 0, TOK_K, TOK_V, LK, LV, NW, KW, IT)
-                    for r in gl.static_range(1, RING - 1):
-                        pk_r, pa_r = _warp_pages(n0 + r * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                        _ring_copy(n0 + r * BLOCK_N, pk_r, pa_r, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
-                                   off_vb, k_ring, va_ring, vb_ring, r, TOK_K, TOK_V, LK, LV, NW, KW, IT)
-                    pk_c, pa_c = _warp_pages(n0 + (RING - 1) * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                else:
-                    kw, ks = _k_words_paged(n0, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks, TOK_K, TOK_KS,
-                                            LK, NW, KW, IT)
-                    va, vb, vsa, vsb = _v_words_paged(n0, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb,
-                                                      off_vsa, off_vsb, TOK_V, TOK_VS, LV, NW, KW, IT)
-                pk, pa = _warp_pages(n0 + (2 if RING_PAIRS else 1) * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-            else:
-                pk, pa, pb = _tile_pages(n0, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
-                kw, ks, va, vb, vsa, vsb = _tile_words(
-                    n0, end_key, pk, pa, pb, page_size, page_shift, num_pages, k_base, v_base, ks_base, vs_base,
-                    s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
-                )
-                pk, pa, pb = _tile_pages(
-                    n0 + BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
-                )
-            if SKEW:  # tile i's logits are computed in step i - 1 (the first before the loop)
-                s_cur = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
-            b_one = b_begin  # the first tile of the one-tile loop below
-            if TILE_PAIRS:
-                # two tiles i, i + 1 per step while two remain, one softmax update for both (_softmax_pv_kt2). A step starts
-                # with tiles i's and i + 1's K words and tile i's V words (from the step before, or here for the first);
-                # it loads tile i + 1's V words first, tiles i + 2's and i + 3's K words after tile i's and tile i + 1's
-                # logits, and tile i + 2's V words after the P V: every load has about half a step or more to land (past
-                # the range they read the range's last checked page). An odd last tile takes the one-tile loop below, with
-                # its own words; what it loads ahead (past the range) is unused.
-                kw1, ks1 = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks,
-                                          TOK_K, TOK_KS, LK, NW, KW, IT)
-                pa1 = pa
-                pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                for i in range(b_begin, b_end - 1, 2):
-                    n0 = kv_lo + i * BLOCK_N
-                    va1, vb1, vsa1, vsb1 = _v_words_paged(
-                        n0 + BLOCK_N, pa1, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
-                        TOK_V, TOK_VS, LV, NW, KW, IT,
-                    )
-                    s0 = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
-                    kw, ks = _k_words_paged(n0 + 2 * BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks,
-                                            TOK_K, TOK_KS, LK, NW, KW, IT)
-                    pa2 = pa
-                    pk, pa = _warp_pages(n0 + 3 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                    s1 = _logits(q_op, kw1, ks1, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
-                    kw1, ks1 = _k_words_paged(n0 + 3 * BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k,
-                                              off_ks, TOK_K, TOK_KS, LK, NW, KW, IT)
-                    pa1 = pa
-                    pk, pa = _warp_pages(n0 + 4 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                    acc, m_i, l_i = _softmax_pv_kt2(
-                        acc, m_i, l_i, s0, s1, qk_scale2, softcap_pre, softcap_post,
-                        va, vb, vsa, vsb, va1, vb1, vsa1, vsb1, MMA, NW, KW, HAS_SOFTCAP, CVT8, q_op.dtype, LEAN, IMAD_SHR,
-                    )
-                    va, vb, vsa, vsb = _v_words_paged(
-                        n0 + 2 * BLOCK_N, pa2, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
-                        TOK_V, TOK_VS, LV, NW, KW, IT,
-                    )
-                b_one = b_end - (b_end - b_begin) % 2
+    elif b_end > b_begin:
+        end_key = kv_lo + b_end * BLOCK_N  # (<= kv_hi)
+        n0 = kv_lo + b_begin * BLOCK_N
+        if PAGE_TILE:  # one page id per warp and tile, loop-invariant thread offsets, no mask
+            last = (end_key - 1) >> page_shift
+            off_k, off_ks, off_va, off_vb, off_vsa, off_vsb = _thread_offsets(TOK_K, TOK_V, TOK_KS, TOK_VS, LK, LV, KW)
+            pk, pa = _warp_pages(n0, last, bt_row, page_shift, LK, LV, NW, KW)
             if RING_PAIRS:
-                # two tiles i, i + 1 per step (an even count, above), their words through a ring of 4 tiles: tiles i + 2
-                # and i + 3 are copied into the stages of tiles i - 2 and i - 1 (read in the step before) and their scales
-                # loaded to registers, the next step's page ids loaded; then tiles i's and i + 1's copies are waited for
-                # (2 groups stay in flight) and their words read back
-                for i in range(b_begin, b_end, 2):
-                    n0 = kv_lo + i * BLOCK_N
-                    _ring_copy(n0 + 2 * BLOCK_N, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring,
-                               va_ring, vb_ring, (i - b_begin + 2) & 3, TOK_K, TOK_V, LK, LV, NW, KW, IT)
-                    _ring_copy(n0 + 3 * BLOCK_N, pk1, pa1, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb,
-                               k_ring, va_ring, vb_ring, (i - b_begin + 3) & 3, TOK_K, TOK_V, LK, LV, NW, KW, IT)
-                    ks2, vsa2, vsb2 = _scales_paged(n0 + 2 * BLOCK_N, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp,
-                                                    off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
-                    ks3, vsa3, vsb3 = _scales_paged(n0 + 3 * BLOCK_N, pk1, pa1, page_size, ks_base, vs_base, s_ksp, s_vsp,
-                                                    off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
-                    pk, pa = _warp_pages(n0 + 4 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                    pk1, pa1 = _warp_pages(n0 + 5 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                    async_copy.wait_group(2)
-                    st = (i - b_begin) & 3
-                    s0 = _logits(q_op, k_ring.index(st).load(LK), ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
-                    s1 = _logits(q_op, k_ring.index(st + 1).load(LK), ks1, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN,
-                                 IMAD_SHR)
-                    acc, m_i, l_i = _softmax_pv_kt2(
-                        acc, m_i, l_i, s0, s1, qk_scale2, softcap_pre, softcap_post,
-                        va_ring.index(st).load(LV), vb_ring.index(st).load(LV), vsa, vsb,
-                        va_ring.index(st + 1).load(LV), vb_ring.index(st + 1).load(LV), vsa1, vsb1,
-                        MMA, NW, KW, HAS_SOFTCAP, CVT8, q_op.dtype, LEAN, IMAD_SHR,
+                # tiles 0 and 1 of the range into stages 0 and 1, their scales to registers; the page ids of tiles 2
+                # and 3 (copied, and their scales loaded, in step 0)
+                pk1, pa1 = _warp_pages(n0 + BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                ks, vsa, vsb = _scales_paged(n0, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks, off_vsa,
+                                             off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+                ks1, vsa1, vsb1 = _scales_paged(n0 + BLOCK_N, pk1, pa1, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks,
+                                                off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+                _ring_copy(n0, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring, va_ring,
+                           vb_ring, 0, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                _ring_copy(n0 + BLOCK_N, pk1, pa1, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring,
+                           va_ring, vb_ring, 1, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                pk1, pa1 = _warp_pages(n0 + 3 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+            elif RING > 0:
+                # tiles 0 .. RING - 2 of the range into the ring, tile 0's scales to registers; then the page ids of
+                # tile 1 (its scales, loaded in step 0) and of tile RING - 1 (copied in step 0)
+                ks, vsa, vsb = _scales_paged(n0, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks, off_vsa,
+                                             off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+                _ring_copy(n0, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring, va_ring,
+                           vb_ring, 0, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                for r in gl.static_range(1, RING - 1):
+                    pk_r, pa_r = _warp_pages(n0 + r * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                    _ring_copy(n0 + r * BLOCK_N, pk_r, pa_r, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
+                               off_vb, k_ring, va_ring, vb_ring, r, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                pk_c, pa_c = _warp_pages(n0 + (RING - 1) * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+            else:
+                kw, ks = _k_words_paged(n0, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks, TOK_K, TOK_KS,
+                                        LK, NW, KW, IT)
+                va, vb, vsa, vsb = _v_words_paged(n0, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb,
+                                                  off_vsa, off_vsb, TOK_V, TOK_VS, LV, NW, KW, IT)
+            pk, pa = _warp_pages(n0 + (2 if RING_PAIRS else 1) * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+        else:
+            pk, pa, pb = _tile_pages(n0, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
+            kw, ks, va, vb, vsa, vsb = _tile_words(
+                n0, end_key, pk, pa, pb, page_size, page_shift, num_pages, k_base, v_base, ks_base, vs_base,
+                s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
+            )
+            pk, pa, pb = _tile_pages(
+                n0 + BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
+            )
+        if SKEW:  # tile i's logits are computed in step i - 1 (the first before the loop)
+            s_cur = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
+        b_one = b_begin  # the first tile of the one-tile loop below
+        if TILE_PAIRS:
+            # two tiles i, i + 1 per step while two remain, one softmax update for both (_softmax_pv_kt2). A step starts
+            # with tiles i's and i + 1's K words and tile i's V words (from the step before, or here for the first);
+            # it loads tile i + 1's V words first, tiles i + 2's and i + 3's K words after tile i's and tile i + 1's
+            # logits, and tile i + 2's V words after the P V: every load has about half a step or more to land (past
+            # the range they read the range's last checked page). An odd last tile takes the one-tile loop below, with
+            # its own words; what it loads ahead (past the range) is unused.
+            kw1, ks1 = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks,
+                                      TOK_K, TOK_KS, LK, NW, KW, IT)
+            pa1 = pa
+            pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+            for i in range(b_begin, b_end - 1, 2):
+                n0 = kv_lo + i * BLOCK_N
+                va1, vb1, vsa1, vsb1 = _v_words_paged(
+                    n0 + BLOCK_N, pa1, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
+                    TOK_V, TOK_VS, LV, NW, KW, IT,
+                )
+                s0 = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
+                kw, ks = _k_words_paged(n0 + 2 * BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks,
+                                        TOK_K, TOK_KS, LK, NW, KW, IT)
+                pa2 = pa
+                pk, pa = _warp_pages(n0 + 3 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                s1 = _logits(q_op, kw1, ks1, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
+                kw1, ks1 = _k_words_paged(n0 + 3 * BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k,
+                                          off_ks, TOK_K, TOK_KS, LK, NW, KW, IT)
+                pa1 = pa
+                pk, pa = _warp_pages(n0 + 4 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                acc, m_i, l_i = _softmax_pv_kt2(
+                    acc, m_i, l_i, s0, s1, qk_scale2, softcap_pre, softcap_post,
+                    va, vb, vsa, vsb, va1, vb1, vsa1, vsb1, MMA, NW, KW, HAS_SOFTCAP, CVT8, q_op.dtype, LEAN, IMAD_SHR,
+                )
+                va, vb, vsa, vsb = _v_words_paged(
+                    n0 + 2 * BLOCK_N, pa2, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
+                    TOK_V, TOK_VS, LV, NW, KW, IT,
+                )
+            b_one = b_end - (b_end - b_begin) % 2
+        if RING_PAIRS:
+            # two tiles i, i + 1 per step (an even count, above), their words through a ring of 4 tiles: tiles i + 2
+            # and i + 3 are copied into the stages of tiles i - 2 and i - 1 (read in the step before) and their scales
+            # loaded to registers, the next step's page ids loaded; then tiles i's and i + 1's copies are waited for
+            # (2 groups stay in flight) and their words read back
+            for i in range(b_begin, b_end, 2):
+                n0 = kv_lo + i * BLOCK_N
+                _ring_copy(n0 + 2 * BLOCK_N, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring,
+                           va_ring, vb_ring, (i - b_begin + 2) & 3, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                _ring_copy(n0 + 3 * BLOCK_N, pk1, pa1, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb,
+                           k_ring, va_ring, vb_ring, (i - b_begin + 3) & 3, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                ks2, vsa2, vsb2 = _scales_paged(n0 + 2 * BLOCK_N, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp,
+                                                off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+                ks3, vsa3, vsb3 = _scales_paged(n0 + 3 * BLOCK_N, pk1, pa1, page_size, ks_base, vs_base, s_ksp, s_vsp,
+                                                off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+                pk, pa = _warp_pages(n0 + 4 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                pk1, pa1 = _warp_pages(n0 + 5 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                async_copy.wait_group(2)
+                st = (i - b_begin) & 3
+                s0 = _logits(q_op, k_ring.index(st).load(LK), ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
+                s1 = _logits(q_op, k_ring.index(st + 1).load(LK), ks1, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN,
+                             IMAD_SHR)
+                acc, m_i, l_i = _softmax_pv_kt2(
+                    acc, m_i, l_i, s0, s1, qk_scale2, softcap_pre, softcap_post,
+                    va_ring.index(st).load(LV), vb_ring.index(st).load(LV), vsa, vsb,
+                    va_ring.index(st + 1).load(LV), vb_ring.index(st + 1).load(LV), vsa1, vsb1,
+                    MMA, NW, KW, HAS_SOFTCAP, CVT8, q_op.dtype, LEAN, IMAD_SHR,
+                )
+                ks, vsa, vsb = ks2, vsa2, vsb2
+                ks1, vsa1, vsb1 = ks3, vsa3, vsb3
+        if not RING_PAIRS:  # the one-tile loop (with PAIR, an odd last tile)
+            for i in range(b_one, b_end):
+                n0 = kv_lo + i * BLOCK_N
+                if RING > 0:
+                    # copy tile i + RING - 1 into the stage tile i - 1 held; tile i + 1's scales to registers; the next
+                    # step's page ids; then wait for tile i's copies and read its words back
+                    _ring_copy(n0 + (RING - 1) * BLOCK_N, pk_c, pa_c, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
+                               off_vb, k_ring, va_ring, vb_ring, (i - b_begin + RING - 1) % RING, TOK_K, TOK_V, LK, LV, NW,
+                               KW, IT)
+                    ks_n, vsa_n, vsb_n = _scales_paged(n0 + BLOCK_N, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp,
+                                                       off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+                    pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                    if RING == 2:
+                        pk_c, pa_c = pk, pa
+                    else:
+                        pk_c, pa_c = _warp_pages(n0 + RING * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                    async_copy.wait_group(RING - 1)
+                    st = (i - b_begin) % RING
+                    kw = k_ring.index(st).load(LK)
+                    va = va_ring.index(st).load(LV)
+                    vb = vb_ring.index(st).load(LV)
+                    acc, m_i, l_i = _attend(
+                        acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+                        bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
+                        MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
+                        IMAD_SHR, LAZY,
                     )
-                    ks, vsa, vsb = ks2, vsa2, vsb2
-                    ks1, vsa1, vsb1 = ks3, vsa3, vsb3
-            if not RING_PAIRS:  # the one-tile loop (with PAIR, an odd last tile)
-                for i in range(b_one, b_end):
-                    n0 = kv_lo + i * BLOCK_N
-                    if RING > 0:
-                        # copy tile i + RING - 1 into the stage tile i - 1 held; tile i + 1's scales to registers; the next
-                        # step's page ids; then wait for tile i's copies and read its words back
-                        _ring_copy(n0 + (RING - 1) * BLOCK_N, pk_c, pa_c, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
-                                   off_vb, k_ring, va_ring, vb_ring, (i - b_begin + RING - 1) % RING, TOK_K, TOK_V, LK, LV, NW,
-                                   KW, IT)
-                        ks_n, vsa_n, vsb_n = _scales_paged(n0 + BLOCK_N, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp,
-                                                           off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+                    ks, vsa, vsb = ks_n, vsa_n, vsb_n
+                else:
+                    if PAGE_TILE:
+                        # the next tile's K words here, its V words here or (V_LATE) after this tile's P V (below)
+                        kw_n, ks_n = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k,
+                                                    off_ks, TOK_K, TOK_KS, LK, NW, KW, IT)
+                        if not V_LATE:
+                            va_n, vb_n, vsa_n, vsb_n = _v_words_paged(
+                                n0 + BLOCK_N, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
+                                TOK_V, TOK_VS, LV, NW, KW, IT,
+                            )
+                        pa_n = pa
                         pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                        if RING == 2:
-                            pk_c, pa_c = pk, pa
-                        else:
-                            pk_c, pa_c = _warp_pages(n0 + RING * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                        async_copy.wait_group(RING - 1)
-                        st = (i - b_begin) % RING
-                        kw = k_ring.index(st).load(LK)
-                        va = va_ring.index(st).load(LV)
-                        vb = vb_ring.index(st).load(LV)
+                    else:
+                        kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
+                            n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
+                            k_base, v_base, ks_base, vs_base, s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst,
+                            LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
+                        )
+                        pk, pa, pb = _tile_pages(
+                            n0 + 2 * BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
+                        )
+                    if SKEW:
+                        acc, m_i, l_i = _softmax_pv(
+                            acc, m_i, l_i, s_cur, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
+                            bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
+                            MMA, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
+                            q_op.dtype, IMAD_SHR, LAZY,
+                        )
+                        # the next tile's logits (past the range its words are zeros, or with PAGE_TILE a checked page's,
+                        # and these logits go unused)
+                        s_cur = _logits(q_op, kw_n, ks_n, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
+                    else:
                         acc, m_i, l_i = _attend(
                             acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
                             bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
                             MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
                             IMAD_SHR, LAZY,
                         )
-                        ks, vsa, vsb = ks_n, vsa_n, vsb_n
+                        kw, ks = kw_n, ks_n
+                    if V_LATE:
+                        # in source after the P V that reads this tile's V words, so that the next tile's take their
+                        # registers (no copy at the loop's end; ptxas still issues these loads mid-step, once the current
+                        # words are decoded)
+                        va, vb, vsa, vsb = _v_words_paged(
+                            n0 + BLOCK_N, pa_n, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
+                            TOK_V, TOK_VS, LV, NW, KW, IT,
+                        )
                     else:
-                        if PAGE_TILE:
-                            # the next tile's K words here, its V words here or (V_LATE) after this tile's P V (below)
-                            kw_n, ks_n = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k,
-                                                        off_ks, TOK_K, TOK_KS, LK, NW, KW, IT)
-                            if not V_LATE:
-                                va_n, vb_n, vsa_n, vsb_n = _v_words_paged(
-                                    n0 + BLOCK_N, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
-                                    TOK_V, TOK_VS, LV, NW, KW, IT,
-                                )
-                            pa_n = pa
-                            pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                        else:
-                            kw_n, ks_n, va_n, vb_n, vsa_n, vsb_n = _tile_words(
-                                n0 + BLOCK_N, end_key, pk, pa, pb, page_size, page_shift, num_pages,
-                                k_base, v_base, ks_base, vs_base, s_kp, s_kt, s_vp, s_vt, s_ksp, s_kst, s_vsp, s_vst,
-                                LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN, OFF32, LEAN,
-                            )
-                            pk, pa, pb = _tile_pages(
-                                n0 + 2 * BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
-                            )
-                        if SKEW:
-                            acc, m_i, l_i = _softmax_pv(
-                                acc, m_i, l_i, s_cur, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
-                                bt_row, page_size, page_shift, num_pages, va, vb, vsa, vsb,
-                                MMA, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
-                                q_op.dtype, IMAD_SHR, LAZY,
-                            )
-                            # the next tile's logits (past the range its words are zeros, or with PAGE_TILE a checked page's,
-                            # and these logits go unused)
-                            s_cur = _logits(q_op, kw_n, ks_n, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
-                        else:
-                            acc, m_i, l_i = _attend(
-                                acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
-                                bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
-                                MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
-                                IMAD_SHR, LAZY,
-                            )
-                            kw, ks = kw_n, ks_n
-                        if V_LATE:
-                            # in source after the P V that reads this tile's V words, so that the next tile's take their
-                            # registers (no copy at the loop's end; ptxas still issues these loads mid-step, once the current
-                            # words are decoded)
-                            va, vb, vsa, vsb = _v_words_paged(
-                                n0 + BLOCK_N, pa_n, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
-                                TOK_V, TOK_VS, LV, NW, KW, IT,
-                            )
-                        else:
-                            va, vb, vsa, vsb = va_n, vb_n, vsa_n, vsb_n
-            if RING > 0:  # the copies past the range (their words unused) land before the ring's memory is reused
-                async_copy.wait_group(0)
+                        va, vb, vsa, vsb = va_n, vb_n, vsa_n, vsb_n
+        if RING > 0:  # the copies past the range (their words unused) land before the ring's memory is reused
+            async_copy.wait_group(0)
     # masked tiles from the causal diagonal / sequence end on
     c_begin = gl.maximum(b_begin, b_end)
     for i in range(c_begin, t_end):
