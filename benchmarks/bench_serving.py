@@ -15,7 +15,12 @@ where vLLM does not (it logs its plan line, which the report quotes).
 
     python benchmarks/bench_serving.py --json serving.json                 # both modes, defaults
     python benchmarks/bench_serving.py --modes serve --fit 8 --new-tokens 256
+    python benchmarks/bench_serving.py --modes serve --context 1024 --new-tokens 7168 --warmup-new-tokens 64
     python benchmarks/bench_serving.py --dry-run                           # the plan and the KV arithmetic
+
+The second serve line is a decode-heavy mix of the same 8K tokens a request (run Q on an H100: NVFP4 2.55x
+bf16). For each timed batch the report also gives what vLLM's scheduler did, from the engine's stat lines
+(every 2 s unless ``VLLM_LOG_STATS_INTERVAL`` says otherwise): requests running, the most waiting, preemptions.
 
 ``--dry-run`` needs no GPU and no vLLM (CI runs it).
 """
@@ -26,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,6 +45,13 @@ SERVE_GOAL = 2.5  # issue 14: NVFP4 generated tokens/s >= 2.5x bf16's at the sam
 PREFILL_GOAL = 1.1  # issue 15: NVFP4 prefill time <= 1.1x bf16's
 BATCH_MARK = "[bench_serving child] batch"
 JIT_MARK = "JIT compilation during inference:"  # vLLM's JIT monitor (0.26+), one line per kernel compiled
+# vLLM's periodic stat line (v1/metrics/loggers.py): requests running and waiting, preemptions (printed only where
+# above 0) and KV cache use, every VLLM_LOG_STATS_INTERVAL seconds (the children's default: STATS_INTERVAL_S)
+STAT_LINE = re.compile(
+    r"Running: (?P<running>\d+) reqs, Waiting: (?P<waiting>\d+) reqs"
+    r"(?:, Deferred: \d+ reqs)?(?:, Preemptions: (?P<preempted>\d+))?, GPU KV cache usage: (?P<kv>[\d.]+)%"
+)
+STATS_INTERVAL_S = "2"
 
 
 @dataclass(frozen=True)
@@ -220,8 +233,9 @@ def _run_child(run: Run, model_dir: Path, shape: ModelShape, repeats: int, timeo
         log_path = (log_dir or Path(tmp)) / f"{run.mode}-{run.kv}.log"
         t0 = time.time()
         with open(log_path, "w") as log_file:
+            env = {**os.environ, "VLLM_LOG_STATS_INTERVAL": os.environ.get("VLLM_LOG_STATS_INTERVAL", STATS_INTERVAL_S)}
             proc = subprocess.Popen([sys.executable, __file__, "--child", str(spec)], stdout=log_file,
-                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
             try:
                 rc = proc.wait(timeout=timeout)
                 timed_out = False
@@ -235,9 +249,11 @@ def _run_child(run: Run, model_dir: Path, shape: ModelShape, repeats: int, timeo
             tail = [ln for ln in log.splitlines() if ln.strip()][-8:]
             error = f"timed out after {timeout} s (--timeout)" if timed_out else f"engine process exited {rc}"
             return {"ok": False, "error": error, "log_tail": tail, "plugin": plan,
-                    "wall_s": round(time.time() - t0, 1), "jit": jit_by_batch(log), **where}
+                    "wall_s": round(time.time() - t0, 1), "jit": jit_by_batch(log), "sched": sched_by_batch(log),
+                    **where}
         out = json.loads(result.read_text())
-        out.update(ok=True, plugin=plan, wall_s=round(time.time() - t0, 1), jit=jit_by_batch(log), **where)
+        out.update(ok=True, plugin=plan, wall_s=round(time.time() - t0, 1), jit=jit_by_batch(log),
+                   sched=sched_by_batch(log), **where)
         return out
 
 
@@ -264,6 +280,42 @@ def jit_by_batch(log: str) -> dict[str, list[str]]:
     return by
 
 
+def sched_by_batch(log: str) -> dict[str, dict[str, Any]]:
+    """What vLLM's scheduler did in each of the child's batches, from the engine's stat lines (``STAT_LINE``):
+    the fewest and most requests running at a line, the most waiting, the preemptions counted, the highest KV
+    cache use (%), and how many lines there were. A batch shorter than the stat interval may have none; a line
+    tells the interval that ends at it, so the first line after a marker may still cover the batch before."""
+    by: dict[str, dict[str, Any]] = {}
+    where = "before"
+    for ln in log.splitlines():
+        if BATCH_MARK in ln:
+            where = ln.split(BATCH_MARK, 1)[1].strip()
+            continue
+        m = STAT_LINE.search(ln)
+        if m is None:
+            continue
+        running, waiting, kv = int(m["running"]), int(m["waiting"]), float(m["kv"])
+        b = by.setdefault(where, {"running_min": running, "running_max": running, "waiting_max": waiting,
+                                  "preemptions": 0, "kv_usage_max_pct": kv, "lines": 0})
+        b["running_min"] = min(b["running_min"], running)
+        b["running_max"] = max(b["running_max"], running)
+        b["waiting_max"] = max(b["waiting_max"], waiting)
+        b["preemptions"] += int(m["preempted"] or 0)
+        b["kv_usage_max_pct"] = max(b["kv_usage_max_pct"], kv)
+        b["lines"] += 1
+    return by
+
+
+def _sched_cell(sched: dict[str, dict[str, Any]] | None) -> str:
+    """The timed batches' scheduler summary for the report: running (fewest-most) / most waiting / preemptions."""
+    timed = [b for where, b in (sched or {}).items() if where.startswith("timed")]
+    if not timed:
+        return "no stat line"
+    lo, hi = min(b["running_min"] for b in timed), max(b["running_max"] for b in timed)
+    running = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    return f"{running} / {max(b['waiting_max'] for b in timed)} / {sum(b['preemptions'] for b in timed)}"
+
+
 def _ratio(rows: list[dict[str, Any]], mode: str, key: str) -> float | None:
     by = {r["kv"]: r for r in rows if r["mode"] == mode and r.get("ok")}
     if "auto" in by and "nvfp4" in by and by["auto"].get(key):
@@ -277,14 +329,15 @@ def report(rows: list[dict[str, Any]], shape: ModelShape) -> str:
         f"{shape.heads}/{shape.kv_heads} heads of {shape.head_dim}, intermediate {shape.intermediate}",
         "",
         "| mode | KV | backend | KV bytes | KV tokens | requests (fit) | context + new | best s | generated tok/s "
-        "| TTFT s (median / max) | ms per output token (median / max) | JIT compiles in the timed batches |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| TTFT s (median / max) | ms per output token (median / max) | JIT compiles in the timed batches "
+        "| running / waiting (most) / preemptions, timed batches |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         name = "bf16" if r["kv"] == "auto" else r["kv"]
         if not r.get("ok"):
             lines.append(f"| {r['mode']} | {name} | {r['backend'] or 'default'} | {r['kv_cache_bytes']} | FAILED: "
-                         f"{r.get('error')} | | | | | | | |")
+                         f"{r.get('error')} | | | | | | | | |")
             continue
         ttft = f"{r['ttft_s_median']} / {r['ttft_s_max']}" if "ttft_s_median" in r else "-"
         tpot = f"{r['tpot_ms_median']} / {r['tpot_ms_max']}" if "tpot_ms_median" in r else "-"
@@ -292,7 +345,8 @@ def report(rows: list[dict[str, Any]], shape: ModelShape) -> str:
         lines.append(
             f"| {r['mode']} | {name} | {r['backend'] or 'default'} | {r['kv_cache_bytes'] / 2**30:.2f} GiB | "
             f"{r['kv_cache_tokens']} | {r['requests']} ({r['fits_requests']}) | {r['context']} + {r['new_tokens']} | "
-            f"{r['best_s']} | {r['generated_tok_s']} | {ttft} | {tpot} | {', '.join(jit) or 'none'} |"
+            f"{r['best_s']} | {r['generated_tok_s']} | {ttft} | {tpot} | {', '.join(jit) or 'none'} | "
+            f"{_sched_cell(r.get('sched'))} |"
         )
     serve = _ratio(rows, "serve", "generated_tok_s")
     if serve is not None:

@@ -244,3 +244,29 @@ def test_bench_attention_variants_keeps_the_default_and_the_named_sweep_rows(tmp
     assert labels and labels[0].startswith("default"), out[-4000:]
     assert any("swapped QK" in x for x in labels), labels
     assert not any("byte scales" in x or "prefetch" in x for x in labels[1:]), labels
+
+
+def test_bench_serving_summarizes_the_scheduler_per_batch_from_vllms_stat_lines(monkeypatch):
+    """The engines' own logs of run Q (vLLM 0.26.0, a decode-heavy serve on an H100): bf16 ran 1-21 requests at a
+    time with up to 23 waiting, NVFP4 all 32; a stat line with vLLM's preemption count adds it up."""
+    bs = _bench_serving(monkeypatch)
+    logs = REPO / "docs" / "validation-runs" / "2026-12-05-h100-q" / "call4-engine-logs"
+    bf16 = bs.sched_by_batch((logs / "serve-auto.log").read_text())
+    assert bf16["timed 0"] == {"running_min": 1, "running_max": 21, "waiting_max": 23, "preemptions": 0,
+                               "kv_usage_max_pct": 97.8, "lines": 9}  # fmt: skip
+    nvfp4 = bs.sched_by_batch((logs / "serve-nvfp4.log").read_text())
+    assert nvfp4["timed 0"]["running_min"] == nvfp4["timed 0"]["running_max"] == 32
+    assert nvfp4["timed 0"]["waiting_max"] == 0
+    assert bs._sched_cell(bf16) == "1-21 / 23 / 0" and bs._sched_cell(nvfp4) == "32 / 0 / 0"
+    # the format vLLM prints where the interval had deferred requests and preemptions (v1/metrics/loggers.py)
+    line = ("INFO [loggers.py:310] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: "
+            "1.0 tokens/s, Running: {} reqs, Waiting: {} reqs, Deferred: 2 reqs, Preemptions: {}, "
+            "GPU KV cache usage: {}%, Prefix cache hit rate: 0.0%")  # fmt: skip
+    log = "\n".join([line.format(4, 0, 1, 10.0), f"{bs.BATCH_MARK} timed 0", line.format(6, 3, 2, 99.5),
+                     line.format(5, 4, 3, 98.0), f"{bs.BATCH_MARK} timed 1", line.format(7, 0, 0, 50.0)])  # fmt: skip
+    by = bs.sched_by_batch(log)
+    assert by["before"]["preemptions"] == 1
+    assert by["timed 0"] == {"running_min": 5, "running_max": 6, "waiting_max": 4, "preemptions": 5,
+                             "kv_usage_max_pct": 99.5, "lines": 2}  # fmt: skip
+    assert bs._sched_cell(by) == "5-7 / 4 / 5"
+    assert bs._sched_cell({"warmup": by["before"]}) == bs._sched_cell(None) == "no stat line"
