@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -266,31 +267,35 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def jit_by_batch(log: str) -> dict[str, list[str]]:
-    """The kernels vLLM's JIT monitor saw compiled, by the child's batch they fell in ("before": start-up
-    and vLLM's own warm-up). Compiles in a timed batch are in its time."""
-    by: dict[str, list[str]] = {}
+def _lines_by_batch(log: str) -> Iterator[tuple[str, str]]:
+    """Each line of an engine's log but the batch markers, with the child's batch it fell in ("before": start-up
+    and vLLM's own warm-up; then the label ``BATCH_MARK`` gave)."""
     where = "before"
     for ln in log.splitlines():
         if BATCH_MARK in ln:
             where = ln.split(BATCH_MARK, 1)[1].strip()
-        elif JIT_MARK in ln:
+        else:
+            yield where, ln
+
+
+def jit_by_batch(log: str) -> dict[str, list[str]]:
+    """The kernels vLLM's JIT monitor saw compiled, by the child's batch they fell in (:func:`_lines_by_batch`).
+    Compiles in a timed batch are in its time."""
+    by: dict[str, list[str]] = {}
+    for where, ln in _lines_by_batch(log):
+        if JIT_MARK in ln:
             name = ln.split(JIT_MARK, 1)[1].strip().split(".")[0]
             by.setdefault(where, []).append(name)
     return by
 
 
 def sched_by_batch(log: str) -> dict[str, dict[str, Any]]:
-    """What vLLM's scheduler did in each of the child's batches, from the engine's stat lines (``STAT_LINE``):
-    the fewest and most requests running at a line, the most waiting, the preemptions counted, the highest KV
-    cache use (%), and how many lines there were. A batch shorter than the stat interval may have none; a line
+    """What vLLM's scheduler did in each of the child's batches (:func:`_lines_by_batch`), from the engine's stat
+    lines (``STAT_LINE``): the fewest and most requests running at a line, the most waiting, the preemptions
+    counted, the highest KV cache use (%), and how many lines there were. A batch shorter than the stat interval may have none; a line
     tells the interval that ends at it, so the first line after a marker may still cover the batch before."""
     by: dict[str, dict[str, Any]] = {}
-    where = "before"
-    for ln in log.splitlines():
-        if BATCH_MARK in ln:
-            where = ln.split(BATCH_MARK, 1)[1].strip()
-            continue
+    for where, ln in _lines_by_batch(log):
         m = STAT_LINE.search(ln)
         if m is None:
             continue
