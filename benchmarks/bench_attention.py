@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import faulthandler
 import importlib.util
 import json
 import math
@@ -41,6 +42,19 @@ from typing import Any
 
 COPY_CEILING_GBS = 4300.0
 TOL = 1e-2
+_T0 = time.perf_counter()
+_WATCHDOG_S = 0.0  # --watchdog-s: seconds one step may take before every thread's stack is printed (0: off)
+
+
+def progress(msg: str) -> None:
+    """One timestamped line on stderr as each step (a shape's set-up, a row) starts, so that a run cut off by a
+    time limit says where it was; re-arms the watchdog (``--watchdog-s``), which prints every thread's Python
+    stack to stderr, and again each such period, while one step runs longer than that."""
+    sys.stderr.write(f"[bench_attention t={time.perf_counter() - _T0:7.1f}s] {msg}\n")
+    sys.stderr.flush()
+    if _WATCHDOG_S > 0:
+        faulthandler.cancel_dump_traceback_later()
+        faulthandler.dump_traceback_later(_WATCHDOG_S, repeat=True, file=sys.stderr)
 
 
 @dataclass(frozen=True)
@@ -378,6 +392,7 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
     variants += [(f"knob {name}={val}", {"knobs": {name: val}}) for name, val in knobs]
     max_smem = _max_shared_mem(case.q.device)
     for label, over in variants:
+        progress(f"{s.name}: {impl} [{label[:160]}]")
         try:
             with _overrides(att, over):
                 getattr(att, "LAST_KERNELS", {}).clear()
@@ -439,6 +454,7 @@ def _flashinfer_rows(case: Case, refs: dict[str, Any]) -> list[Row]:
     ver = flashinfer.__version__
 
     def add(name: str, build: Callable[[], Callable[[], Any]], ref_key: str) -> None:
+        progress(f"{s.name}: FlashInfer {ver} {name}")
         try:
             run = build()
             out = run()
@@ -539,7 +555,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-sweep", action="store_true", help="only the default Triton config per shape")
     ap.add_argument("--no-flashinfer", action="store_true", help="skip the FlashInfer baselines")
     ap.add_argument("--shapes", default=None, help="comma-separated substrings selecting shapes (e.g. 'B=8,prefill')")
-    ap.add_argument("--json", default=None, help="also write every row to this JSON file")
+    ap.add_argument("--json", default=None,
+                    help="also write every row to this JSON file, rewritten after each shape ('complete' is false "
+                         "until the last shape is done, so a run cut off by a time limit keeps its finished shapes)")
+    ap.add_argument("--watchdog-s", type=float, default=None, metavar="S",
+                    help="print every thread's Python stack to stderr when one step (a shape's set-up or one row) "
+                         "runs longer than S seconds, and again every S seconds (default 300 on a GPU, off under "
+                         "--quick; 0: off). Each step's start is logged on stderr with the seconds since launch")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--baseline", default=None,
                     help="path of an earlier attention.py (e.g. `git show <rev>:nvfp4compat/kernels/triton/attention.py`) "
@@ -553,6 +575,10 @@ def main(argv: list[str] | None = None) -> int:
                          "'page_tile=True&imad_shr=False'); the default row always runs")
     args = ap.parse_args(argv)
     only = [k.strip() for k in (args.variants or "").split(",") if k.strip()]
+    global _WATCHDOG_S
+    _WATCHDOG_S = args.watchdog_s if args.watchdog_s is not None else (0.0 if args.quick else 300.0)
+    if _WATCHDOG_S < 0:
+        raise SystemExit(f"bench_attention: --watchdog-s {args.watchdog_s}: need seconds >= 0 (0 turns it off)")
 
     if args.quick:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -589,6 +615,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     for shape in shapes:
         t0 = time.perf_counter()
+        progress(f"{shape.name}: building the caches and the float32 references")
         case = Case(shape, device, args.seed, fp8=not args.quick)
         refs = {"nvfp4": case.reference("nvfp4")}
         if not args.quick and not args.no_flashinfer:
@@ -610,9 +637,13 @@ def main(argv: list[str] | None = None) -> int:
                 ok = False
                 print(f"ERROR: {r.impl} [{r.config}] relative L2 {r.rel_l2} exceeds {TOL} or failed: {r.note}")
         all_rows += rows
+        if args.json:
+            _write_json(args.json, env, all_rows, complete=False)
         del case
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    progress("all shapes done")
+    faulthandler.cancel_dump_traceback_later()
 
     # best Triton config per shape
     print("## fastest Triton config per shape\n")
@@ -628,9 +659,17 @@ def main(argv: list[str] | None = None) -> int:
           "DECODE_WIDE_WARPS (warps of latency-bound or BLOCK_M > 16 decode launches) and "
           "SPLIT_TARGET_PROGRAMS_PER_SM / SPLIT_MIN_TILES (work split) in nvfp4compat/kernels/triton/attention.py.")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"env": env, "rows": [asdict(r) for r in all_rows]}, f, indent=1)
+        _write_json(args.json, env, all_rows, complete=True)
     return 0 if ok else 1
+
+
+def _write_json(path: str, env: str, rows: Sequence[Row], complete: bool) -> None:
+    """Every row so far to ``path`` (through a temporary file and a rename, so a run killed while writing leaves
+    the previous shape's file whole); ``complete`` is false until the last shape is done."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"env": env, "complete": complete, "rows": [asdict(r) for r in rows]}, f, indent=1)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -235,7 +235,7 @@ def test_bench_attention_variants_keeps_the_default_and_the_named_sweep_rows(tmp
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "bench_attention.py"), "--quick",
-         "--shapes", "quick decode B=2 L=200", "--variants", "swapped QK"],
+         "--shapes", "quick decode B=2 L=200", "--variants", "swapped QK", "--json", "rows.json"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     out = proc.stdout + proc.stderr
@@ -244,6 +244,36 @@ def test_bench_attention_variants_keeps_the_default_and_the_named_sweep_rows(tmp
     assert labels and labels[0].startswith("default"), out[-4000:]
     assert any("swapped QK" in x for x in labels), labels
     assert not any("byte scales" in x or "prefetch" in x for x in labels[1:]), labels
+    # each step's start on stderr (where a run cut off by a time limit was), and the JSON marked complete
+    steps = [ln for ln in proc.stderr.splitlines() if ln.startswith("[bench_attention t=")]
+    assert steps[0].endswith("quick decode B=2 L=200: building the caches and the float32 references"), steps
+    assert sum("triton NVFP4 [" in ln for ln in steps) == len(labels) and steps[-1].endswith("all shapes done")
+    import json
+
+    data = json.loads((tmp_path / "rows.json").read_text())
+    assert data["complete"] is True and [r["config"] for r in data["rows"]] == labels
+    assert not (tmp_path / "rows.json.tmp").exists()
+
+
+def test_bench_attention_watchdog_prints_the_stack_of_a_step_that_overruns(tmp_path):
+    """``--watchdog-s``: a step that runs past its seconds gets every thread's Python stack on stderr (where a GPU
+    run hangs), re-armed by each step's start; a step that finishes in time prints none."""
+    code = (
+        "import sys, time; sys.path.insert(0, sys.argv[1]); import bench_attention as b\n"
+        "b._WATCHDOG_S = 0.5\n"
+        "b.progress('quick step'); time.sleep(0.1)\n"
+        "b.progress('slow step')\n"
+        "def stuck_in_a_row():\n    time.sleep(1.3)\n"
+        "stuck_in_a_row(); b.faulthandler.cancel_dump_traceback_later()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(REPO / "benchmarks")], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr
+    assert "] quick step" in err and "] slow step" in err
+    head, _, tail = err.partition("] slow step")
+    assert "stuck_in_a_row" not in head and "Timeout" not in head, err  # the quick step's timer was re-armed
+    assert tail.count("stuck_in_a_row") == 2, err  # 0.5 s and 1.0 s into the 1.3 s step
 
 
 def test_bench_serving_summarizes_the_scheduler_per_batch_from_vllms_stat_lines(monkeypatch):

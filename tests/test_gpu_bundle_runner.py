@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
+import shutil
 import sys
 from pathlib import Path
 
@@ -48,7 +50,43 @@ def test_compile_caches_come_back_in_chunks_and_restore(rod, tmp_path, monkeypat
     state: dict = {}
     rod.restore_caches(bundle.parent, state)
     assert (home / ".cache" / "flashinfer" / "m" / "a.so").read_bytes() == blob
-    assert state["caches"]
+    assert list(state["cache_archives"]) == ["caches.tar.xz"]
+
+
+def test_named_cache_archives_from_two_hosts_restore_side_by_side(rod, tmp_path, monkeypatch, capsys):
+    """``caches save --name``: the benchmarks' FlashInfer build and the checks' engines' builds come back from
+    different calls under their own names; ``caches restore`` extracts every archive in .bundle/caches/ once,
+    and a truncated chunk is an error naming the archive and the way out, not a traceback."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(rod, "CACHE_CHUNK", rod.CACHE_CHUNK)  # main() sets them from its options
+    monkeypatch.setattr(rod, "CACHE_MAX_CHUNKS", rod.CACHE_MAX_CHUNKS)
+    monkeypatch.setattr(rod, "CACHE_LIMIT", rod.CACHE_LIMIT)
+    out, bundle, site = tmp_path / "out", tmp_path / "bundle", tmp_path / "site"
+    rng = random.Random(0)
+    blobs = {"0.7.2.post1": rng.randbytes(1_500_000), "0.6.14": bytes(range(256)) * 1024}
+    for name, ver in (("fi072", "0.7.2.post1"), ("engines", "0.6.14")):
+        so = home / ".cache" / "flashinfer" / ver / "90a" / "cached_ops" / "m" / "m.so"
+        so.parent.mkdir(parents=True)
+        so.write_bytes(blobs[ver])
+        assert rod.main(["caches", "save", "--name", name, "--out", str(out), "--cache-chunk-mib", "1"]) == 0
+        shutil.rmtree(home)
+    got = sorted(p.name for p in out.iterdir())
+    assert got == ["engines.tar.xz.00", "fi072.tar.xz.00", "fi072.tar.xz.01"], got  # random bytes: 2 chunks
+    (bundle / "caches").mkdir(parents=True)
+    for n in got:
+        shutil.copy(out / n, bundle / "caches" / n)
+    args = ["caches", "restore", "--bundle-dir", str(bundle), "--site", str(site)]
+    assert rod.main(args) == 0
+    for ver, blob in blobs.items():
+        assert (home / ".cache" / "flashinfer" / ver / "90a" / "cached_ops" / "m" / "m.so").read_bytes() == blob
+    assert rod.main(args) == 0 and "already restored" in capsys.readouterr().out
+    (bundle / "caches" / "fi072.tar.xz.01").unlink()  # a chunk left behind by the transfer
+    (site / rod.STATE_FILE).unlink()
+    assert rod.main(args) == 1
+    err = capsys.readouterr().err
+    assert "fi072.tar.xz.00" in err and "carry every fi072.tar.xz.NN" in err and "Traceback" not in err
+    assert rod.main(["caches", "save", "--name", "../x", "--out", str(out)]) == 1
 
 
 def test_runner_imports_the_package_with_the_bundles_dependencies(rod, tmp_path):

@@ -668,6 +668,51 @@ def test_throughput_runs_its_default_engines_before_the_forced_one():
     ]
 
 
+def test_a_check_whose_jobs_the_budget_skipped_is_incomplete_not_failed():
+    """Run R (2026-12-05, H100): a cold machine's NVFP4 engine took 376 s, so the 420 s budget skipped bf16's; check 6
+    had only one side. It reads INCOMPLETE with the job and why, not FAIL; a job that ran and failed still fails it."""
+    from nvfp4compat.validation.report import summary_md, verdict
+
+    def jobs_with(nvfp4):
+        jobs = vc.plan_jobs(["throughput"], "0.6.14")
+        by = {j.name: j for j in jobs}
+        by["preflight-fi0.6.14-plugin"].result = _preflight()
+        by["nvfp4-default-fi0.6.14-plugin"].result = nvfp4
+        skip = {"error": "skipped: the run's budget of 420 s is spent", "skipped": True, "tasks": {}}
+        by["auto-default-fi0.6.14-plugin"].result = dict(skip)
+        by["nvfp4-full-decode-optin-fi0.6.14-plugin"].result = dict(skip)
+        return jobs
+
+    measured = {"tasks": {"start": {"ok": True}, "throughput": {
+        "ok": True, "requests": 32, "context": 8192, "decode_tok_s": 8721.3, "prefill_only_s": 0.175,
+        "prefill_plus_decode_s": 1.11}}}  # run R's NVFP4 figures
+    jobs = jobs_with(measured)
+    r = vc.evaluate(["throughput"], jobs)["throughput"]
+    assert not r["passed"] and verdict(r) == "INCOMPLETE"
+    assert r["incomplete"] == {
+        "auto-default-fi0.6.14-plugin": "skipped: the run's budget of 420 s is spent",
+        "nvfp4-full-decode-optin-fi0.6.14-plugin": "skipped: the run's budget of 420 s is spent",
+    }
+    md = summary_md({"throughput": r}, jobs, ["nvfp4compat", "validate"], 418.0)
+    assert "**0 of 1 checks pass**; 1 incomplete" in md and "| 6. throughput | INCOMPLETE |" in md
+    assert "- not measured: `auto-default-fi0.6.14-plugin`: skipped: the run's budget of 420 s is spent" in md
+    # jobs not yet run (a partial report) count as unmeasured too
+    pending = vc.plan_jobs(["throughput"], "0.6.14")
+    assert verdict(vc.evaluate(["throughput"], pending)["throughput"]) == "INCOMPLETE"
+    # the NVFP4 engine ran and failed: FAIL, whatever else was skipped
+    for broken in ({"error": "no result file (rc 1)", "tasks": {}},
+                   {"tasks": {"start": {"ok": False, "error": "CUDA error"}}},
+                   {"timed_out": True, "tasks": {"start": {"ok": True}}}):
+        r = vc.evaluate(["throughput"], jobs_with(broken))["throughput"]
+        assert verdict(r) == "FAIL" and "incomplete" not in r, broken
+    # every job ran: a verdict, never incomplete
+    for j in jobs:
+        if j.result and j.result.get("skipped"):
+            j.result = measured
+    r = vc.evaluate(["throughput"], jobs)["throughput"]
+    assert r["passed"] and verdict(r) == "PASS"
+
+
 def test_recall_check_states_the_resolution_of_its_verdict():
     """At 5 needles a depth (50 a length) one needle is 2 points: the check says so, in its note and
     in the summary figure, so a single miss reads as what it is; at 100 a length it says nothing."""

@@ -922,5 +922,30 @@ def evaluate(
                 "passed = eager generates, the plugin logged from >= tp worker processes, "
                 f"capacity ratio >= {CAPACITY_MIN_RATIO}"
             )
+        if not r.get("passed"):
+            not_run = _unmeasured(c, jobs)
+            if not_run:
+                r["incomplete"] = not_run
         out[c] = r
     return out
+
+
+def _unmeasured(check: str, jobs: Sequence[Job]) -> dict[str, str] | None:
+    """Why check ``check`` has no verdict yet: its jobs that were skipped (the ``--budget-s`` spent, ``--jobs``, a job
+    this environment cannot run) or have not run, by name, when none of its jobs that ran failed (an error, a
+    timeout, or a failed task of a job with the plugin: a job without it may fail by design, as the negative
+    control does). None when every job ran, or when one that ran failed: then the check failed, it is not
+    incomplete."""
+    mine = [j for j in jobs if check in j.checks]
+    gaps: dict[str, str] = {}
+    for j in mine:
+        res = j.result
+        if res is None:
+            gaps[j.name] = "not run yet"
+        elif res.get("skipped"):
+            gaps[j.name] = str(res.get("error") or "skipped")
+        elif res.get("error") or res.get("timed_out") or (
+            j.plugin and any(not t.get("ok") for t in (res.get("tasks") or {}).values())
+        ):
+            return None
+    return gaps or None

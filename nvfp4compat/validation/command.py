@@ -317,5 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _say("")
     for name, r in results.items():
         _say(f"{verdict(r)}  {name}: {headline(name, r)}")
+        if verdict(r) == "INCOMPLETE":
+            for job, why in r["incomplete"].items():
+                _say(f"    not measured: {job}: {why}")
     _say(f"{time.time() - t0:.0f} s; report: {settings.out / 'summary.md'}, {settings.out / 'results.json'}")
     return EXIT_OK if all(r.get("passed") for r in results.values()) else EXIT_FAILED

@@ -33,7 +33,11 @@ TITLES = {
 
 
 def verdict(r: Mapping[str, Any]) -> str:
-    return "PASS" if r.get("passed") else "FAIL"
+    """PASS; INCOMPLETE where a job the check needs did not run (a spent ``--budget-s``, ``--jobs``) and none that
+    ran failed (``checks._unmeasured``); else FAIL."""
+    if r.get("passed"):
+        return "PASS"
+    return "INCOMPLETE" if r.get("incomplete") else "FAIL"
 
 
 def _num(x: Any, fmt: str = ",") -> str:
@@ -196,6 +200,7 @@ def summary_md(
 ) -> str:
     """The markdown report; ``total_jobs`` marks a partial one (jobs still to run)."""
     passed = sum(bool(r.get("passed")) for r in results.values())
+    short = sum(verdict(r) == "INCOMPLETE" for r in results.values())
     title = "# nvfp4compat validate"
     if total_jobs is not None:
         title += f" (PARTIAL: {len(jobs)} of {total_jobs} jobs)"
@@ -205,7 +210,8 @@ def summary_md(
         "",
         f"- command: `{' '.join(argv)}`",
         f"- finished: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, wall time {wall:.0f} s",
-        f"- **{passed} of {len(results)} checks pass**",
+        f"- **{passed} of {len(results)} checks pass**"
+        + (f"; {short} incomplete (jobs not run: see each check; a larger --budget-s runs them)" if short else ""),
         "",
         "| check | result | figure |",
         "|---|---|---|",
@@ -224,6 +230,8 @@ def summary_md(
     for name, r in results.items():
         number = f"{r['check']}. " if r.get("check") else ""
         lines += [f"## {number}{TITLES.get(name, name)}", "", f"**{verdict(r)}**: {headline(name, r)}", ""]
+        if verdict(r) == "INCOMPLETE":
+            lines += [f"- not measured: `{job}`: {why}" for job, why in r["incomplete"].items()] + [""]
         if name == "fidelity":
             lines += [*_fidelity_rows(r), "", f"{r.get('note', '')}", ""]
         elif name == "throughput":

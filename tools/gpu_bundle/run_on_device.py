@@ -2,7 +2,7 @@
 """Unpack an offline bundle (``build.py``) on a GPU host without internet access, and run
 ``nvfp4compat validate``'s checks from it.
 
-Standard library only until the checks start. Three subcommands:
+Standard library only until the checks start. Four subcommands:
 
 ``unpack``
     For every part folder present so far (``.bundle/pNN/``), verify the part's sha256 against the
@@ -20,6 +20,12 @@ Standard library only until the checks start. Three subcommands:
     shared dependencies. The checks, their verdicts and the report (``summary.md``,
     ``results.json``, ``jobs.log``) are the package's; ``docs/validation.md`` has the checks.
 
+``caches save --name NAME`` / ``caches restore``
+    Pack FlashInfer's JIT modules and vLLM's and Triton's compile caches under $HOME into
+    ``$OUT/NAME.tar.xz.NN`` (``run --save-caches`` does it after the checks, as ``caches``); restore every
+    archive carried in ``.bundle/caches/`` (``unpack`` restores them too), so a fresh host skips the
+    builds an earlier one did (FlashInfer: minutes of nvcc per module, also for the benchmarks' release).
+
 ``--plugin-from-checkout`` (``unpack``, ``run``): once the bundle is complete, the checkout's
 ``nvfp4compat/`` and ``matrix/`` replace the plugin wheel's code (the working tree, tested without
 rebuilding the bundle).
@@ -31,6 +37,7 @@ import argparse
 import hashlib
 import io
 import json
+import lzma
 import os
 import shutil
 import subprocess
@@ -251,24 +258,28 @@ CACHE_DIRS = (
     ".cache/vllm",
     ".triton/cache",
 )  # under $HOME, most valuable first
-CACHE_FILE = "caches.tar.xz"
 # defaults of --cache-chunk-mib / --cache-max-chunks: size them to what the transport brings back
 CACHE_CHUNK = 15 << 20
 CACHE_MAX_CHUNKS = 3
 CACHE_LIMIT = CACHE_CHUNK * CACHE_MAX_CHUNKS
 
 
-def save_caches(out: Path) -> str:
-    """Pack the compile caches into ``out/caches.tar.xz.NN`` chunks of at most ``CACHE_CHUNK`` bytes.
+def save_caches(out: Path, name: str = "caches", dirs: Sequence[str] = CACHE_DIRS) -> str:
+    """Pack the compile caches into ``out/<name>.tar.xz.NN`` chunks of at most ``CACHE_CHUNK`` bytes.
 
     FlashInfer's JIT modules (minutes of nvcc per release the first time a bf16/fp8 engine starts)
-    come first; caches are dropped from the end of ``CACHE_DIRS`` until the archive fits
+    come first; caches are dropped from the end of ``dirs`` until the archive fits
     ``CACHE_MAX_CHUNKS`` chunks. Bring the chunks back as ``.bundle/caches/`` to a later host:
-    ``unpack`` joins and restores them.
+    ``unpack`` (and ``caches restore``) joins and restores them; archives of other names beside them
+    are restored too.
     """
+    if not name or not all(c.isalnum() or c in "-_" for c in name):
+        raise RunnerError(f"cache archive name {name!r}: need letters, digits, '-' or '_' (the transport's file names)")
     home = Path.home()
-    present = [d for d in CACHE_DIRS if (home / d).is_dir()]
-    packed = out / CACHE_FILE
+    present = [d for d in dirs if (home / d).is_dir()]
+    if not present:
+        return f"no compile caches under {home} ({list(dirs)}); nothing saved"
+    packed = out / f"{name}.tar.xz"
     for n in range(len(present), 0, -1):
         with tarfile.open(packed, "w:xz", preset=6) as tf:
             for d in present[:n]:
@@ -279,7 +290,7 @@ def save_caches(out: Path) -> str:
             packed.unlink()
             names = []
             for i in range(0, len(data), CACHE_CHUNK):
-                chunk = out / f"{CACHE_FILE}.{i // CACHE_CHUNK:02d}"
+                chunk = out / f"{packed.name}.{i // CACHE_CHUNK:02d}"
                 chunk.write_bytes(data[i : i + CACHE_CHUNK])
                 names.append(chunk.name)
             return f"{size / (1 << 20):.1f} MiB of compile caches {present[:n]} in {names}"
@@ -287,29 +298,48 @@ def save_caches(out: Path) -> str:
     return f"compile caches {present} do not fit in {CACHE_LIMIT >> 20} MiB even alone; not saved"
 
 
+def _cache_archives(folder: Path) -> dict[str, list[Path]]:
+    """The archives in ``folder``: ``<name>.tar.xz`` whole, or its chunks ``<name>.tar.xz.NN`` in order."""
+    found: dict[str, list[Path]] = {}
+    if not folder.is_dir():
+        return found
+    for p in sorted(folder.iterdir()):
+        stem, dot, num = p.name.rpartition(".")
+        if p.name.endswith(".tar.xz"):
+            found.setdefault(p.name, []).insert(0, p)
+        elif dot and stem.endswith(".tar.xz") and len(num) == 2 and num.isdigit():
+            found.setdefault(stem, []).append(p)
+    for arc, paths in found.items():
+        if paths[0].name == arc:  # a whole archive wins over stray chunks of the same name
+            found[arc] = paths[:1]
+    return found
+
+
 def restore_caches(bundle_dir: Path, state: dict[str, Any]) -> None:
-    """Extract carried ``.bundle/caches/caches.tar.xz[.NN]`` into $HOME once per content."""
-    folder = bundle_dir / "caches"
-    whole = folder / CACHE_FILE
-    chunks = sorted(folder.glob(f"{CACHE_FILE}.[0-9][0-9]")) if folder.is_dir() else []
-    if not whole.exists() and not chunks:
-        return
-    data = whole.read_bytes() if whole.exists() else b"".join(c.read_bytes() for c in chunks)
-    digest = hashlib.sha256(data).hexdigest()
-    if state.get("caches") == digest:
-        say(f"compile caches {digest[:16]} already restored")
-        return
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tf:
-        members = [
-            m
-            for m in tf.getmembers()
-            if m.name.split("/")[0] in (".cache", ".triton") and ".." not in m.name.split("/")
-        ]
-        kwargs: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-        tf.extractall(Path.home(), members=members, **kwargs)
-    state["caches"] = digest
-    src = whole if whole.exists() else [c.name for c in chunks]
-    say(f"restored compile caches from {src} ({len(members)} entries) into {Path.home()}")
+    """Extract each carried ``.bundle/caches/<name>.tar.xz[.NN]`` into $HOME once per content."""
+    done = state.setdefault("cache_archives", {})
+    for arc, paths in _cache_archives(bundle_dir / "caches").items():
+        data = b"".join(p.read_bytes() for p in paths)
+        digest = hashlib.sha256(data).hexdigest()
+        if done.get(arc) == digest:
+            say(f"compile caches {arc} ({digest[:16]}) already restored")
+            continue
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tf:
+                members = [
+                    m
+                    for m in tf.getmembers()
+                    if m.name.split("/")[0] in (".cache", ".triton") and ".." not in m.name.split("/")
+                ]
+                kwargs: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+                tf.extractall(Path.home(), members=members, **kwargs)
+        except (tarfile.TarError, EOFError, lzma.LZMAError) as exc:
+            raise RunnerError(
+                f"compile caches {[p.name for p in paths]}: {type(exc).__name__}: {exc}; a chunk is missing or "
+                f"truncated: carry every {arc}.NN that came back, or remove them from {bundle_dir / 'caches'}"
+            ) from None
+        done[arc] = digest
+        say(f"restored compile caches from {[p.name for p in paths]} ({len(members)} entries) into {Path.home()}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -508,6 +538,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         say(save_caches(out))
     for name, r in results.items():
         say(f"{verdict(r)}  {name}: {headline(name, r)}")
+        if verdict(r) == "INCOMPLETE":
+            for job, why in r["incomplete"].items():
+                say(f"    not measured: {job}: {why}")
     return 0 if all(r.get("passed") for r in results.values()) else 1
 
 
@@ -516,6 +549,17 @@ def cmd_unpack(args: argparse.Namespace) -> int:
     if complete and args.plugin_from_checkout:
         say(use_checkout_plugin(args.site))
     return 0 if complete or args.partial_ok else 3
+
+
+def cmd_caches(args: argparse.Namespace) -> int:
+    if args.action == "save":
+        args.out.mkdir(parents=True, exist_ok=True)
+        say(save_caches(args.out, args.name))
+    else:
+        state = load_state(args.site)
+        restore_caches(args.bundle_dir, state)
+        save_state(args.site, state)
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -597,16 +641,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="folder for the jobs' specs, logs and results (default: <site>/../nvfp4-jobs)")
     r.add_argument("--dry-run", action="store_true", help="plan the jobs, run nothing")
     r.add_argument("--save-caches", action="store_true",
-                   help=f"pack FlashInfer's JIT, vLLM's and Triton's compile caches into OUT/{CACHE_FILE}.NN")
-    r.add_argument("--cache-chunk-mib", type=int, default=CACHE_CHUNK >> 20, help="size of one cache chunk")
-    r.add_argument("--cache-max-chunks", type=int, default=CACHE_MAX_CHUNKS,
-                   help="caches are dropped, least valuable first, until they fit this many chunks")
+                   help="pack FlashInfer's JIT, vLLM's and Triton's compile caches into OUT/caches.tar.xz.NN")
+    c = sub.add_parser("caches", parents=[common],
+                       help="save the compile caches to OUT, or restore those carried in <bundle-dir>/caches/")
+    c.add_argument("action", choices=("save", "restore"))
+    c.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "nvfp4-out")),
+                   help="where save writes <name>.tar.xz.NN (default: $OUT, else ./nvfp4-out)")
+    c.add_argument("--name", default="caches", help="archive name (default: caches); restore takes every name")
+    for p in (r, c):
+        p.add_argument("--cache-chunk-mib", type=int, default=CACHE_CHUNK >> 20, help="size of one cache chunk")
+        p.add_argument("--cache-max-chunks", type=int, default=CACHE_MAX_CHUNKS,
+                       help="caches are dropped, least valuable first, until they fit this many chunks")
     args = ap.parse_args(argv)
-    if args.cmd == "run":
+    if args.cmd in ("run", "caches"):
         CACHE_CHUNK, CACHE_MAX_CHUNKS = args.cache_chunk_mib << 20, args.cache_max_chunks
         CACHE_LIMIT = CACHE_CHUNK * CACHE_MAX_CHUNKS
     try:
-        return {"unpack": cmd_unpack, "status": cmd_status, "run": cmd_run}[args.cmd](args)
+        return {"unpack": cmd_unpack, "status": cmd_status, "run": cmd_run, "caches": cmd_caches}[args.cmd](args)
     except RunnerError as exc:
         print(f"run_on_device.py: error: {exc}", file=sys.stderr)
         return 1
