@@ -17,6 +17,7 @@ import pytest
 from nvfp4compat.cli import main as cli_main
 from nvfp4compat.validation import command, runner
 from nvfp4compat.validation.checks import DEFAULT_CHECKS
+from nvfp4compat.validation.report import verdict
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -204,6 +205,28 @@ def test_runner_reports_a_job_that_never_wrote_its_result(tmp_path, monkeypatch)
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     err = doc["jobs"]["auto-eager-finone-plugin"]["error"]
     assert "no result file (rc 3)" in err and "boom: no GPU memory" in err
+
+
+def test_a_job_the_budget_stops_leaves_its_check_incomplete_not_failed(tmp_path, monkeypatch):
+    """A job stopped by what was left of --budget-s (not by its own --job-timeout) is not measured, and the jobs after
+    it are skipped: check 6 reads INCOMPLETE and names both, as on run R's cold H100 (there the skip alone)."""
+    script = tmp_path / "slow_job.py"
+    script.write_text(
+        "import json, sys, time\nspec = json.load(open(sys.argv[1]))\n"
+        "if spec['kind'] != 'preflight':\n    time.sleep(30)\n"
+        "json.dump({'tasks': {'preflight': {'ok': True}}}, open(spec['result'], 'w'))\n"
+    )
+    monkeypatch.setattr(runner, "JOB_SCRIPT", script)
+    monkeypatch.setattr(runner, "MIN_JOB_S", 0.5)
+    lines: list[str] = []
+    s = runner.Settings(model="m/x", checks=["throughput"], out=tmp_path / "out", work=tmp_path / "w", budget_s=4.0)
+    results = runner.run_checks(s, lines.append)
+    r = results["throughput"]
+    assert verdict(r) == "INCOMPLETE", json.dumps(r, indent=1, default=str)
+    first, *rest = r["incomplete"].items()
+    assert first[0] == "nvfp4-default-finone-plugin" and "when the run's budget of 4 s was spent" in first[1]
+    assert rest and all("budget of 4 s is spent" in why for _, why in rest), rest
+    assert "INCOMPLETE" in (tmp_path / "out" / "summary.md").read_text()
 
 
 def test_an_unwritable_report_folder_is_one_line(capsys, monkeypatch, tmp_path):

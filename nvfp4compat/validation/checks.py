@@ -932,7 +932,7 @@ def evaluate(
 
 def _unmeasured(check: str, jobs: Sequence[Job]) -> dict[str, str] | None:
     """Why check ``check`` has no verdict yet: its jobs that were skipped (the ``--budget-s`` spent, ``--jobs``, a job
-    this environment cannot run) or have not run, by name, when none of its jobs that ran failed (an error, a
+    this environment cannot run), stopped by what was left of the budget, or have not run, by name, when none of its jobs that ran failed (an error, a
     timeout, or a failed task of a job with the plugin: a job without it may fail by design, as the negative
     control does). None when every job ran, or when one that ran failed: then the check failed, it is not
     incomplete."""
@@ -944,6 +944,8 @@ def _unmeasured(check: str, jobs: Sequence[Job]) -> dict[str, str] | None:
             gaps[j.name] = "not run yet"
         elif res.get("skipped"):
             gaps[j.name] = str(res.get("error") or "skipped")
+        elif res.get("cut_by_budget"):
+            gaps[j.name] = str(res["cut_by_budget"])
         elif res.get("error") or res.get("timed_out") or (
             j.plugin and any(not t.get("ok") for t in (res.get("tasks") or {}).values())
         ):

@@ -230,6 +230,9 @@ def run_job(
     return result
 
 
+MIN_JOB_S = 30.0  # seconds of --budget-s that must be left to start a job
+
+
 def run_checks(
     settings: Settings,
     say: Callable[[str], None],
@@ -274,7 +277,7 @@ def run_checks(
             elif why is not None:
                 j.result = {"error": why, "skipped": True, "tasks": {}, "log_lines": scan_log("")}
                 say(f"  [{i}/{len(jobs)}] {j.name}: {why}")
-            elif left is not None and left < 30:
+            elif left is not None and left < MIN_JOB_S:
                 j.result = {
                     "error": f"skipped: the run's budget of {settings.budget_s:.0f} s is spent",
                     "skipped": True,
@@ -286,5 +289,10 @@ def run_checks(
                 say(f"[{i}/{len(jobs)}] {j.name}: {', '.join(j.tasks)} (for {', '.join(j.checks)})")
                 timeout = settings.job_timeout_s if left is None else min(settings.job_timeout_s, left)
                 j.result = run_job(j, spec, env_of(j), settings.work, timeout, sink, say)
+                if j.result.get("timed_out") and timeout < settings.job_timeout_s:
+                    # stopped by what was left of --budget-s, not by its own limit: not measured, not failed
+                    j.result["cut_by_budget"] = (
+                        f"stopped after {timeout:.0f} s, when the run's budget of {settings.budget_s:.0f} s was spent"
+                    )
             write(final=False)
     return write(final=True)
