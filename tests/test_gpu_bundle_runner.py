@@ -28,7 +28,12 @@ def rod():
     return mod
 
 
-def test_compile_caches_come_back_in_chunks_and_restore(rod, tmp_path, monkeypatch):
+@pytest.mark.parametrize("programs", [True, False], ids=["tar-xz-programs", "python-tarfile"])
+def test_compile_caches_come_back_in_chunks_and_restore(rod, tmp_path, monkeypatch, programs):
+    if not programs:  # a host without the tar / xz programs: Python's tarfile packs them
+        monkeypatch.setattr(rod.shutil, "which", lambda _name: None)
+    elif not (shutil.which("tar") and shutil.which("xz")):
+        pytest.skip("needs the tar and xz programs")
     home = tmp_path / "home"
     (home / ".cache" / "flashinfer" / "m").mkdir(parents=True)
     blob = bytes(range(256)) * 8192  # 2 MiB

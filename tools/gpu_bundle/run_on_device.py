@@ -281,9 +281,7 @@ def save_caches(out: Path, name: str = "caches", dirs: Sequence[str] = CACHE_DIR
         return f"no compile caches under {home} ({list(dirs)}); nothing saved"
     packed = out / f"{name}.tar.xz"
     for n in range(len(present), 0, -1):
-        with tarfile.open(packed, "w:xz", preset=6) as tf:
-            for d in present[:n]:
-                tf.add(home / d, arcname=d)
+        _pack_xz(home, present[:n], packed)
         size = packed.stat().st_size
         if size <= CACHE_LIMIT:
             data = packed.read_bytes()
@@ -296,6 +294,28 @@ def save_caches(out: Path, name: str = "caches", dirs: Sequence[str] = CACHE_DIR
             return f"{size / (1 << 20):.1f} MiB of compile caches {present[:n]} in {names}"
     packed.unlink(missing_ok=True)
     return f"compile caches {present} do not fit in {CACHE_LIMIT >> 20} MiB even alone; not saved"
+
+
+def _pack_xz(root: Path, dirs: Sequence[str], packed: Path) -> None:
+    """``tar`` of ``dirs`` (relative to ``root``) into ``packed``, xz-compressed on every core where the ``tar`` and
+    ``xz`` programs exist (a FlashInfer JIT cache is hundreds of MB of objects: one core takes minutes), else by
+    Python's ``tarfile`` on one."""
+    tar, xz = shutil.which("tar"), shutil.which("xz")
+    if tar and xz:
+        with packed.open("wb") as f:
+            t = subprocess.Popen([tar, "-C", str(root), "-cf", "-", *dirs], stdout=subprocess.PIPE)
+            z = subprocess.run([xz, "-T0", "-6", "-c"], stdin=t.stdout, stdout=f)
+            assert t.stdout is not None
+            t.stdout.close()
+            if t.wait() != 0 or z.returncode != 0:
+                raise RunnerError(
+                    f"packing {list(dirs)} under {root} into {packed}: tar exit {t.returncode}, xz exit "
+                    f"{z.returncode}; is the disk full? (the caches are optional: run without saving them)"
+                )
+        return
+    with tarfile.open(packed, "w:xz", preset=6) as tf:
+        for d in dirs:
+            tf.add(root / d, arcname=d)
 
 
 def _cache_archives(folder: Path) -> dict[str, list[Path]]:
