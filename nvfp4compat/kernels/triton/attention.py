@@ -1487,6 +1487,12 @@ GLUON_DECODE_CONFIGS = (
     # and memcheck pass; 0.1-18% (ring 4) and 5.5-20% (ring 6) slower than the default on five decode shapes
     replace(_DECODE_CONFIGS_GLUON[128], ring=4, tma_loader=True, maxnreg=64),
     replace(_DECODE_CONFIGS_GLUON[128], ring=6, tma_loader=True, maxnreg=80, programs_per_sm=3),
+    # the cp.async ring of config 20 (ring 3: two tiles copied ahead) deeper: 3 and 4 tiles ahead. sm_90 (triton 3.6.0):
+    # 116 registers, no spill, 32 / 40 KB of rings a program (4 programs per SM). The bet is the H200: at its 4.8 TB/s
+    # a latency-bound reader needs more bytes in flight than on an H100, where ring 3 lost 2-10% (run Q). Not yet run on
+    # a GPU
+    replace(_DECODE_CONFIGS_GLUON[128], ring=4),
+    replace(_DECODE_CONFIGS_GLUON[128], ring=5),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
