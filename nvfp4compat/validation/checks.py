@@ -931,11 +931,11 @@ def evaluate(
 
 
 def _unmeasured(check: str, jobs: Sequence[Job]) -> dict[str, str] | None:
-    """Why check ``check`` has no verdict yet: its jobs that were skipped (the ``--budget-s`` spent, ``--jobs``, a job
-    this environment cannot run), stopped by what was left of the budget, or have not run, by name, when none of its jobs that ran failed (an error, a
-    timeout, or a failed task of a job with the plugin: a job without it may fail by design, as the negative
-    control does). None when every job ran, or when one that ran failed: then the check failed, it is not
-    incomplete."""
+    """Why check ``check`` has no verdict yet, by job name: its jobs that were skipped (the ``--budget-s`` spent,
+    ``--jobs``, a job this environment cannot run), stopped by what was left of the budget, or not run yet. Only when
+    none of its jobs that ran failed (an error, a timeout, or a failed task of a job with the plugin: one without it
+    may fail by design, as the negative control does); None when every job ran, or when one that ran failed (then
+    the check failed, it is not incomplete)."""
     mine = [j for j in jobs if check in j.checks]
     gaps: dict[str, str] = {}
     for j in mine:
