@@ -245,17 +245,14 @@ def _run_child(run: Run, model_dir: Path, shape: ModelShape, repeats: int, timeo
                 rc, timed_out = proc.wait(), True
         log = log_path.read_text(errors="replace")
         plan = [ln.strip()[-300:] for ln in log.splitlines() if "nvfp4compat: vLLM" in ln][:1]
-        where = {"log": str(log_path)} if log_dir is not None else {}
+        # what the engine's log says, whether the child finished or not
+        seen = {"plugin": plan, "wall_s": round(time.time() - t0, 1), "jit": jit_by_batch(log),
+                "sched": sched_by_batch(log)} | ({"log": str(log_path)} if log_dir is not None else {})
         if timed_out or rc != 0 or not result.exists():
             tail = [ln for ln in log.splitlines() if ln.strip()][-8:]
             error = f"timed out after {timeout} s (--timeout)" if timed_out else f"engine process exited {rc}"
-            return {"ok": False, "error": error, "log_tail": tail, "plugin": plan,
-                    "wall_s": round(time.time() - t0, 1), "jit": jit_by_batch(log), "sched": sched_by_batch(log),
-                    **where}
-        out = json.loads(result.read_text())
-        out.update(ok=True, plugin=plan, wall_s=round(time.time() - t0, 1), jit=jit_by_batch(log),
-                   sched=sched_by_batch(log), **where)
-        return out
+            return {"ok": False, "error": error, "log_tail": tail, **seen}
+        return {**json.loads(result.read_text()), "ok": True, **seen}
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -292,8 +289,9 @@ def jit_by_batch(log: str) -> dict[str, list[str]]:
 def sched_by_batch(log: str) -> dict[str, dict[str, Any]]:
     """What vLLM's scheduler did in each of the child's batches (:func:`_lines_by_batch`), from the engine's stat
     lines (``STAT_LINE``): the fewest and most requests running at a line, the most waiting, the preemptions
-    counted, the highest KV cache use (%), and how many lines there were. A batch shorter than the stat interval may have none; a line
-    tells the interval that ends at it, so the first line after a marker may still cover the batch before."""
+    counted, the highest KV cache use (%), and how many lines there were. A batch shorter than the stat interval
+    may have none; a line tells the interval that ends at it, so the first line after a marker may still cover the
+    batch before."""
     by: dict[str, dict[str, Any]] = {}
     for where, ln in _lines_by_batch(log):
         m = STAT_LINE.search(ln)

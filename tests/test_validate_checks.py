@@ -671,7 +671,7 @@ def test_throughput_runs_its_default_engines_before_the_forced_one():
 def test_a_check_whose_jobs_the_budget_skipped_is_incomplete_not_failed():
     """Run R (2026-12-05, H100): a cold machine's NVFP4 engine took 376 s, so the 420 s budget skipped bf16's; check 6
     had only one side. It reads INCOMPLETE with the job and why, not FAIL; a job that ran and failed still fails it."""
-    from nvfp4compat.validation.report import summary_md, verdict
+    from nvfp4compat.validation.report import summary_md, verdict, verdict_lines
 
     def jobs_with(nvfp4):
         jobs = vc.plan_jobs(["throughput"], "0.6.14")
@@ -696,6 +696,10 @@ def test_a_check_whose_jobs_the_budget_skipped_is_incomplete_not_failed():
     md = summary_md({"throughput": r}, jobs, ["nvfp4compat", "validate"], 418.0)
     assert "**0 of 1 checks pass**; 1 incomplete" in md and "| 6. throughput | INCOMPLETE |" in md
     assert "- not measured: `auto-default-fi0.6.14-plugin`: skipped: the run's budget of 420 s is spent" in md
+    # the console's lines (nvfp4compat validate and the bundle's runner print the same)
+    lines = verdict_lines({"throughput": r})
+    assert lines[0].startswith("INCOMPLETE  throughput: NVFP4 8,721.3 tok/s")
+    assert lines[1:] == [f"    not measured: {job}: {why}" for job, why in r["incomplete"].items()]
     # jobs not yet run (a partial report) count as unmeasured too
     pending = vc.plan_jobs(["throughput"], "0.6.14")
     assert verdict(vc.evaluate(["throughput"], pending)["throughput"]) == "INCOMPLETE"

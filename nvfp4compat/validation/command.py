@@ -308,17 +308,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: cannot create the report folders {settings.out} and {settings.work}: "
               f"{exc.strerror or exc}; pass --out (and --work) in a writable place", file=sys.stderr)
         return EXIT_USAGE
-    from nvfp4compat.validation.report import headline, verdict
+    from nvfp4compat.validation.report import verdict_lines
     from nvfp4compat.validation.runner import run_checks
 
     t0 = time.time()
     _say(f"{PROG}: {settings.model} with vLLM {md.version('vllm')}, FlashInfer {settings.flashinfer}")
     results = run_checks(settings, _say)
     _say("")
-    for name, r in results.items():
-        _say(f"{verdict(r)}  {name}: {headline(name, r)}")
-        if verdict(r) == "INCOMPLETE":
-            for job, why in r["incomplete"].items():
-                _say(f"    not measured: {job}: {why}")
+    for line in verdict_lines(results):
+        _say(line)
     _say(f"{time.time() - t0:.0f} s; report: {settings.out / 'summary.md'}, {settings.out / 'results.json'}")
     return EXIT_OK if all(r.get("passed") for r in results.values()) else EXIT_FAILED

@@ -40,6 +40,17 @@ def verdict(r: Mapping[str, Any]) -> str:
     return "INCOMPLETE" if r.get("incomplete") else "FAIL"
 
 
+def verdict_lines(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The console's closing lines: per check its verdict and headline figure, and under an INCOMPLETE one each
+    job not measured and why (``nvfp4compat validate`` and the offline bundle's runner print the same)."""
+    lines = []
+    for name, r in results.items():
+        lines.append(f"{verdict(r)}  {name}: {headline(name, r)}")
+        if verdict(r) == "INCOMPLETE":
+            lines += [f"    not measured: {job}: {why}" for job, why in r["incomplete"].items()]
+    return lines
+
+
 def _num(x: Any, fmt: str = ",") -> str:
     return "-" if x is None else format(x, fmt)
 

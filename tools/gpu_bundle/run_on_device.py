@@ -264,11 +264,11 @@ CACHE_MAX_CHUNKS = 3
 CACHE_LIMIT = CACHE_CHUNK * CACHE_MAX_CHUNKS
 
 
-def save_caches(out: Path, name: str = "caches", dirs: Sequence[str] = CACHE_DIRS) -> str:
+def save_caches(out: Path, name: str = "caches") -> str:
     """Pack the compile caches into ``out/<name>.tar.xz.NN`` chunks of at most ``CACHE_CHUNK`` bytes.
 
     FlashInfer's JIT modules (minutes of nvcc per release the first time a bf16/fp8 engine starts)
-    come first; caches are dropped from the end of ``dirs`` until the archive fits
+    come first; caches are dropped from the end of ``CACHE_DIRS`` until the archive fits
     ``CACHE_MAX_CHUNKS`` chunks. Bring the chunks back as ``.bundle/caches/`` to a later host:
     ``unpack`` (and ``caches restore``) joins and restores them; archives of other names beside them
     are restored too.
@@ -276,9 +276,9 @@ def save_caches(out: Path, name: str = "caches", dirs: Sequence[str] = CACHE_DIR
     if not name or not all(c.isalnum() or c in "-_" for c in name):
         raise RunnerError(f"cache archive name {name!r}: need letters, digits, '-' or '_' (the transport's file names)")
     home = Path.home()
-    present = [d for d in dirs if (home / d).is_dir()]
+    present = [d for d in CACHE_DIRS if (home / d).is_dir()]
     if not present:
-        return f"no compile caches under {home} ({list(dirs)}); nothing saved"
+        return f"no compile caches under {home} ({list(CACHE_DIRS)}); nothing saved"
     packed = out / f"{name}.tar.xz"
     for n in range(len(present), 0, -1):
         _pack_xz(home, present[:n], packed)
@@ -477,7 +477,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # the package's runner, from the plugin wheel the bundle carries (or the checkout for --dry-run)
     sys.path[:0] = [str(p) for p in runner_paths(args.site)]
     from nvfp4compat.validation.checks import parse_checks, plan_jobs
-    from nvfp4compat.validation.report import headline, verdict
+    from nvfp4compat.validation.report import verdict_lines
     from nvfp4compat.validation.runner import (
         Settings,
         base_job_env,
@@ -561,11 +561,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             say(save_caches(out))
         except RunnerError as exc:  # the caches are optional: the checks' verdicts still follow
             say(f"compile caches not saved: {exc}")
-    for name, r in results.items():
-        say(f"{verdict(r)}  {name}: {headline(name, r)}")
-        if verdict(r) == "INCOMPLETE":
-            for job, why in r["incomplete"].items():
-                say(f"    not measured: {job}: {why}")
+    for line in verdict_lines(results):
+        say(line)
     return 0 if all(r.get("passed") for r in results.values()) else 1
 
 
