@@ -32,3 +32,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Under pytest-xdist on a GPU, each worker hands its cached GPU memory back after every GPU test. Run S ran the
+    GPU suite in 12 processes on one 80 GB card: 22 tests ran out of memory while the other workers held 3-8 GiB
+    each, and all 22 passed when run again on two workers."""
+    if HAS_CUDA and os.environ.get("PYTEST_XDIST_WORKER") and "gpu" in item.keywords:
+        import torch
+
+        torch.cuda.empty_cache()

@@ -58,6 +58,36 @@ def test_compile_caches_come_back_in_chunks_and_restore(rod, tmp_path, monkeypat
     assert list(state["cache_archives"]) == ["caches.tar.xz"]
 
 
+def test_caches_that_cannot_fit_are_left_out_and_the_rest_saved(rod, tmp_path, monkeypatch):
+    """Run S: after the GPU suite the Triton cache held 1.4 GiB and packing it outlasted the call, which left a
+    half-written archive in the output. Now a cache whose files pass CACHE_RAW_FACTOR x the limit is not packed, one
+    that packs too big is dropped while the caches after it still get their turn, and the archive is built outside
+    the output folder."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(rod, "CACHE_CHUNK", 64 << 10)
+    monkeypatch.setattr(rod, "CACHE_LIMIT", 128 << 10)
+    rng = random.Random(1)
+    sizes = {".cache/flashinfer": 20_000, ".cache/vllm": 200_000, ".triton/cache": 2 << 20}  # vllm: random, too big
+    for d, n in sizes.items():
+        (home / d).mkdir(parents=True)
+        (home / d / "blob").write_bytes(rng.randbytes(n) if d == ".cache/vllm" else bytes(n))
+    packs: list[list[str]] = []
+    real = rod._pack_xz
+    monkeypatch.setattr(rod, "_pack_xz", lambda root, dirs, packed: (packs.append(list(dirs)), real(root, dirs, packed)))
+    out = tmp_path / "out"
+    out.mkdir()
+    msg = rod.save_caches(out, "fi")
+    assert packs == [[".cache/flashinfer"], [".cache/flashinfer", ".cache/vllm"]], packs  # the Triton cache: never
+    assert sorted(p.name for p in out.iterdir()) == ["fi.tar.xz.00"], msg
+    assert "['.cache/flashinfer']" in msg and ".cache/vllm (the archive would be" in msg
+    assert ".triton/cache (2 MiB of files)" in msg
+    shutil.rmtree(home / ".cache" / "flashinfer")  # none fits: nothing written, and each one named
+    msg = rod.save_caches(out, "none")
+    assert "not saved; left out: .cache/vllm" in msg and ".triton/cache" in msg, msg
+    assert sorted(p.name for p in out.iterdir()) == ["fi.tar.xz.00"]
+
+
 def test_named_cache_archives_from_two_hosts_restore_side_by_side(rod, tmp_path, monkeypatch, capsys):
     """``caches save --name``: the benchmarks' FlashInfer build and the checks' engines' builds come back from
     different calls under their own names; ``caches restore`` extracts every archive in .bundle/caches/ once,

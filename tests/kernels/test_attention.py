@@ -839,6 +839,22 @@ def test_gluon_build_failure_falls_back_once(monkeypatch):
         att._gluon_build_failed(RuntimeError("again"))  # no second warning
 
 
+@pytest.mark.parametrize("exc", [RuntimeError("Triton Error [CUDA]: out of memory"),
+                                 torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 18.00 MiB")])
+def test_gluon_out_of_memory_is_raised_not_a_fallback(monkeypatch, exc):
+    """Running out of GPU memory while the Gluon kernel loads is raised as torch's OutOfMemoryError, naming the way
+    out; the Gluon kernel stays on for the next decode (it is no build failure)."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    monkeypatch.setattr(att, "_gluon_failed", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(torch.OutOfMemoryError, match="gpu-memory-utilization") as info:
+            att._gluon_build_failed(exc)
+    assert info.value.__cause__ is exc and "out of memory" in str(info.value)
+    assert not att._gluon_failed
+
+
 def test_decode_kernels_share_their_arguments():
     """_run_decode passes one argument list to both decode kernels: beside their own constexprs
     (_PLAIN_DECODE_ONLY, _GLUON_DECODE_ONLY) they take the same parameters in the same order."""

@@ -43,6 +43,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -264,14 +265,26 @@ CACHE_MAX_CHUNKS = 3
 CACHE_LIMIT = CACHE_CHUNK * CACHE_MAX_CHUNKS
 
 
+# a cache whose files pass this many times the archive limit is not packed at all: compiled modules shrink about
+# 4.5x under xz (run S: 44 MiB of FlashInfer modules in 9.4 MiB), and packing the 1.4 GiB Triton cache that a GPU
+# test run leaves took longer than the call had left
+CACHE_RAW_FACTOR = 8
+
+
+def _tree_bytes(root: Path) -> int:
+    """The size of the files under ``root``."""
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
 def save_caches(out: Path, name: str = "caches") -> str:
     """Pack the compile caches into ``out/<name>.tar.xz.NN`` chunks of at most ``CACHE_CHUNK`` bytes.
 
-    FlashInfer's JIT modules (minutes of nvcc per release the first time a bf16/fp8 engine starts)
-    come first; caches are dropped from the end of ``CACHE_DIRS`` until the archive fits
-    ``CACHE_MAX_CHUNKS`` chunks. Bring the chunks back as ``.bundle/caches/`` to a later host:
-    ``unpack`` (and ``caches restore``) joins and restores them; archives of other names beside them
-    are restored too.
+    The caches of ``CACHE_DIRS`` are taken in order, most valuable first (FlashInfer's JIT modules: minutes
+    of nvcc per release the first time a bf16/fp8 engine starts): each joins the archive when the archive
+    still fits ``CACHE_MAX_CHUNKS`` chunks with it, and one whose files pass ``CACHE_RAW_FACTOR`` times that
+    limit is left out without packing. The archive is built in a temporary folder, so a save stopped part
+    way leaves nothing in ``out``. Bring the chunks back as ``.bundle/caches/`` to a later host: ``unpack``
+    (and ``caches restore``) joins and restores them; archives of other names beside them are restored too.
     """
     if not name or not all(c.isalnum() or c in "-_" for c in name):
         raise RunnerError(f"cache archive name {name!r}: need letters, digits, '-' or '_' (the transport's file names)")
@@ -279,21 +292,31 @@ def save_caches(out: Path, name: str = "caches") -> str:
     present = [d for d in CACHE_DIRS if (home / d).is_dir()]
     if not present:
         return f"no compile caches under {home} ({list(CACHE_DIRS)}); nothing saved"
-    packed = out / f"{name}.tar.xz"
-    for n in range(len(present), 0, -1):
-        _pack_xz(home, present[:n], packed)
-        size = packed.stat().st_size
-        if size <= CACHE_LIMIT:
-            data = packed.read_bytes()
-            packed.unlink()
-            names = []
-            for i in range(0, len(data), CACHE_CHUNK):
-                chunk = out / f"{packed.name}.{i // CACHE_CHUNK:02d}"
-                chunk.write_bytes(data[i : i + CACHE_CHUNK])
-                names.append(chunk.name)
-            return f"{size / (1 << 20):.1f} MiB of compile caches {present[:n]} in {names}"
-    packed.unlink(missing_ok=True)
-    return f"compile caches {present} do not fit in {CACHE_LIMIT >> 20} MiB even alone; not saved"
+    chosen: list[str] = []
+    left_out: list[str] = []
+    data = b""
+    with tempfile.TemporaryDirectory(prefix="nvfp4compat-caches-") as tmp:
+        packed = Path(tmp) / f"{name}.tar.xz"
+        for d in present:
+            raw = _tree_bytes(home / d)
+            if raw > CACHE_RAW_FACTOR * CACHE_LIMIT:
+                left_out.append(f"{d} ({raw / (1 << 20):.0f} MiB of files)")
+                continue
+            _pack_xz(home, [*chosen, d], packed)
+            if packed.stat().st_size <= CACHE_LIMIT:
+                chosen.append(d)
+                data = packed.read_bytes()
+            else:
+                left_out.append(f"{d} (the archive would be {packed.stat().st_size / (1 << 20):.1f} MiB)")
+    skipped = f"; left out: {', '.join(left_out)}" if left_out else ""
+    if not chosen:
+        return f"compile caches {present} do not fit in {CACHE_LIMIT >> 20} MiB even alone; not saved{skipped}"
+    names = []
+    for i in range(0, len(data), CACHE_CHUNK):
+        chunk = out / f"{name}.tar.xz.{i // CACHE_CHUNK:02d}"
+        chunk.write_bytes(data[i : i + CACHE_CHUNK])
+        names.append(chunk.name)
+    return f"{len(data) / (1 << 20):.1f} MiB of compile caches {chosen} in {names}{skipped}"
 
 
 def _pack_xz(root: Path, dirs: Sequence[str], packed: Path) -> None:

@@ -2148,10 +2148,27 @@ def _gluon_page_tile_tok(cfg: DecodeConfig, page_size: int, window: int, cl: _Ca
     return tok if _gluon_page_tile(cfg, page_size, window) and min(tok) > 0 else (0, 0, 0, 0)
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is the GPU running out of memory: torch's error, or the CUDA driver's as Triton
+    reports it when a kernel's module is loaded (``Triton Error [CUDA]: out of memory``)."""
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
 def _gluon_build_failed(exc: Exception) -> None:
     """Record that the Gluon decode kernel failed to build or launch here and warn once: every later
-    decode in this process takes the plain-Triton kernel (same results, its speed)."""
+    decode in this process takes the plain-Triton kernel (same results, its speed).
+
+    Running out of GPU memory is not such a failure: it would pass once memory is free, and the plain
+    kernel needs memory to load too. It is raised as ``torch.OutOfMemoryError`` and the Gluon kernel stays
+    on (in run S, test processes sharing one GPU had switched it off for good after one such error)."""
     global _gluon_failed
+    if _out_of_memory(exc):
+        raise torch.OutOfMemoryError(
+            "nvfp4compat: the GPU ran out of memory while the Gluon decode kernel was loaded or launched "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}); it needs a few MiB "
+            "free for its module. Free GPU memory (in vLLM: a lower --gpu-memory-utilization) and retry; the "
+            "kernel is not switched off."
+        ) from exc
     if not _gluon_failed:
         warnings.warn(
             f"nvfp4compat: the Gluon decode kernel failed on this GPU and triton {triton.__version__} "
