@@ -839,6 +839,27 @@ def test_gluon_build_failure_falls_back_once(monkeypatch):
         att._gluon_build_failed(RuntimeError("again"))  # no second warning
 
 
+def test_scales_ahead_takes_a_cp_async_ring_of_three_or_more():
+    """DecodeConfig.scales_ahead=2 (the block scales two tiles ahead) is a path of the cp.async ring loop: a config that
+    asks for it elsewhere is refused with what it found and what it needs; a launch that does not run the config's ring
+    (no PAGE_TILE: RING 0) gets SCALE_AHEAD 1."""
+    from dataclasses import replace
+
+    from nvfp4compat.kernels.triton import attention as att
+
+    base = att._DECODE_CONFIGS_GLUON[128]
+    cfg = replace(base, ring=4, scales_ahead=2)
+    assert cfg in att.GLUON_DECODE_CONFIGS
+    assert att._gluon_scale_ahead(cfg, att._gluon_ring(cfg, True)) == 2
+    assert att._gluon_scale_ahead(cfg, att._gluon_ring(cfg, False)) == 1
+    assert att._gluon_scale_ahead(base, 0) == 1
+    for bad in ({"ring": 2}, {"ring": 0}, {"ring": 4, "tma_loader": True}, {"ring": 4, "tile_pairs": True}):
+        with pytest.raises(ValueError, match=r"scales_ahead is 1, or 2 with a cp.async ring of 3 or more"):
+            replace(base, scales_ahead=2, **bad)
+    with pytest.raises(ValueError, match=r"DecodeConfig\(scales_ahead=3"):
+        replace(base, ring=4, scales_ahead=3)
+
+
 @pytest.mark.parametrize("exc", [RuntimeError("Triton Error [CUDA]: out of memory"),
                                  torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 18.00 MiB")])
 def test_gluon_out_of_memory_is_raised_not_a_fallback(monkeypatch, exc):

@@ -117,6 +117,7 @@ def test_attention_is_an_aot_provider():
     for flag in ("ROWS8", "PAGE_EVEN", "OFF32", "PAGE_POW2", "HAS_WINDOW", "HAS_SINKS", "VARLEN", "KT", "SKEW", "PAGE_TILE",
                  "LAZY", "DEFER_SUM", "PAIR"):
         assert {v.constexprs[flag] for v in gluon} == {True, False}, flag
+    assert {v.constexprs["SCALE_AHEAD"] for v in gluon} == {1, 2}
     for k, vs in variants.items():
         assert len({v.label for v in vs}) == len(vs), k
 

@@ -1260,6 +1260,22 @@ class DecodeConfig:
     # SM). Elsewhere the config runs its ring by cp.async. Opt-in; on an H100 (run Q) correct and 0.1-18% slower than
     # the default
     tma_loader: bool = False
+    # with a cp.async ring of 3 or more tiles (no tma_loader, no tile_pairs): how many tiles ahead the unmasked loop loads
+    # the block scales to registers, 1 or 2 (decode_gluon, SCALE_AHEAD). With 1 the ring's deeper K / V copies still
+    # wait on scale loads issued one step before, which may be why rings of 3-5 did not pay on an H100 (runs P, Q, S);
+    # with 2 (and the page ids three tiles ahead) every global load of the loop but the page ids' has two steps to land,
+    # for the registers of one more tile's scales. Opt-in, not yet run on a GPU
+    scales_ahead: int = 1
+
+    def __post_init__(self) -> None:
+        if self.scales_ahead not in (1, 2) or (
+            self.scales_ahead == 2 and (self.ring < 3 or self.tma_loader or self.tile_pairs)
+        ):
+            raise ValueError(
+                f"DecodeConfig(scales_ahead={self.scales_ahead}, ring={self.ring}, tma_loader={self.tma_loader}, "
+                f"tile_pairs={self.tile_pairs}): scales_ahead is 1, or 2 with a cp.async ring of 3 or more tiles "
+                "(ring >= 3, tma_loader and tile_pairs off); use scales_ahead=1 or such a ring"
+            )
 
 
 @dataclass(frozen=True)
@@ -1389,7 +1405,7 @@ _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "
                       "MERGE_CB", "SWAP_AB")
 _GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW", "PAGE_TILE", "IMAD_SHR",
                       "LAZY", "TOK_K", "TOK_V", "TOK_KS", "TOK_VS", "RING", "DEFER_SUM", "PAIR", "k_desc", "v_desc",
-                      "TMA")
+                      "TMA", "SCALE_AHEAD")
 # The SASS counts in the comments below are those of the change that added each config. Since the page_tile thread
 # offsets were split into lane and register parts (decode_gluon._thread_offsets, 2026-12-05) the page_tile configs'
 # unmasked loops are shorter (sm_90, triton 3.6.0, per 16 keys and warp): the default 408 instructions and 116
@@ -1489,10 +1505,14 @@ GLUON_DECODE_CONFIGS = (
     replace(_DECODE_CONFIGS_GLUON[128], ring=6, tma_loader=True, maxnreg=80, programs_per_sm=3),
     # the cp.async ring of config 20 (ring 3: two tiles copied ahead) deeper: 3 and 4 tiles ahead. sm_90 (triton 3.6.0):
     # 116 registers, no spill, 32 / 40 KB of rings a program (4 programs per SM). The bet is the H200: at its 4.8 TB/s
-    # a latency-bound reader needs more bytes in flight than on an H100, where ring 3 lost 2-10% (run Q). Not yet run on
-    # a GPU
+    # a latency-bound reader needs more bytes in flight than on an H100, where ring 3 lost 2-10% (run Q). H100 (run S):
+    # GPU tests and memcheck pass; 4.1-11.0% (ring 4) and 7.8-14.3% (ring 5) slower than the default on six decode shapes
     replace(_DECODE_CONFIGS_GLUON[128], ring=4),
     replace(_DECODE_CONFIGS_GLUON[128], ring=5),
+    # the rings of 4 and 3 with the block scales two tiles ahead (scales_ahead=2; page ids three ahead). Not yet run on
+    # a GPU
+    replace(_DECODE_CONFIGS_GLUON[128], ring=4, scales_ahead=2),
+    replace(_DECODE_CONFIGS_GLUON[128], ring=3, scales_ahead=2),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
@@ -2082,6 +2102,12 @@ def _gluon_ring(cfg: DecodeConfig, page_tile: bool) -> int:
     return cfg.ring if page_tile else 0
 
 
+def _gluon_scale_ahead(cfg: DecodeConfig, ring: int) -> int:
+    """The Gluon kernel's ``SCALE_AHEAD`` for a launch with ``cfg`` and ``RING`` ``ring`` (:func:`_gluon_ring`): the
+    config's where the launch runs its ring (the config itself allows 2 only with a cp.async ring of 3 or more), else 1."""
+    return cfg.scales_ahead if ring >= 3 else 1
+
+
 # the type of _tma_descriptors' descriptors in a kernel signature (ahead-of-time builds)
 _TMA_DESC_TYPE = ("tensordesc<u8[1, 16, 1, 64],NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=4, "
                   "transposed=False, fp4_padded=False, cga_layout=[])>")
@@ -2286,6 +2312,7 @@ def _run_decode(
                 PAGE_TILE=tok[0] > 0, IMAD_SHR=d.cfg.imad_shr and d.cvt8, LAZY=d.cfg.lazy_rescale,
                 TOK_K=tok[0], TOK_V=tok[1], TOK_KS=tok[2], TOK_VS=tok[3], RING=_gluon_ring(d.cfg, tok[0] > 0),
                 DEFER_SUM=d.cfg.defer_sum, PAIR=d.cfg.tile_pairs,
+                SCALE_AHEAD=_gluon_scale_ahead(d.cfg, _gluon_ring(d.cfg, tok[0] > 0)),
                 k_desc=descs[0] if descs else None, v_desc=descs[1] if descs else None, TMA=descs is not None,
             )  # fmt: skip
             launched = True
@@ -2775,6 +2802,7 @@ def aot_variants() -> dict[str, list[Any]]:
         tok = (512, 512, 64, 64) if c["PAGE_TILE"] else (0, 0, 0, 0)
         c.update(zip(("TOK_K", "TOK_V", "TOK_KS", "TOK_VS"), tok, strict=True))
         c["RING"] = _gluon_ring(cfg, c["PAGE_TILE"])
+        c["SCALE_AHEAD"] = _gluon_scale_ahead(cfg, c["RING"])
         # the ring filled by TMA (tma_loader) where the launcher takes it: SM90+, the descriptors of a uint8 cache
         tma = _tma_ring(cfg, c["RING"])
         if tma:

@@ -1110,7 +1110,7 @@ def gluon_decode_kernel(
     SKEW: gl.constexpr = False, PAGE_TILE: gl.constexpr = False, IMAD_SHR: gl.constexpr = False,
     LAZY: gl.constexpr = False, TOK_K: gl.constexpr = 0, TOK_V: gl.constexpr = 0, TOK_KS: gl.constexpr = 0,
     TOK_VS: gl.constexpr = 0, RING: gl.constexpr = 0, DEFER_SUM: gl.constexpr = False, PDL: gl.constexpr = False,
-    PAIR: gl.constexpr = False, k_desc=None, v_desc=None, TMA: gl.constexpr = False,
+    PAIR: gl.constexpr = False, k_desc=None, v_desc=None, TMA: gl.constexpr = False, SCALE_AHEAD: gl.constexpr = 1,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation,
     no fused merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
@@ -1130,9 +1130,10 @@ def gluon_decode_kernel(
     after the key loops, instead of a reduction across lanes per tile (:func:`_online_softmax`); ``RING`` (``n >= 2``, with
     ``PAGE_TILE``): the unmasked loop's K and V words pass through a ring of ``n`` tiles in shared memory, copied by
     ``cp.async`` ``n - 1`` tiles ahead (:func:`_ring_copy`; each thread reads back the bytes it copied), in place of the
-    one tile held ahead in registers; the block scales stay register loads one tile ahead (:func:`_scales_paged`);
-    ``PDL`` (SM90+): the merge kernel is this launch's programmatic dependent (``attention.MERGE_PDL``), which every
-    program lets launch as it starts; ``TMA`` (SM90+, with a ``RING``, no ``PAIR``; ``k_desc`` / ``v_desc`` the K and V
+    one tile held ahead in registers; the block scales stay register loads ``SCALE_AHEAD`` tiles ahead (1, or 2 with a
+    ring of 3 or more and no ``PAIR`` or ``TMA``: then every global load of the loop but the page ids' has two steps to
+    land; :func:`_scales_paged`); ``PDL`` (SM90+): the merge kernel is this launch's programmatic dependent
+    (``attention.MERGE_PDL``), which every program lets launch as it starts; ``TMA`` (SM90+, with a ``RING``, no ``PAIR``; ``k_desc`` / ``v_desc`` the K and V
     data's TMA descriptors, ``attention._tma_descriptors``): the ring is filled by one loader warp's TMA boxes
     (:func:`_tma_loader`) while the program's warps decode (:func:`_tma_consumer`), warp-specialized."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
@@ -1146,6 +1147,8 @@ def gluon_decode_kernel(
     gl.static_assert(not PAGE_TILE or (PAGE_POW2 and not HAS_WINDOW), "PAGE_TILE takes pages of 2^n keys, no window")
     gl.static_assert(RING == 0 or (RING >= 2 and PAGE_TILE and not SKEW), "RING takes PAGE_TILE, no SKEW, >= 2 tiles")
     gl.static_assert(not TMA or (RING >= 2 and not PAIR), "TMA takes a RING (PAGE_TILE, no SKEW) and no PAIR")
+    gl.static_assert(SCALE_AHEAD == 1 or (SCALE_AHEAD == 2 and RING >= 3 and not PAIR and not TMA),
+                     "SCALE_AHEAD 2 takes a RING of 3 or more, no PAIR, no TMA")
     gl.static_assert(not PAGE_TILE or (TOK_K > 0 and TOK_V > 0 and TOK_KS > 0 and TOK_VS > 0),
                      "PAGE_TILE takes the token strides as constexprs (TOK_K, TOK_V, TOK_KS, TOK_VS)")
     # PAGE_TILE's next V words are loaded, in source, after the P V of the current ones: on sm_90 (triton 3.6.0, when
@@ -1157,6 +1160,10 @@ def gluon_decode_kernel(
     # words in registers (TILE_PAIRS) or in a ring of 4 tiles (RING_PAIRS)
     TILE_PAIRS: gl.constexpr = PAIR and KT and PAGE_TILE and RING == 0 and not SKEW and not LAZY
     RING_PAIRS: gl.constexpr = PAIR and KT and PAGE_TILE and RING == 4 and not SKEW and not LAZY
+    # the one-tile ring loop with its block scales two tiles ahead (tiles i + 1's and i + 2's in registers in step i)
+    SCALES2: gl.constexpr = SCALE_AHEAD == 2
+    # how far ahead the one-tile ring loop loads the page ids that its scale loads take
+    PAGES_AHEAD: gl.constexpr = 3 if SCALES2 else 2
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1], instr_shape=[1, 16, 8])
     OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     LK: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [NW, 1, 1, 1], [3, 2, 1, 0])
@@ -1368,10 +1375,15 @@ def gluon_decode_kernel(
                            va_ring, vb_ring, 1, TOK_K, TOK_V, LK, LV, NW, KW, IT)
                 pk1, pa1 = _warp_pages(n0 + 3 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
             elif RING > 0:
-                # tiles 0 .. RING - 2 of the range into the ring, tile 0's scales to registers; then the page ids of
-                # tile 1 (its scales, loaded in step 0) and of tile RING - 1 (copied in step 0)
+                # tiles 0 .. RING - 2 of the range into the ring, tile 0's scales (SCALES2: and tile 1's) to registers;
+                # then the page ids of tile SCALE_AHEAD (its scales, loaded in step 0) and of tile RING - 1 (copied in
+                # step 0)
                 ks, vsa, vsb = _scales_paged(n0, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp, off_ks, off_vsa,
                                              off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
+                if SCALES2:  # and tile 1's scales, at its page ids
+                    pk1, pa1 = _warp_pages(n0 + BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                    ks1, vsa1, vsb1 = _scales_paged(n0 + BLOCK_N, pk1, pa1, page_size, ks_base, vs_base, s_ksp, s_vsp,
+                                                    off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
                 _ring_copy(n0, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring, va_ring,
                            vb_ring, 0, TOK_K, TOK_V, LK, LV, NW, KW, IT)
                 for r in gl.static_range(1, RING - 1):
@@ -1384,7 +1396,8 @@ def gluon_decode_kernel(
                                         LK, NW, KW, IT)
                 va, vb, vsa, vsb = _v_words_paged(n0, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb,
                                                   off_vsa, off_vsb, TOK_V, TOK_VS, LV, NW, KW, IT)
-            pk, pa = _warp_pages(n0 + (2 if RING_PAIRS else 1) * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+            pk, pa = _warp_pages(n0 + (2 if RING_PAIRS or SCALES2 else 1) * BLOCK_N, last, bt_row, page_shift, LK, LV,
+                                 NW, KW)
         else:
             pk, pa, pb = _tile_pages(n0, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN)
             kw, ks, va, vb, vsa, vsb = _tile_words(
@@ -1467,15 +1480,16 @@ def gluon_decode_kernel(
             for i in range(b_one, b_end):
                 n0 = kv_lo + i * BLOCK_N
                 if RING > 0:
-                    # copy tile i + RING - 1 into the stage tile i - 1 held; tile i + 1's scales to registers; the next
-                    # step's page ids; then wait for tile i's copies and read its words back
+                    # copy tile i + RING - 1 into the stage tile i - 1 held; tile i + SCALE_AHEAD's scales to registers;
+                    # the next step's page ids; then wait for tile i's copies and read its words back
                     _ring_copy(n0 + (RING - 1) * BLOCK_N, pk_c, pa_c, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
                                off_vb, k_ring, va_ring, vb_ring, (i - b_begin + RING - 1) % RING, TOK_K, TOK_V, LK, LV, NW,
                                KW, IT)
-                    ks_n, vsa_n, vsb_n = _scales_paged(n0 + BLOCK_N, pk, pa, page_size, ks_base, vs_base, s_ksp, s_vsp,
-                                                       off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
-                    pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                    if RING == 2:
+                    ks_n, vsa_n, vsb_n = _scales_paged(n0 + SCALE_AHEAD * BLOCK_N, pk, pa, page_size, ks_base, vs_base,
+                                                       s_ksp, s_vsp, off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW,
+                                                       KW, IT)
+                    pk, pa = _warp_pages(n0 + PAGES_AHEAD * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
+                    if RING == PAGES_AHEAD:
                         pk_c, pa_c = pk, pa
                     else:
                         pk_c, pa_c = _warp_pages(n0 + RING * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
@@ -1490,7 +1504,11 @@ def gluon_decode_kernel(
                         MMA, LK, NW, KW, False, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN,
                         IMAD_SHR, LAZY,
                     )
-                    ks, vsa, vsb = ks_n, vsa_n, vsb_n
+                    if SCALES2:
+                        ks, vsa, vsb = ks1, vsa1, vsb1
+                        ks1, vsa1, vsb1 = ks_n, vsa_n, vsb_n
+                    else:
+                        ks, vsa, vsb = ks_n, vsa_n, vsb_n
                 else:
                     if PAGE_TILE:
                         # the next tile's K words here, its V words here or (V_LATE) after this tile's P V (below)
