@@ -1264,7 +1264,10 @@ class DecodeConfig:
     # the block scales to registers, 1 or 2 (decode_gluon, SCALE_AHEAD). With 1 the ring's deeper K / V copies still
     # wait on scale loads issued one step before, which may be why rings of 3-5 did not pay on an H100 (runs P, Q, S);
     # with 2 (and the page ids three tiles ahead) every global load of the loop but the page ids' has two steps to land,
-    # for the registers of one more tile's scales. Opt-in, not yet run on a GPU
+    # for the registers of one more tile's scales. Opt-in: on an H100 (run S) correct (64 GPU tests, memcheck) and 0.9-12%
+    # slower than the same ring with 1 (3.8% faster on a ragged batch with a ring of 3, still 5.7% slower than the
+    # default). ptxas packs each two 16-bit K scale loads into one register (PRMT) in the step that issues them, so
+    # they are waited for there (docs/attention.md item 9)
     scales_ahead: int = 1
 
     def __post_init__(self) -> None:
@@ -1509,8 +1512,9 @@ GLUON_DECODE_CONFIGS = (
     # GPU tests and memcheck pass; 4.1-11.0% (ring 4) and 7.8-14.3% (ring 5) slower than the default on six decode shapes
     replace(_DECODE_CONFIGS_GLUON[128], ring=4),
     replace(_DECODE_CONFIGS_GLUON[128], ring=5),
-    # the rings of 4 and 3 with the block scales two tiles ahead (scales_ahead=2; page ids three ahead). Not yet run on
-    # a GPU
+    # the rings of 4 and 3 with the block scales two tiles ahead (scales_ahead=2; page ids three ahead). sm_90: 110 / 109
+    # registers, no spill. H100 (run S): GPU tests and memcheck pass; against configs 35 / 20 +12.2% / +1.8% at
+    # 16 x 16K, +6.1% / +3.7% at 128 x 2K, +0.9% / -3.8% on the ragged batch
     replace(_DECODE_CONFIGS_GLUON[128], ring=4, scales_ahead=2),
     replace(_DECODE_CONFIGS_GLUON[128], ring=3, scales_ahead=2),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
