@@ -860,6 +860,27 @@ def test_scales_ahead_takes_a_cp_async_ring_of_three_or_more():
         replace(base, ring=4, scales_ahead=3)
 
 
+def test_ptx_ring_takes_a_cp_async_ring_that_fits_static_shared_memory():
+    """DecodeConfig.ptx_ring (the ring declared in inline PTX, outside Triton's allocation) needs a cp.async ring of at
+    most PTX_RING_MAX_BYTES; elsewhere it is refused with what was found and the way out. The launch and the AOT build
+    pass PRING only where the launch runs the ring."""
+    from dataclasses import replace
+
+    from nvfp4compat.kernels.triton import attention as att
+
+    base = att._DECODE_CONFIGS_GLUON[128]
+    assert replace(base, ring=3, ptx_ring=True) in att.GLUON_DECODE_CONFIGS
+    for bad in ({"ring": 0}, {"ring": 4}, {"ring": 3, "block_n": 128, "num_warps": 8},
+                {"ring": 3, "tma_loader": True}, {"ring": 4, "tile_pairs": True}):
+        with pytest.raises(ValueError, match=r"ptx_ring takes a cp.async ring .* of at most 24576 bytes"):
+            replace(base, ptx_ring=True, **bad)
+    gluon = {v.label: v for v in att.aot_variants()["attention_decode_gluon"]}
+    i = att.GLUON_DECODE_CONFIGS.index(replace(base, ring=3, ptx_ring=True))
+    assert gluon[f"bf16-d128-sweep{i}"].constexprs["PRING"] is True
+    assert gluon[f"bf16-d128-sweep{i}"].constexprs["RING"] == 3
+    assert gluon["bf16-d128"].constexprs["PRING"] is False
+
+
 @pytest.mark.parametrize("exc", [RuntimeError("Triton Error [CUDA]: out of memory"),
                                  torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 18.00 MiB")])
 def test_gluon_out_of_memory_is_raised_not_a_fallback(monkeypatch, exc):

@@ -118,6 +118,7 @@ def test_attention_is_an_aot_provider():
                  "LAZY", "DEFER_SUM", "PAIR"):
         assert {v.constexprs[flag] for v in gluon} == {True, False}, flag
     assert {v.constexprs["SCALE_AHEAD"] for v in gluon} == {1, 2}
+    assert {v.constexprs["PRING"] for v in gluon} == {True, False}
     for k, vs in variants.items():
         assert len({v.label for v in vs}) == len(vs), k
 

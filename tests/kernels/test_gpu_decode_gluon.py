@@ -35,7 +35,7 @@ def _id(c: att.DecodeConfig) -> str:
             f"{'-shr' if c.imad_shr else ''}{'-lazy' if c.lazy_rescale else ''}"
             f"{f'-c{c.min_chunk_tokens}' if c.min_chunk_tokens else ''}{f'-ring{c.ring}' if c.ring else ''}"
             f"{'-defer' if c.defer_sum else ''}{'-pairs' if c.tile_pairs else ''}{'-tma' if c.tma_loader else ''}"
-            f"{'-sa2' if c.scales_ahead == 2 else ''}")
+            f"{'-sa2' if c.scales_ahead == 2 else ''}{'-pring' if c.ptx_ring else ''}")
 
 
 _NAMED = {

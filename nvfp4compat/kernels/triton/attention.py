@@ -1168,6 +1168,10 @@ def kernel_resources(compiled: Any, max_shared_mem: int | None = None) -> dict[s
     return out
 
 
+# DecodeConfig.ptx_ring: the most static shared memory its ring may take
+PTX_RING_MAX_BYTES = 24 * 1024
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """Tile config of the decode kernel: keys per tile, warps, pipeline stages and an optional
@@ -1269,8 +1273,23 @@ class DecodeConfig:
     # default). ptxas packs each two 16-bit K scale loads into one register (PRMT) in the step that issues them, so
     # they are waited for there (docs/attention.md item 9)
     scales_ahead: int = 1
+    # with a cp.async ring (n >= 2, no tma_loader, no tile_pairs): the ring is a shared-memory array declared in inline
+    # PTX, filled by inline-PTX cp.async and read back by ld.shared (decode_gluon, PRING), so Triton sees no
+    # shared-memory access and inserts no bar.sync around it (run S: about two per tile and warp with Triton's ring,
+    # 11-19% of the stall samples). Each thread reads back only the bytes it copied, after its own cp.async.wait_group.
+    # The ring is static shared memory (n x block_n x 128 bytes), beside Triton's dynamic allocation; at most 24 KB, so
+    # that both stay within the 48 KB a launch gets without the opt-in that Triton makes only for its dynamic memory.
+    # Opt-in, not yet run on a GPU
+    ptx_ring: bool = False
 
     def __post_init__(self) -> None:
+        if self.ptx_ring and (self.ring < 2 or self.tma_loader or self.tile_pairs
+                              or self.ring * self.block_n * 128 > PTX_RING_MAX_BYTES):
+            raise ValueError(
+                f"DecodeConfig(ptx_ring=True, ring={self.ring}, block_n={self.block_n}, tma_loader={self.tma_loader}, "
+                f"tile_pairs={self.tile_pairs}): ptx_ring takes a cp.async ring (ring >= 2, tma_loader and tile_pairs "
+                f"off) of at most {PTX_RING_MAX_BYTES} bytes (ring x block_n x 128); use ptx_ring=False or such a ring"
+            )
         if self.scales_ahead not in (1, 2) or (
             self.scales_ahead == 2 and (self.ring < 3 or self.tma_loader or self.tile_pairs)
         ):
@@ -1408,7 +1427,7 @@ _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "
                       "MERGE_CB", "SWAP_AB")
 _GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW", "PAGE_TILE", "IMAD_SHR",
                       "LAZY", "TOK_K", "TOK_V", "TOK_KS", "TOK_VS", "RING", "DEFER_SUM", "PAIR", "k_desc", "v_desc",
-                      "TMA", "SCALE_AHEAD")
+                      "TMA", "SCALE_AHEAD", "PRING")
 # The SASS counts in the comments below are those of the change that added each config. Since the page_tile thread
 # offsets were split into lane and register parts (decode_gluon._thread_offsets, 2026-12-05) the page_tile configs'
 # unmasked loops are shorter (sm_90, triton 3.6.0, per 16 keys and warp): the default 408 instructions and 116
@@ -1517,6 +1536,10 @@ GLUON_DECODE_CONFIGS = (
     # 16 x 16K, +6.1% / +3.7% at 128 x 2K, +0.9% / -3.8% on the ragged batch
     replace(_DECODE_CONFIGS_GLUON[128], ring=4, scales_ahead=2),
     replace(_DECODE_CONFIGS_GLUON[128], ring=3, scales_ahead=2),
+    # the ring of 3 (config 20) declared in inline PTX (ptx_ring): no bar.sync in the unmasked loop (config 20: two
+    # per tile), 451 instructions per 16 keys and warp against 455, 112 registers, 24 KB of static shared memory
+    # beside 16 KB of Triton's (sm_90, triton 3.6.0). Not yet run on a GPU
+    replace(_DECODE_CONFIGS_GLUON[128], ring=3, ptx_ring=True),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
@@ -2317,6 +2340,7 @@ def _run_decode(
                 TOK_K=tok[0], TOK_V=tok[1], TOK_KS=tok[2], TOK_VS=tok[3], RING=_gluon_ring(d.cfg, tok[0] > 0),
                 DEFER_SUM=d.cfg.defer_sum, PAIR=d.cfg.tile_pairs,
                 SCALE_AHEAD=_gluon_scale_ahead(d.cfg, _gluon_ring(d.cfg, tok[0] > 0)),
+                PRING=d.cfg.ptx_ring and _gluon_ring(d.cfg, tok[0] > 0) > 0,
                 k_desc=descs[0] if descs else None, v_desc=descs[1] if descs else None, TMA=descs is not None,
             )  # fmt: skip
             launched = True
@@ -2807,6 +2831,7 @@ def aot_variants() -> dict[str, list[Any]]:
         c.update(zip(("TOK_K", "TOK_V", "TOK_KS", "TOK_VS"), tok, strict=True))
         c["RING"] = _gluon_ring(cfg, c["PAGE_TILE"])
         c["SCALE_AHEAD"] = _gluon_scale_ahead(cfg, c["RING"])
+        c["PRING"] = cfg.ptx_ring and c["RING"] > 0
         # the ring filled by TMA (tma_loader) where the launcher takes it: SM90+, the descriptors of a uint8 cache
         tma = _tma_ring(cfg, c["RING"])
         if tma:

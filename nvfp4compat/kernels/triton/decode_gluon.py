@@ -658,6 +658,91 @@ def _ring_copy(n0, pk, pv, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
     async_copy.commit_group()
 
 
+@gluon.constexpr_function
+def _pring_decl(nbytes):
+    """``PRING``: inline PTX that declares the ring (``nbytes`` of shared memory, outside Triton's allocation and so
+    outside its barrier insertion) in a block of the kernel's body and returns its 32-bit shared address."""
+    return "{ .shared .align 16 .b8 nvfp4c_pring[" + str(nbytes) + "]; mov.u32 $0, nvfp4c_pring; }"
+
+
+@gluon.jit
+def _pring_base(NBYTES: gl.constexpr, NW: gl.constexpr):
+    """``PRING``: the ring's shared address (int32 scalar). The declaring asm runs once per thread (one element per
+    thread), so the kernel holds one array of ``NBYTES``."""
+    L1: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+    a = gl.inline_asm_elementwise(_pring_decl(NBYTES), "=r,r", [gl.full([32 * NW], 0, gl.int32, L1)], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+    return gl.max(a, 0)
+
+
+@gluon.jit
+def _pring_offsets(NW: gl.constexpr, KW: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr):
+    """``PRING``: each thread's byte offsets in one ring stage (int32): its K words (``[NW, KW, 4, 4]`` in ``LK``,
+    row-major) first, then the V words of the even keys and of the odd keys (``[NW, KW / 2, 8, 2]`` in ``LV``). A
+    thread copies and reads back only these bytes, 16 (K) and 8 (V) contiguous bytes at a time."""
+    k_off = (((_iota(NW, LK, 4, 0) * KW + _iota(KW, LK, 4, 1)) * 4 + _iota(4, LK, 4, 2)) * 4 + _iota(4, LK, 4, 3)) * 4
+    v_off = (((_iota(NW, LV, 4, 0) * (KW // 2) + _iota(KW // 2, LV, 4, 1)) * 8 + _iota(8, LV, 4, 2)) * 2
+             + _iota(2, LV, 4, 3)) * 4
+    KB: gl.constexpr = NW * KW * 64  # the K words of a stage, then as many bytes of V words (even and odd keys)
+    return k_off, KB + v_off, KB + KB // 2 + v_off
+
+
+@gluon.jit
+def _pring_copy(n0, pk, pv, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, ring, sk, sva, svb, stage,
+                TOK_K: gl.constexpr, TOK_V: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr,
+                KW: gl.constexpr, IT: gl.constexpr):
+    """``PRING``: :func:`_ring_copy` into the ring at shared address ``ring`` (:func:`_pring_base`), ``stage``, at the
+    thread offsets ``sk`` / ``sva`` / ``svb`` (:func:`_pring_offsets`), by inline-PTX ``cp.async`` (16 bytes of K, 8
+    of V per copy), and commit them as one group. Triton sees no shared-memory access here, so it puts no barrier
+    around the ring: each thread reads back only what it copied, after its own ``cp.async.wait_group``."""
+    kw_ptr = _k_word_ptrs(n0, pk, page_size, k_base, s_kp, off_k, TOK_K, LK, NW, KW, IT)
+    va_ptr, vb_ptr = _v_word_ptrs(n0, pv, page_size, v_base, s_vp, off_va, off_vb, TOK_V, LV, NW, KW, IT)
+    at = ring + stage * (NW * KW * 128)
+    gl.inline_asm_elementwise(
+        "cp.async.cg.shared.global [$4], [$8], 16;\n\tmov.b32 $0, 0;\n\tmov.b32 $1, 0;\n\tmov.b32 $2, 0;\n\tmov.b32 $3, 0;",
+        "=r,=r,=r,=r,r,r,r,r,l,l,l,l", [at + sk, kw_ptr.to(gl.int64, bitcast=True)], dtype=gl.int32, is_pure=False,
+        pack=4,
+    )
+    gl.inline_asm_elementwise(
+        "cp.async.ca.shared.global [$2], [$4], 8;\n\tmov.b32 $0, 0;\n\tmov.b32 $1, 0;", "=r,=r,r,r,l,l",
+        [at + sva, va_ptr.to(gl.int64, bitcast=True)], dtype=gl.int32, is_pure=False, pack=2,
+    )
+    gl.inline_asm_elementwise(
+        "cp.async.ca.shared.global [$2], [$4], 8;\n\tmov.b32 $0, 0;\n\tmov.b32 $1, 0;", "=r,=r,r,r,l,l",
+        [at + svb, vb_ptr.to(gl.int64, bitcast=True)], dtype=gl.int32, is_pure=False, pack=2,
+    )
+    _pring_sync(_pring_group_text(-1), NW)
+
+
+@gluon.constexpr_function
+def _pring_group_text(n):
+    """``PRING``: ``cp.async.commit_group`` (``n < 0``) or ``cp.async.wait_group n``, as one inline-asm statement."""
+    return ("cp.async.commit_group;" if n < 0 else f"cp.async.wait_group {n};") + "\n\tmov.b32 $0, 0;"
+
+
+@gluon.jit
+def _pring_sync(TEXT: gl.constexpr, NW: gl.constexpr):
+    """``PRING``: one ``cp.async`` group instruction (``TEXT``, :func:`_pring_group_text`) per thread, ordered with
+    the ring's other inline PTX."""
+    L1: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+    gl.inline_asm_elementwise(TEXT, "=r,r", [gl.full([32 * NW], 0, gl.int32, L1)], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
+def _pring_read(ring, sk, sva, svb, stage, NW: gl.constexpr, KW: gl.constexpr):
+    """``PRING``: ``stage``'s K words and the V words of the even and odd keys, read back by inline-PTX ``ld.shared``
+    in :func:`_pring_offsets`' layouts (after ``cp.async.wait_group``)."""
+    at = ring + stage * (NW * KW * 128)
+    kw = gl.inline_asm_elementwise("ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r,r,r,r", [at + sk],
+                                   dtype=gl.int32, is_pure=False, pack=4)
+    va = gl.inline_asm_elementwise("ld.shared.v2.b32 {$0, $1}, [$2];", "=r,=r,r,r", [at + sva], dtype=gl.int32,
+                                   is_pure=False, pack=2)
+    vb = gl.inline_asm_elementwise("ld.shared.v2.b32 {$0, $1}, [$2];", "=r,=r,r,r", [at + svb], dtype=gl.int32,
+                                   is_pure=False, pack=2)
+    return kw, va, vb
+
+
 @gluon.jit
 def _smem_as(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
     """``buf`` (shared memory) seen as ``dtype`` of ``shape`` in ``layout`` (same bytes)."""
@@ -1111,6 +1196,7 @@ def gluon_decode_kernel(
     LAZY: gl.constexpr = False, TOK_K: gl.constexpr = 0, TOK_V: gl.constexpr = 0, TOK_KS: gl.constexpr = 0,
     TOK_VS: gl.constexpr = 0, RING: gl.constexpr = 0, DEFER_SUM: gl.constexpr = False, PDL: gl.constexpr = False,
     PAIR: gl.constexpr = False, k_desc=None, v_desc=None, TMA: gl.constexpr = False, SCALE_AHEAD: gl.constexpr = 1,
+    PRING: gl.constexpr = False,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation,
     no fused merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
@@ -1135,7 +1221,11 @@ def gluon_decode_kernel(
     land; :func:`_scales_paged`); ``PDL`` (SM90+): the merge kernel is this launch's programmatic dependent
     (``attention.MERGE_PDL``), which every program lets launch as it starts; ``TMA`` (SM90+, with a ``RING``, no ``PAIR``; ``k_desc`` / ``v_desc`` the K and V
     data's TMA descriptors, ``attention._tma_descriptors``): the ring is filled by one loader warp's TMA boxes
-    (:func:`_tma_loader`) while the program's warps decode (:func:`_tma_consumer`), warp-specialized."""
+    (:func:`_tma_loader`) while the program's warps decode (:func:`_tma_consumer`), warp-specialized; ``PRING`` (with a
+    ``RING``, no ``PAIR`` or ``TMA``): the ring is a static shared-memory array declared in inline PTX
+    (:func:`_pring_base`), filled and read back by inline PTX (:func:`_pring_copy`, :func:`_pring_read`), so Triton
+    inserts no ``bar.sync`` around it: each thread reads back only its own bytes, after its own
+    ``cp.async.wait_group``."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
     gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
     gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
@@ -1149,6 +1239,7 @@ def gluon_decode_kernel(
     gl.static_assert(not TMA or (RING >= 2 and not PAIR), "TMA takes a RING (PAGE_TILE, no SKEW) and no PAIR")
     gl.static_assert(SCALE_AHEAD == 1 or (SCALE_AHEAD == 2 and RING >= 3 and not PAIR and not TMA),
                      "SCALE_AHEAD 2 takes a RING of 3 or more, no PAIR, no TMA")
+    gl.static_assert(not PRING or (RING >= 2 and not PAIR and not TMA), "PRING takes a RING, no PAIR, no TMA")
     gl.static_assert(not PAGE_TILE or (TOK_K > 0 and TOK_V > 0 and TOK_KS > 0 and TOK_VS > 0),
                      "PAGE_TILE takes the token strides as constexprs (TOK_K, TOK_V, TOK_KS, TOK_VS)")
     # PAGE_TILE's next V words are loaded, in source, after the P V of the current ones: on sm_90 (triton 3.6.0, when
@@ -1308,7 +1399,10 @@ def gluon_decode_kernel(
             bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
             MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, IMAD_SHR,
         )
-    if RING > 0 and not TMA:  # the unmasked loop's K / V words, RING tiles (no swizzle: each thread reads back its bytes)
+    if PRING:  # the ring in inline PTX (_pring_base): no Triton allocation, so no barriers around it
+        ring = _pring_base(RING * NW * KW * 128, NW)
+        sk, sva, svb = _pring_offsets(NW, KW, LK, LV)
+    elif RING > 0 and not TMA:  # the unmasked loop's K / V words, RING tiles (no swizzle: each thread reads back its bytes)
         RL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0])
         k_ring = gl.allocate_shared_memory(gl.int32, [RING, NW, KW, 4, 4], RL)
         va_ring = gl.allocate_shared_memory(gl.int32, [RING, NW, KW // 2, 8, 2], RL)
@@ -1384,12 +1478,20 @@ def gluon_decode_kernel(
                     pk1, pa1 = _warp_pages(n0 + BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
                     ks1, vsa1, vsb1 = _scales_paged(n0 + BLOCK_N, pk1, pa1, page_size, ks_base, vs_base, s_ksp, s_vsp,
                                                     off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
-                _ring_copy(n0, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring, va_ring,
-                           vb_ring, 0, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                if PRING:
+                    _pring_copy(n0, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, ring, sk, sva,
+                                svb, 0, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                else:
+                    _ring_copy(n0, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring,
+                               va_ring, vb_ring, 0, TOK_K, TOK_V, LK, LV, NW, KW, IT)
                 for r in gl.static_range(1, RING - 1):
                     pk_r, pa_r = _warp_pages(n0 + r * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                    _ring_copy(n0 + r * BLOCK_N, pk_r, pa_r, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
-                               off_vb, k_ring, va_ring, vb_ring, r, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                    if PRING:
+                        _pring_copy(n0 + r * BLOCK_N, pk_r, pa_r, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
+                                    off_vb, ring, sk, sva, svb, r, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                    else:
+                        _ring_copy(n0 + r * BLOCK_N, pk_r, pa_r, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
+                                   off_vb, k_ring, va_ring, vb_ring, r, TOK_K, TOK_V, LK, LV, NW, KW, IT)
                 pk_c, pa_c = _warp_pages(n0 + (RING - 1) * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
             else:
                 kw, ks = _k_words_paged(n0, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks, TOK_K, TOK_KS,
@@ -1482,9 +1584,14 @@ def gluon_decode_kernel(
                 if RING > 0:
                     # copy tile i + RING - 1 into the stage tile i - 1 held; tile i + SCALE_AHEAD's scales to registers;
                     # the next step's page ids; then wait for tile i's copies and read its words back
-                    _ring_copy(n0 + (RING - 1) * BLOCK_N, pk_c, pa_c, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
-                               off_vb, k_ring, va_ring, vb_ring, (i - b_begin + RING - 1) % RING, TOK_K, TOK_V, LK, LV, NW,
-                               KW, IT)
+                    if PRING:
+                        _pring_copy(n0 + (RING - 1) * BLOCK_N, pk_c, pa_c, page_size, k_base, v_base, s_kp, s_vp, off_k,
+                                    off_va, off_vb, ring, sk, sva, svb, (i - b_begin + RING - 1) % RING, TOK_K, TOK_V, LK,
+                                    LV, NW, KW, IT)
+                    else:
+                        _ring_copy(n0 + (RING - 1) * BLOCK_N, pk_c, pa_c, page_size, k_base, v_base, s_kp, s_vp, off_k,
+                                   off_va, off_vb, k_ring, va_ring, vb_ring, (i - b_begin + RING - 1) % RING, TOK_K, TOK_V,
+                                   LK, LV, NW, KW, IT)
                     ks_n, vsa_n, vsb_n = _scales_paged(n0 + SCALE_AHEAD * BLOCK_N, pk, pa, page_size, ks_base, vs_base,
                                                        s_ksp, s_vsp, off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW,
                                                        KW, IT)
@@ -1493,11 +1600,15 @@ def gluon_decode_kernel(
                         pk_c, pa_c = pk, pa
                     else:
                         pk_c, pa_c = _warp_pages(n0 + RING * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
-                    async_copy.wait_group(RING - 1)
                     st = (i - b_begin) % RING
-                    kw = k_ring.index(st).load(LK)
-                    va = va_ring.index(st).load(LV)
-                    vb = vb_ring.index(st).load(LV)
+                    if PRING:
+                        _pring_sync(_pring_group_text(RING - 1), NW)
+                        kw, va, vb = _pring_read(ring, sk, sva, svb, st, NW, KW)
+                    else:
+                        async_copy.wait_group(RING - 1)
+                        kw = k_ring.index(st).load(LK)
+                        va = va_ring.index(st).load(LV)
+                        vb = vb_ring.index(st).load(LV)
                     acc, m_i, l_i = _attend(
                         acc, m_i, l_i, q_op, qpos, n0, kv_hi, window, qk_scale2, softcap_pre, softcap_post,
                         bt_row, page_size, page_shift, num_pages, kw, ks, va, vb, vsa, vsb,
@@ -1558,7 +1669,9 @@ def gluon_decode_kernel(
                         )
                     else:
                         va, vb, vsa, vsb = va_n, vb_n, vsa_n, vsb_n
-        if RING > 0:  # the copies past the range (their words unused) land before the ring's memory is reused
+        if PRING:  # the copies past the range (their words unused) land before the program ends
+            _pring_sync(_pring_group_text(0), NW)
+        elif RING > 0:  # the copies past the range (their words unused) land before the ring's memory is reused
             async_copy.wait_group(0)
     # masked tiles from the causal diagonal / sequence end on
     c_begin = gl.maximum(b_begin, b_end)
