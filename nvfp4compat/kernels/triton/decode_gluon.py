@@ -703,15 +703,19 @@ def _pring_copy(n0, pk, pv, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va
         "=r,=r,=r,=r,r,r,r,r,l,l,l,l", [at + sk, kw_ptr.to(gl.int64, bitcast=True)], dtype=gl.int32, is_pure=False,
         pack=4,
     )
-    gl.inline_asm_elementwise(
-        "cp.async.ca.shared.global [$2], [$4], 8;\n\tmov.b32 $0, 0;\n\tmov.b32 $1, 0;", "=r,=r,r,r,l,l",
-        [at + sva, va_ptr.to(gl.int64, bitcast=True)], dtype=gl.int32, is_pure=False, pack=2,
-    )
-    gl.inline_asm_elementwise(
-        "cp.async.ca.shared.global [$2], [$4], 8;\n\tmov.b32 $0, 0;\n\tmov.b32 $1, 0;", "=r,=r,r,r,l,l",
-        [at + svb, vb_ptr.to(gl.int64, bitcast=True)], dtype=gl.int32, is_pure=False, pack=2,
-    )
+    _pring_copy8(at + sva, va_ptr)
+    _pring_copy8(at + svb, vb_ptr)
     _pring_sync(_pring_group_text(-1), NW)
+
+
+@gluon.jit
+def _pring_copy8(saddr, ptr):
+    """``PRING``: ``cp.async`` of each thread's pairs of int32 at ``ptr`` to the shared addresses ``saddr`` (8 bytes a
+    copy: the first address of each pair)."""
+    gl.inline_asm_elementwise(
+        "cp.async.ca.shared.global [$2], [$4], 8;\n\tmov.b32 $0, 0;\n\tmov.b32 $1, 0;", "=r,=r,r,r,l,l",
+        [saddr, ptr.to(gl.int64, bitcast=True)], dtype=gl.int32, is_pure=False, pack=2,
+    )
 
 
 @gluon.constexpr_function
