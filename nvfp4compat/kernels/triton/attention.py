@@ -2135,6 +2135,12 @@ def _gluon_scale_ahead(cfg: DecodeConfig, ring: int) -> int:
     return cfg.scales_ahead if ring >= 3 else 1
 
 
+def _gluon_pring(cfg: DecodeConfig, ring: int) -> bool:
+    """The Gluon kernel's ``PRING`` for a launch with ``cfg`` and ``RING`` ``ring`` (:func:`_gluon_ring`): the
+    config's ``ptx_ring`` where the launch runs its ring, else False."""
+    return cfg.ptx_ring and ring > 0
+
+
 # the type of _tma_descriptors' descriptors in a kernel signature (ahead-of-time builds)
 _TMA_DESC_TYPE = ("tensordesc<u8[1, 16, 1, 64],NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=4, "
                   "transposed=False, fp4_padded=False, cga_layout=[])>")
@@ -2330,6 +2336,7 @@ def _run_decode(
     if d.gluon and not fused and not _gluon_failed and d.programs < _GLUON_MAX_PROGRAMS:
         # PAGE_TILE takes the token strides as constexprs (one build per cache layout); elsewhere they stay 0
         tok = d.page_tile_tok
+        ring = _gluon_ring(d.cfg, tok[0] > 0)
         try:
             descs = _tma_descriptors(d, cache) if d.tma else None
             LAST_KERNELS["decode"] = _gluon.gluon_decode_kernel[(d.chunks * d.num_kv_heads,)](
@@ -2337,10 +2344,9 @@ def _run_decode(
                 PAGE_EVEN=d.page_size % 2 == 0 and d.window <= 0, OFF32=d.off32, CVT8=d.cvt8,
                 KT=_gluon_kt(d.cfg, d.group * qmax), LEAN=d.cfg.lean and d.cvt8, SKEW=d.cfg.skew_logits,
                 PAGE_TILE=tok[0] > 0, IMAD_SHR=d.cfg.imad_shr and d.cvt8, LAZY=d.cfg.lazy_rescale,
-                TOK_K=tok[0], TOK_V=tok[1], TOK_KS=tok[2], TOK_VS=tok[3], RING=_gluon_ring(d.cfg, tok[0] > 0),
+                TOK_K=tok[0], TOK_V=tok[1], TOK_KS=tok[2], TOK_VS=tok[3], RING=ring,
                 DEFER_SUM=d.cfg.defer_sum, PAIR=d.cfg.tile_pairs,
-                SCALE_AHEAD=_gluon_scale_ahead(d.cfg, _gluon_ring(d.cfg, tok[0] > 0)),
-                PRING=d.cfg.ptx_ring and _gluon_ring(d.cfg, tok[0] > 0) > 0,
+                SCALE_AHEAD=_gluon_scale_ahead(d.cfg, ring), PRING=_gluon_pring(d.cfg, ring),
                 k_desc=descs[0] if descs else None, v_desc=descs[1] if descs else None, TMA=descs is not None,
             )  # fmt: skip
             launched = True
@@ -2831,7 +2837,7 @@ def aot_variants() -> dict[str, list[Any]]:
         c.update(zip(("TOK_K", "TOK_V", "TOK_KS", "TOK_VS"), tok, strict=True))
         c["RING"] = _gluon_ring(cfg, c["PAGE_TILE"])
         c["SCALE_AHEAD"] = _gluon_scale_ahead(cfg, c["RING"])
-        c["PRING"] = cfg.ptx_ring and c["RING"] > 0
+        c["PRING"] = _gluon_pring(cfg, c["RING"])
         # the ring filled by TMA (tma_loader) where the launcher takes it: SM90+, the descriptors of a uint8 cache
         tma = _tma_ring(cfg, c["RING"])
         if tma:
