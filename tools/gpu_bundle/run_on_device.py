@@ -303,11 +303,12 @@ def save_caches(out: Path, name: str = "caches") -> str:
                 left_out.append(f"{d} ({raw / (1 << 20):.0f} MiB of files)")
                 continue
             _pack_xz(home, [*chosen, d], packed)
-            if packed.stat().st_size <= CACHE_LIMIT:
+            size = packed.stat().st_size
+            if size <= CACHE_LIMIT:
                 chosen.append(d)
                 data = packed.read_bytes()
             else:
-                left_out.append(f"{d} (the archive would be {packed.stat().st_size / (1 << 20):.1f} MiB)")
+                left_out.append(f"{d} (the archive would be {size / (1 << 20):.1f} MiB)")
     skipped = f"; left out: {', '.join(left_out)}" if left_out else ""
     if not chosen:
         return f"compile caches {present} do not fit in {CACHE_LIMIT >> 20} MiB even alone; not saved{skipped}"
@@ -696,7 +697,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for p in (r, c):
         p.add_argument("--cache-chunk-mib", type=int, default=CACHE_CHUNK >> 20, help="size of one cache chunk")
         p.add_argument("--cache-max-chunks", type=int, default=CACHE_MAX_CHUNKS,
-                       help="caches are dropped, least valuable first, until they fit this many chunks")
+                       help="caches join the archive, most valuable first, while it fits this many chunks")
     args = ap.parse_args(argv)
     if args.cmd in ("run", "caches"):
         CACHE_CHUNK, CACHE_MAX_CHUNKS = args.cache_chunk_mib << 20, args.cache_max_chunks
