@@ -89,6 +89,8 @@ class AotResult:
     seconds: float
     cubin_bytes: int = 0
     error: str = ""
+    # with ``resources=True``: what the cubin takes (:func:`cubin_resources`), else None
+    resources: dict[str, Any] | None = None
 
 
 @dataclass
@@ -123,6 +125,20 @@ class AotReport:
             lines.append(f"| {k} | " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
+    def resource_table(self) -> str:
+        """Markdown table of the compiled variants' :func:`cubin_resources`: one row per (kernel, variant, cc)."""
+        cols = ("registers", "local_bytes", "static_shared", "dynamic_shared", "instructions", "barriers",
+                "global_loads", "async_copies", "shared_loads")
+        lines = ["| kernel | variant | sm | " + " | ".join(c.replace("_", " ") for c in cols) + " |",
+                 "|---|---|---|" + "---|" * len(cols)]
+        for r in self.results:
+            if r.resources:
+                cells = [str(r.resources.get(c, "")) for c in cols]
+                lines.append(f"| {r.kernel} | {r.variant} | {r.cc} | " + " | ".join(cells) + " |")
+                if r.resources.get("error"):
+                    lines.append(f"|  | ({r.resources['error']}) |" + " |" * (len(cols) + 1))
+        return "\n".join(lines)
+
     def __str__(self) -> str:
         secs = sum(r.seconds for r in self.results)
         targets = ", ".join(f"sm_{c}" for c in self.ccs)
@@ -131,6 +147,8 @@ class AotReport:
             f"{len(self.results)} variants built for [{targets}] in {secs:.1f} s"
         )
         parts = [head, self.matrix()]
+        if any(r.resources for r in self.results):
+            parts.append(self.resource_table())
         if self.missing_providers:
             parts.append("providers not present (skipped): " + ", ".join(self.missing_providers))
         for r in self.failures:
@@ -233,16 +251,92 @@ def build(kernel: AotKernel, variant: AotVariant, cc: int) -> Any:
     )
 
 
-def _compile_one(kernel: AotKernel, variant: AotVariant, cc: int) -> AotResult:
+# SASS opcodes whose count :func:`cubin_resources` reports: barriers, global loads, async copies to shared memory
+_SASS_COUNTED = {"barriers": ("BAR",), "global_loads": ("LDG",), "async_copies": ("LDGSTS",),
+                 "shared_loads": ("LDS", "LDSM")}
+
+
+def _cuobjdump() -> str | None:
+    """The ``cuobjdump`` that Triton's NVIDIA backend carries, else one on PATH, else None."""
+    import shutil
+
+    try:
+        import triton
+
+        path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+        if os.access(path, os.X_OK):
+            return path
+    except ImportError:
+        pass
+    return shutil.which("cuobjdump")
+
+
+def cubin_resources(cubin: bytes, dynamic_shared: int, sass_path: str | None = None) -> dict[str, Any]:
+    """What one kernel's cubin takes, read with ``cuobjdump`` (Triton's own, else one on PATH): ``registers`` per
+    thread, ``local_bytes`` per thread (spills and stack), ``static_shared`` bytes (``.shared`` the PTX declares,
+    e.g. inline asm), ``dynamic_shared`` (Triton's allocation, passed in from the compile's metadata), SASS
+    ``instructions`` (NOPs left out) and the counts of :data:`_SASS_COUNTED` (``barriers``: ``BAR.*``; ``async_copies``:
+    ``LDGSTS``). ``sass_path``: also write the disassembly there. Without ``cuobjdump`` only ``dynamic_shared``
+    and an ``error`` saying so come back."""
+    import re
+    import tempfile
+
+    out: dict[str, Any] = {"dynamic_shared": int(dynamic_shared)}
+    tool = _cuobjdump()
+    if tool is None:
+        out["error"] = ("no cuobjdump: neither Triton's NVIDIA backend (triton/backends/nvidia/bin) nor PATH has one; "
+                        "install triton with its NVIDIA backend or the CUDA toolkit")
+        return out
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        usage = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True, timeout=120)
+        sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True, timeout=120)
+    m = re.search(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)", usage.stdout)
+    if m is None or sass.returncode != 0:
+        out["error"] = f"cuobjdump ({tool}) gave no resource usage: {(usage.stderr or sass.stderr)[-300:].strip()}"
+        return out
+    out.update(registers=int(m.group(1)), stack_bytes=int(m.group(2)), static_shared=int(m.group(3)),
+               local_bytes=int(m.group(4)))
+    ops = [ln.split(";")[0].split()[1:] for ln in sass.stdout.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", ln)]
+    ops = [w for w in ops if w and w[0] != "NOP"]  # (the padding after the kernel's end)
+    out["instructions"] = len(ops)
+    # an opcode is the first word after the predicate (``@P0``), without its modifiers (``BAR.SYNC`` -> ``BAR``)
+    names = [(w[1] if w[0].startswith("@") and len(w) > 1 else w[0]).split(".")[0] for w in ops]
+    for key, opcodes in _SASS_COUNTED.items():
+        out[key] = sum(n in opcodes for n in names)
+    if sass_path:
+        with open(sass_path, "w") as f:
+            f.write(sass.stdout)
+    return out
+
+
+def _compile_one(kernel: AotKernel, variant: AotVariant, cc: int, resources: bool = False,
+                 sass_dir: str | None = None) -> AotResult:
     t0 = time.perf_counter()
     try:
-        size = len(build(kernel, variant, cc).asm["cubin"])
-        return AotResult(kernel.name, variant.label, cc, True, time.perf_counter() - t0, size)
+        compiled = build(kernel, variant, cc)
+        cubin = compiled.asm["cubin"]
+        res = None
+        if resources or sass_dir:
+            sass_path = (os.path.join(sass_dir, f"{kernel.name}-{variant.label}-sm{cc}.sass".replace("/", "_"))
+                         if sass_dir else None)
+            res = cubin_resources(cubin, getattr(compiled.metadata, "shared", 0), sass_path)
+        return AotResult(kernel.name, variant.label, cc, True, time.perf_counter() - t0, len(cubin), resources=res)
     except Exception as exc:  # report every failure, keep compiling the rest
         msg = f"{type(exc).__name__}: {exc}".strip().splitlines()
         return AotResult(
             kernel.name, variant.label, cc, False, time.perf_counter() - t0, 0, " ".join(msg)[:2000]
         )
+
+
+def selected(kernel: str, label: str, only: list[str] | None) -> bool:
+    """Whether ``--only`` picks variant ``label`` of ``kernel``: no selectors, or one that ``kernel/label`` holds
+    (e.g. ``gluon/bf16-d128-sweep39``, ``sweep39``, ``attention_decode_gluon/``); a selector ending in ``$`` must
+    end it (``gluon/bf16-d128$``: that variant, not ``bf16-d128-g16``)."""
+    name = f"{kernel}/{label}"
+    return not only or any(name.endswith(sel[:-1]) if sel.endswith("$") else sel in name for sel in only)
 
 
 def compile_all(
@@ -251,6 +345,9 @@ def compile_all(
     kernels: list[str] | None = None,
     providers: list[str] | None = None,
     jobs: int = 1,
+    only: list[str] | None = None,
+    resources: bool = False,
+    sass_dir: str | None = None,
 ) -> AotReport:
     """Compile every variant of every AOT kernel for each compute capability in ``ccs``.
 
@@ -264,6 +361,13 @@ def compile_all(
         Provider modules to import instead of :data:`PROVIDERS`.
     jobs : int
         Compile in this many child processes at once (the targets are split between them).
+    only : list of str, optional
+        Only the variants whose ``kernel/label`` holds one of these substrings (:func:`selected`).
+    resources : bool
+        Also read each cubin's registers, local memory, shared memory and SASS counts (:func:`cubin_resources`)
+        into ``AotResult.resources``.
+    sass_dir : str, optional
+        Write each variant's SASS there (``<kernel>-<label>-sm<cc>.sass``); implies reading its resources.
 
     Returns
     -------
@@ -276,7 +380,7 @@ def compile_all(
     ccs = [int(c) for c in ccs]
     if jobs > 1 and len(ccs) > 1:
         groups = [ccs[i::jobs] for i in range(min(jobs, len(ccs)))]
-        procs = [_spawn(g, kernels, providers) for g in groups]
+        procs = [_spawn(g, kernels, providers, only, resources, sass_dir) for g in groups]
         reports = [_collect(p) for p in procs]
         merged = AotReport(
             ccs=ccs,
@@ -296,17 +400,21 @@ def compile_all(
             )
         found = [k for k in found if k.name in kernels]
     if _interpreted(found):
-        return _collect(_spawn(ccs, kernels, providers))
+        return _collect(_spawn(ccs, kernels, providers, only, resources, sass_dir))
+    if sass_dir:
+        os.makedirs(sass_dir, exist_ok=True)
     report = AotReport(ccs=ccs, missing_providers=missing, triton_version=triton.__version__)
     for cc in ccs:
         for kernel in found:
             for variant in kernel.variants:
-                report.results.append(_compile_one(kernel, variant, cc))
+                if selected(kernel.name, variant.label, only):
+                    report.results.append(_compile_one(kernel, variant, cc, resources, sass_dir))
     return report
 
 
 def _spawn(
-    ccs: list[int], kernels: list[str] | None, providers: list[str] | None
+    ccs: list[int], kernels: list[str] | None, providers: list[str] | None, only: list[str] | None = None,
+    resources: bool = False, sass_dir: str | None = None,
 ) -> subprocess.Popen:
     """Start ``compile_all(ccs)`` in a child without TRITON_INTERPRET, seeing this process's sys.path."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -314,9 +422,11 @@ def _spawn(
     code = (
         "import json, sys; from nvfp4compat.kernels.aot import compile_all; "
         "a = json.loads(sys.argv[1]); "
-        "print('AOT-REPORT ' + compile_all(a['ccs'], kernels=a['kernels'], providers=a['providers']).to_json())"
+        "print('AOT-REPORT ' + compile_all(a['ccs'], kernels=a['kernels'], providers=a['providers'], only=a['only'], "
+        "resources=a['resources'], sass_dir=a['sass_dir']).to_json())"
     )
-    arg = json.dumps({"ccs": ccs, "kernels": kernels, "providers": providers})
+    arg = json.dumps({"ccs": ccs, "kernels": kernels, "providers": providers, "only": only, "resources": resources,
+                      "sass_dir": sass_dir})
     return subprocess.Popen(
         [sys.executable, "-c", code, arg],
         env=env,
@@ -338,8 +448,9 @@ def _collect(proc: subprocess.Popen) -> AotReport:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m nvfp4compat.kernels.aot [CC ...] [--jobs N]``: compile every provider's variants for
-    each target (default: :data:`DEFAULT_CCS`); exit 1 when one fails, 2 on bad arguments."""
+    """``python -m nvfp4compat.kernels.aot [CC ...] [--jobs N] [--only SUBSTR,...] [--resources] [--sass DIR]``:
+    compile every provider's variants (or those ``--only`` picks) for each target (default: :data:`DEFAULT_CCS`);
+    exit 1 when one fails, 2 on bad arguments."""
     import argparse
 
     ap = argparse.ArgumentParser(
@@ -350,6 +461,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("ccs", nargs="*", metavar="CC",
                     help=f"compute capabilities as major*10+minor, e.g. 80 90 120 (default: {' '.join(map(str, DEFAULT_CCS))})")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compile processes (default: the CPU count)")
+    ap.add_argument("--only", default=None, metavar="SUBSTR,...",
+                    help="only the variants whose 'kernel/label' holds one of these comma-separated substrings ('$' at "
+                         "the end: ends with it), e.g. 'gluon/bf16-d128-sweep39,attention_decode_gluon/bf16-d128$'")
+    ap.add_argument("--resources", action="store_true",
+                    help="also print each cubin's registers, local and shared memory and SASS counts "
+                         "(instructions, BAR, LDG, LDGSTS, LDS), read with cuobjdump")
+    ap.add_argument("--sass", default=None, metavar="DIR", help="write each variant's SASS into DIR (implies --resources)")
     args = ap.parse_args(argv)
     ccs: list[int] = []
     for text in args.ccs:
@@ -358,7 +476,17 @@ def main(argv: list[str] | None = None) -> int:
         ccs.append(int(text))
     if args.jobs < 1:
         ap.error(f"--jobs must be at least 1, got {args.jobs}")
-    rep = compile_all(ccs or DEFAULT_CCS, jobs=args.jobs)
+    only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only is not None else None
+    if only is not None and not only:
+        ap.error("--only needs at least one substring, e.g. --only attention_decode_gluon/bf16-d128-sweep39")
+    if only:
+        found, _missing = collect_kernels()
+        labels = [f"{k.name}/{v.label}" for k in found for v in k.variants]
+        if not any(selected(k.name, v.label, only) for k in found for v in k.variants):
+            ap.error(f"--only {args.only} selects no variant; the kernels are "
+                     f"{sorted({k.name for k in found})} ({len(labels)} variants, e.g. {labels[0]})")
+    rep = compile_all(ccs or DEFAULT_CCS, jobs=args.jobs, only=only, resources=args.resources or bool(args.sass),
+                      sass_dir=args.sass)
     print(rep)
     return 0 if rep.ok else 1
 

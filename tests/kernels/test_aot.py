@@ -132,3 +132,31 @@ def test_cli_refuses_bad_arguments_without_a_traceback(argv, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "major*10+minor" in err or "--jobs must be at least 1" in err
+
+
+def test_resources_read_from_the_cubin(tmp_path):
+    """``compile_all(only=..., resources=True, sass_dir=...)``: one selected variant, its registers, local and shared
+    memory and SASS counts read from the sm_90 cubin with cuobjdump, and its SASS written out."""
+    from nvfp4compat.kernels.triton import dequant as tdq
+
+    (kernel,) = tdq.aot_kernels()
+    label = kernel.variants[0].label  # ('$': this label, not the longer labels it begins)
+    assert sum(v.label.startswith(label) for v in kernel.variants) > 1
+    rep = aot.compile_all([90], providers=["nvfp4compat.kernels.triton.dequant"], only=[f"dequantize_paged/{label}$"],
+                          resources=True, sass_dir=str(tmp_path))
+    assert rep.ok and [r.variant for r in rep.results] == [label], str(rep)
+    res = rep.results[0].resources
+    assert res is not None and "error" not in res, res
+    assert 0 < res["registers"] <= 255 and res["instructions"] > 20 and res["global_loads"] > 0, res
+    assert res["local_bytes"] >= 0 and res["dynamic_shared"] >= 0 and res["static_shared"] >= 0, res
+    assert f"| dequantize_paged | {label} | 90 | {res['registers']} |" in str(rep)
+    (sass,) = tmp_path.glob("*.sass")
+    assert "dequantize_paged" in sass.name and "LDG" in sass.read_text()
+
+
+def test_cli_only_that_selects_nothing_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        aot.main(["90", "--only", "no-such-variant"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--only no-such-variant selects no variant" in err and "attention_decode_gluon" in err

@@ -14,6 +14,7 @@ It takes ~15-25 minutes on one core, so it runs only when asked for:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -202,3 +203,27 @@ def test_tma_loader_only_on_sm90_and_up():
     got = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("TMA "))[4:])
     assert got["90"][0] > 0 and got["90"][1] > 0 and got["90"][2] == 0, got
     assert got["80"] == [0, 0, got["80"][2]] and got["80"][2] > 0, got
+
+
+def test_ptx_ring_lives_outside_tritons_shared_allocation():
+    """``DecodeConfig.ptx_ring`` (config ``ring=3, ptx_ring=True``) declares its cp.async ring in inline PTX: the cubin's
+    static shared memory holds the whole ring (3 stages x 64 keys x 128 bytes) and Triton's own allocation does not,
+    where the same ring in Triton's allocation (``ptx_ring=False``) lies in the dynamic shared memory. Both copy
+    the words by ``LDGSTS`` (cp.async). Read from the sm_90 cubins with ``compile_all(resources=True)``."""
+    from nvfp4compat.kernels import aot
+    from nvfp4compat.kernels.triton import attention as att
+
+    base = next(c for c in att.GLUON_DECODE_CONFIGS if c.ring == 3 and c.ptx_ring)
+    i_ptx = att.GLUON_DECODE_CONFIGS.index(base)
+    i_tri = att.GLUON_DECODE_CONFIGS.index(dataclasses.replace(base, ptx_ring=False))
+    labels = [f"attention_decode_gluon/bf16-d128-sweep{i}" for i in (i_ptx, i_tri)]
+    rep = aot.compile_all([90], kernels=["attention_decode_gluon"], only=labels, resources=True)
+    assert rep.ok and len(rep.results) == 2, str(rep)
+    res = {r.variant: r.resources for r in rep.results}
+    ptx, tri = res[f"bf16-d128-sweep{i_ptx}"], res[f"bf16-d128-sweep{i_tri}"]
+    assert ptx is not None and tri is not None and "error" not in ptx and "error" not in tri, res
+    ring_bytes = 3 * base.block_n * 128
+    assert ptx["static_shared"] >= ring_bytes > tri["static_shared"], res
+    assert tri["dynamic_shared"] >= ring_bytes, res
+    assert ptx["async_copies"] > 0 and tri["async_copies"] > 0, res
+    assert ptx["local_bytes"] == 0 and ptx["registers"] <= base.maxnreg, res
