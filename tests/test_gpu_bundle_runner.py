@@ -6,7 +6,6 @@ the job environment over the unpacked components, and handing the checks to ``nv
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import shutil
@@ -14,18 +13,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from _scripts import load_script
 
 RUNNER = Path(__file__).resolve().parents[1] / "tools" / "gpu_bundle" / "run_on_device.py"
 
 
 @pytest.fixture(scope="module")
 def rod():
-    spec = importlib.util.spec_from_file_location("run_on_device", RUNNER)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["run_on_device"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(RUNNER, "run_on_device")
 
 
 @pytest.mark.parametrize("programs", [True, False], ids=["tar-xz-programs", "python-tarfile"])

@@ -9,20 +9,17 @@ releases, deltas) must leave every plan equal; one meant to change facts regener
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+
+from _scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOT = ROOT / "tests" / "data" / "plan_snapshot.json"
 
 
 def _snapshot_module():  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location("snapshot_plans", ROOT / "scripts" / "snapshot_plans.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "scripts" / "snapshot_plans.py", "snapshot_plans")
 
 
 def test_every_release_x_arch_resolves_as_in_the_snapshot() -> None:

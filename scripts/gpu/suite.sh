@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU tier of nvfp4compat, run on a CUDA machine with FlashInfer builds carried in .gpu/
-# (fi-<version>.tar.xz: a flashinfer-python wheel's tree, pruned as docs/kernels.md says, plus cp312
+# (fi-<version>.tar.xz: a flashinfer-python wheel's tree, csrc pruned by build.py's FLASHINFER_CSRC_PRUNE, plus cp312
 # wheels of apache-tvm-ffi and of nvfp4compat's own requirements the image lacks: pydantic & co). Usage: scripts/gpu/suite.sh STAGE [STAGE...]; results go to $OUT.
+# `python3 tools/gpu_bundle/build.py kit --out .gpu` builds what this script expects (a fresh checkout has no .gpu/;
+# add --flashinfer 0.6.15 0.7.4 for golden and codec); carry [".gpu"], plus ".bundle/caches" where it holds archives.
 #   golden      FlashInfer 0.6.15 and 0.7.4 conformance vectors (scripts/make_golden.py)
 #   codec       GPU writer/dequant tests vs FlashInfer 0.7.4 (bytes, CUDA graphs, both impls)
 #   bench-codec write + dequant benchmarks side by side with FlashInfer 0.7.2.post1
@@ -17,8 +19,28 @@
 #   gluon       the Gluon decode: its GPU tests (every path it builds: bf16/fp16, 1-16 rows, windows, sinks,
 #               odd pages, varlen rows), the decode tier, memcheck over the decode cases, the decode shapes against
 #               FlashInfer (default config and the plain-Triton default), Nsight Compute counters
+#   variants    decode against FlashInfer 0.7.2.post1 on SHAPES (default: the six decode shapes), the sweep rows
+#               VARIANTS selects (bench_attention.py --variants; unset or empty: --no-sweep) and KNOBS (default
+#               "--knob MERGE_PDL=1"), within LIMIT s (default 585) less the ncu runs; the ratio table
+#               (scripts/gpu/table.py); ncu of each Gluon config index in NCU (default 11) at 16 x 16K with the
+#               stall reasons and SourceCounters, NCU_S s each (default 45). TAG: a suffix for its files
+#   config      the Gluon GPU tests whose ids hold MATCH (pytest -k "$MATCH", N workers, default 8, 120 s a test,
+#               TESTS_S in all, default 300), then memcheck of the decode cases matching MEMCHECK_MATCH
+#               (scripts/sanitize.py --match words, e.g. "ring 4"; empty: no memcheck) within MEMCHECK_S (200)
+#   shard       shard SHARD (1..SHARDS, defaults 1 and 3) of the GPU attention suite (test_gpu_attention.py and
+#               test_gpu_decode_gluon.py; ids collected here with -m gpu, dealt round-robin), N workers (default
+#               12), 300 s a test, within LIMIT s (default 585); then its failures again on 2 workers, RERUN_S
+#               (default 120) kept for that (run S: 12 processes on one 80 GB card ran out of memory). LIST=FILE
+#               runs the ids in FILE instead. Writes OUT/NAME.txt (ids), NAME-failed.txt, NAME-notrun.txt
+#               (ids without a result: the time limit), NAME-still-failed.txt
+#   caches      save the compile caches (FlashInfer's JIT modules, then vLLM's and Triton's while they fit) as
+#               OUT/CACHE_NAME.tar.xz.NN (default name suite, CACHE_CHUNKS chunks of 15 MiB, default 1); bring
+#               them back as .bundle/caches/ (carry it) and every run restores them before its first stage.
+#               FlashInfer reuses a restored module only where its paths match: this script's $TMPDIR/fi-<version>
+#               and $TMPDIR/dep (run S's a.sh built under /tmp/s21: its archives do not serve this script)
+# Each stage runs on whatever the ones before it left; one that lacks its kit says so and the next one runs.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 SCRATCH=${TMPDIR:-/tmp}
 OUT=${OUT:-$SCRATCH/nvfp4compat-gpu}
 mkdir -p "$OUT"
@@ -26,14 +48,50 @@ export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 ROOT=$PWD
 
+KIT_MTIME=1700000000  # tools/gpu_bundle/build.py's MTIME: the date of every file in .gpu/fi-*.tar.xz
+DECODE_SHAPES="decode 16 x 16K,decode 128 x 2K,decode ragged 8 x 1K-30K,decode 1 x 8K,decode 4 x 32K,decode 32 x 8K"
+GPU_SUITE=(tests/kernels/test_gpu_attention.py tests/kernels/test_gpu_decode_gluon.py)
+
 use_fi() {  # use_fi VERSION: unpack once, then put it first on PYTHONPATH
   local v=$1 d=$SCRATCH/fi-$1
   if [ ! -d "$d/flashinfer" ]; then mkdir -p "$d" && tar -xJf ".gpu/fi-$v.tar.xz" -C "$d" || return 1; fi
   if [ ! -d "$SCRATCH/dep/pydantic" ] || [ ! -d "$SCRATCH/dep/tvm_ffi" ]; then
     python3 -m pip install -q --no-index --no-deps --target "$SCRATCH/dep" .gpu/*.whl || return 1
+    # tvm_ffi's headers are inputs of FlashInfer's JIT: dated back like the archive, so ninja finds the
+    # modules restored from .bundle/caches current instead of rebuilding them
+    find "$SCRATCH/dep" -exec touch -h -d "@$KIT_MTIME" {} +
   fi
   export PYTHONPATH="$ROOT:$SCRATCH/dep:$d"
   python3 -c "import flashinfer, sys; print('flashinfer', flashinfer.__version__, file=sys.stderr)"
+}
+
+no_kit() {  # no_kit STAGE VERSION: say why a stage is skipped
+  echo "=== $1: skipped: FlashInfer $2 does not import from .gpu/fi-$2.tar.xz and .gpu/*.whl (the error is above;" \
+    "a missing kit: python3 tools/gpu_bundle/build.py kit --out .gpu --flashinfer $2)"
+}
+
+result_ids() {  # result_ids IDS LOG failed|notrun|unpassed: the ids listed in file IDS that the pytest -v log LOG
+  # shows failed or errored / with no result (a time limit stopped the run) / either of those. Ids hold no spaces.
+  awk -v mode="$3" '
+    NR == FNR { if ($0 != "") { want[$0] = 1; order[++n] = $0 }; next }
+    /(^| )(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)( |$)/ {
+      bad_line = /(^| )(FAILED|ERROR)( |$)/
+      for (f = 1; f <= NF; f++) if ($f in want) { seen[$f] = 1; if (bad_line) bad[$f] = 1 }
+    }
+    END {
+      for (j = 1; j <= n; j++) {
+        id = order[j]
+        if (mode == "failed") pick = (id in bad)
+        else if (mode == "notrun") pick = !(id in seen)
+        else pick = (id in bad) || !(id in seen)
+        if (pick) print id
+      }
+    }' "$1" "$2"
+}
+
+seconds_left() {  # seconds_left T0 LIMIT RESERVE: what LIMIT leaves after T0 and RESERVE (at least 30: timeout 0 never stops)
+  local left=$(( $2 - (SECONDS - $1) - $3 ))
+  echo $(( left < 30 ? 30 : left ))
 }
 
 step() {  # step NAME CMD...: run, time, log to $OUT/NAME.log, never abort the suite
@@ -45,6 +103,10 @@ step() {  # step NAME CMD...: run, time, log to $OUT/NAME.log, never abort the s
   echo "=== $name: rc=$rc in $((SECONDS - t0)) s"
   tail -n 25 "$OUT/$name.log"
 }
+
+if compgen -G ".bundle/caches/*.tar.xz*" >/dev/null; then  # compile caches carried from an earlier host
+  step caches-restore python3 tools/gpu_bundle/run_on_device.py caches restore --site "$SCRATCH/caches-state"
+fi
 
 for stage in "$@"; do
   case $stage in
@@ -105,6 +167,79 @@ for stage in "$@"; do
       step ncu-gluon-16x16K ncu --clock-control none --kernel-name regex:gluon_decode --launch-skip 2 --launch-count 1 \
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
         python3 benchmarks/profile_attention.py --shape "decode 16 x 16K" ;;
+    variants)
+      t0=$SECONDS
+      use_fi 0.7.2.post1 || { no_kit variants 0.7.2.post1; continue; }
+      tag=variants${TAG:-}
+      gluons=${NCU-11}
+      sel=(--no-sweep); [ -n "${VARIANTS:-}" ] && sel=(--variants "$VARIANTS")
+      read -ra knobs <<<"${KNOBS---knob MERGE_PDL=1}"
+      step "$tag" timeout "$(seconds_left "$t0" "${LIMIT:-585}" $(( $(wc -w <<<"$gluons") * ${NCU_S:-45} )))" \
+        python3 benchmarks/bench_attention.py "${sel[@]}" "${knobs[@]}" --watchdog-s "${WATCHDOG:-150}" \
+        --shapes "${SHAPES:-$DECODE_SHAPES}" --json "$OUT/$tag.json"
+      echo "=== $tag-table: python3 scripts/gpu/table.py $OUT/$tag.json"
+      python3 scripts/gpu/table.py "$OUT/$tag.json" 2>&1 | tee "$OUT/$tag-table.txt"
+      for g in $gluons; do
+        step "ncu-g$g${TAG:-}" timeout "${NCU_S:-45}" ncu --clock-control none --kernel-name regex:gluon_decode \
+          --launch-skip 2 --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+          --section LaunchStats --section SourceCounters \
+          --metrics 'smsp__inst_executed.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
+          python3 benchmarks/profile_attention.py --shape "decode 16 x 16K" --gluon "$g"
+        grep -E "Duration|Registers Per|Achieved Occupancy|Theoretical Occ|DRAM Throughput|Block Size|stalled_(long|barrier)" \
+          "$OUT/ncu-g$g${TAG:-}.log" | sed 's/  */ /g' | head -9
+      done ;;
+    config)
+      use_fi 0.7.2.post1 || { no_kit config 0.7.2.post1; continue; }  # (pydantic; the kernels need no FlashInfer)
+      tag=config${TAG:-}
+      if [ -z "${MATCH:-}" ]; then
+        echo "=== $tag: skipped: MATCH is empty (a pytest -k expression over the Gluon tests' ids, e.g. MATCH=ring4)"
+        continue
+      fi
+      step "$tag-tests" timeout "${TESTS_S:-300}" python3 -m pytest -q -p no:cacheprovider -rfE -m gpu -n "${N:-8}" \
+        --timeout 120 tests/kernels/test_gpu_decode_gluon.py -k "$MATCH"
+      if [ -n "${MEMCHECK_MATCH:-}" ]; then
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 step "$tag-memcheck" timeout "${MEMCHECK_S:-200}" compute-sanitizer \
+          --tool memcheck --error-exitcode 3 python3 scripts/sanitize.py --device cuda --ops decode --dtype bf16 \
+          --match "$MEMCHECK_MATCH"
+      else
+        echo "=== $tag-memcheck: skipped: MEMCHECK_MATCH is empty (scripts/sanitize.py --match words, e.g. \"ring 4\")"
+      fi ;;
+    shard)
+      t0=$SECONDS
+      use_fi 0.7.2.post1 || { no_kit shard 0.7.2.post1; continue; }
+      if [ -n "${LIST:-}" ]; then
+        name=list-$(basename "$LIST" .txt)
+        grep -E '^tests/[^ ]+::[^ ]+$' "$LIST" >"$OUT/$name.txt"
+      else
+        k=${SHARDS:-3} i=${SHARD:-1}
+        if ! [[ $k =~ ^[1-9][0-9]*$ && $i =~ ^[1-9][0-9]*$ ]] || (( i > k )); then
+          echo "=== shard: skipped: SHARD=$i SHARDS=$k (need 1 <= SHARD <= SHARDS)"; continue
+        fi
+        name=shard-$i-of-$k
+        step "$name-collect" python3 -m pytest --co -q -p no:cacheprovider -m gpu "${GPU_SUITE[@]}"
+        awk -v k="$k" -v i="$i" '/^tests\/[^ ]+::[^ ]+$/ { if (n++ % k == i - 1) print }' \
+          "$OUT/$name-collect.log" >"$OUT/$name.txt"
+      fi
+      mapfile -t ids <"$OUT/$name.txt"
+      if [ ${#ids[@]} -eq 0 ]; then echo "=== $name: skipped: no test ids (see $OUT/$name*.log)"; continue; fi
+      # pytest reads the ids from the file (@FILE, pytest >= 8.2): the console gets one line, not 400 ids
+      step "$name" timeout "$(seconds_left "$t0" "${LIMIT:-585}" "${RERUN_S:-120}")" python3 -m pytest \
+        -p no:cacheprovider -v -rfE -n "${N:-12}" --timeout 300 "@$OUT/$name.txt"
+      result_ids "$OUT/$name.txt" "$OUT/$name.log" failed >"$OUT/$name-failed.txt"
+      result_ids "$OUT/$name.txt" "$OUT/$name.log" notrun >"$OUT/$name-notrun.txt"
+      mapfile -t failed <"$OUT/$name-failed.txt"
+      echo "=== $name: ${#ids[@]} ids, ${#failed[@]} failed or errored, $(wc -l <"$OUT/$name-notrun.txt") without a result"
+      : >"$OUT/$name-still-failed.txt"
+      if [ ${#failed[@]} -gt 0 ]; then
+        printf '%s\n' "${failed[@]}" >"$OUT/$name-rerun.txt"
+        step "$name-rerun" timeout "$(seconds_left "$t0" "${LIMIT:-585}" 0)" python3 -m pytest -p no:cacheprovider \
+          -v -rfE -n 2 --timeout 300 "@$OUT/$name-rerun.txt"
+        result_ids "$OUT/$name-rerun.txt" "$OUT/$name-rerun.log" unpassed >"$OUT/$name-still-failed.txt"
+        echo "=== $name-rerun: $(wc -l <"$OUT/$name-still-failed.txt") of ${#failed[@]} failed again on 2 workers or got no result"
+      fi ;;
+    caches)
+      step "caches-save" timeout "${SAVE_S:-120}" python3 tools/gpu_bundle/run_on_device.py caches save \
+        --name "${CACHE_NAME:-suite}" --out "$OUT" --cache-max-chunks "${CACHE_CHUNKS:-1}" ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

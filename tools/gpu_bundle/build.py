@@ -28,6 +28,7 @@ Usage::
     python tools/gpu_bundle/build.py verify     # unpack the parts with the host runner, import-check
     python tools/gpu_bundle/build.py plan       # which parts go in which transfer
     python tools/gpu_bundle/build.py check-venv # (re)create the CPU venv that mimics the host
+    python tools/gpu_bundle/build.py kit --out .gpu  # what scripts/gpu/suite.sh expects in .gpu/
 
 Only the standard library is needed to build; ``verify`` uses the venv ``check-venv`` makes
 (``--check-venv``, default under the bundle folder) and, when present, a Python 3.12 interpreter
@@ -1602,6 +1603,228 @@ def _find_py312() -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------------------------
+# kit: what scripts/gpu/suite.sh expects in .gpu/
+
+
+# The packages the GPU tier imports that the host image lacks: nvfp4compat's own requirements (pydantic and
+# what pydantic 2.14 imports) and FlashInfer's one import-time dependency the host lacks. Versions: DEPS's.
+# FlashInfer's other Requires-Dist the host lacks (cuda-python, cuda-tile, nccl4py, nccl-extensions,
+# nvidia-cudnn-frontend, nvidia-cutlass-dsl) are imported lazily, by modules the KV-cache paths never load:
+# `import flashinfer` needs only apache-tvm-ffi, packaging, requests, nvidia-ml-py, tqdm and numpy
+# (matrix/flashinfer.yaml, cpu_import.requirements, verified per release), and runs H-S ran without them.
+KIT_DEPS = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection", "apache-tvm-ffi")
+KIT_FLASHINFER = ("0.7.2.post1",)  # suite.sh's golden / codec stages also name 0.6.15 and 0.7.4
+KIT_MAX_MIB = 40.0  # a device call carries 64 MiB, the ~28 MB checkout included
+KIT_MANIFEST = "kit.json"
+KIT_FORMAT = 1  # bump when the tarball's recipe changes: every fi-*.tar.xz is then rebuilt
+
+
+def kit_deps() -> list[Dep]:
+    """KIT_DEPS with the versions DEPS pins."""
+    by_name = {_norm(d.dist): d for d in DEPS}
+    missing = [n for n in KIT_DEPS if _norm(n) not in by_name]
+    if missing:
+        raise BuildError(f"KIT_DEPS names {missing}, which DEPS does not pin; add them to DEPS with a version")
+    return [by_name[_norm(n)] for n in KIT_DEPS]
+
+
+def wheel_requires(whl: Path) -> list[str]:
+    """The distribution names a wheel's METADATA requires outside any extra."""
+    with zipfile.ZipFile(whl) as zf:
+        meta = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA")), None)
+        text = zf.read(meta).decode("utf-8", "replace") if meta else ""
+    names = []
+    for line in text.splitlines():
+        if line.startswith("Requires-Dist:") and "extra ==" not in line:
+            m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line[len("Requires-Dist:") :])
+            if m and m.group(1) not in names:
+                names.append(m.group(1))
+    return names
+
+
+def pack_tree_xz(root: Path, dest: Path) -> None:
+    """Write every file and folder under ``root`` to ``dest`` (tar.xz) with paths relative to ``root``.
+
+    Deterministic: members sorted, each dated ``MTIME`` (ninja then finds a restored JIT module current), uid /
+    gid 0 without names, mode 0755 / 0644, GNU format, xz preset ``XZ_PRESET`` in one stream. Written next to
+    ``dest`` and renamed, so a stopped run leaves no half-written archive under its name.
+    """
+    entries: list[tuple[str, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            entries.append((path.relative_to(root).as_posix(), path))
+    entries.sort()
+    tmp = dest.with_name(dest.name + ".tmp")
+    with (
+        lzma.open(tmp, "wb", format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, preset=XZ_PRESET) as xz,
+        tarfile.open(fileobj=xz, mode="w", format=tarfile.GNU_FORMAT) as tar,
+    ):
+        for arcname, path in entries:
+            info = tarfile.TarInfo(arcname)
+            info.mtime = MTIME
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            if path.is_symlink():
+                raise BuildError(f"{path}: a symbolic link in a wheel's tree; the kit packs files only")
+            if path.is_dir():
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+                continue
+            info.size = path.stat().st_size
+            info.mode = 0o755 if os.access(path, os.X_OK) else 0o644
+            with path.open("rb") as f:
+                tar.addfile(info, f)
+    tmp.replace(dest)
+
+
+def _kit_flashinfer(
+    out: Path, cache: Path, version: str, offline: bool, recorded: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Build ``out/fi-<version>.tar.xz`` unless ``recorded`` says it is built from the same wheel and recipe."""
+    whl = ensure_wheel(cache, "flashinfer-python", version, offline)
+    wheel_sha = sha256_file(whl)
+    dest = out / f"fi-{version}.tar.xz"
+    prefixes = list(FLASHINFER_CSRC_PRUNE.get(version, ()))
+    recipe = {"format": KIT_FORMAT, "mtime": MTIME, "xz_preset": XZ_PRESET, "prune_prefixes": prefixes}
+    if (
+        recorded
+        and recorded.get("wheel_sha256") == wheel_sha
+        and recorded.get("recipe") == recipe
+        and dest.is_file()
+        and sha256_file(dest) == recorded.get("sha256")
+    ):
+        log(f"{dest.name}: up to date (built from {whl.name}, sha256 {wheel_sha[:16]}), skipped")
+        return recorded
+    with tempfile.TemporaryDirectory(prefix=f"kit-fi-{version}-") as tmp:
+        root = Path(tmp) / "tree"
+        root.mkdir()
+        log(f"installing {whl.name} ({whl.stat().st_size / MIB:.1f} MiB) into a temporary folder")
+        installed, _skipped = install_wheel(whl, root)
+        if not (root / "flashinfer" / "__init__.py").is_file():
+            raise BuildError(
+                f"{whl.name}: no flashinfer/__init__.py at the top of the installed tree; the wheel's layout "
+                "changed, and suite.sh's use_fi puts the archive's top level on PYTHONPATH"
+            )
+        raw = sum((root / f).stat().st_size for f in installed)
+        pruned = prune_flashinfer_csrc(root, version)
+        if prefixes:
+            log(
+                f"flashinfer {version}: csrc pruned ({', '.join(prefixes)}*): {len(pruned['removed'])} entries, "
+                f"{int(pruned['bytes']) / MIB:.1f} MiB of {raw / MIB:.1f} MiB; kept because a kept source includes "
+                f"them: {sorted(pruned['kept_because_included']) or 'none'}"
+            )
+        else:
+            log(
+                f"flashinfer {version}: no FLASHINFER_CSRC_PRUNE rule, csrc left unpruned ({raw / MIB:.1f} MiB "
+                "raw); write one (the prefixes no KV-cache path builds) if the archive is too big"
+            )
+        log(f"packing {dest.name} (xz -{XZ_PRESET}, every member dated {MTIME})")
+        pack_tree_xz(root, dest)
+    return {
+        "version": version,
+        "file": dest.name,
+        "bytes": dest.stat().st_size,
+        "sha256": sha256_file(dest),
+        "wheel": whl.name,
+        "wheel_sha256": wheel_sha,
+        "raw_bytes": raw,
+        "pruned_bytes": int(pruned["bytes"]),
+        "pruned_entries": len(pruned["removed"]),
+        "recipe": recipe,
+        "top_level": sorted({f.split("/")[0] for f in installed}),
+    }
+
+
+def cmd_kit(args: argparse.Namespace) -> int:
+    """Rebuild the folder scripts/gpu/suite.sh expects (``.gpu/``): ``fi-<version>.tar.xz`` per FlashInfer
+    release and the cp312 wheels of ``KIT_DEPS``; ``kit.json`` records what each archive was built from."""
+    out: Path = args.kit_out
+    cache: Path = args.wheel_cache
+    out.mkdir(parents=True, exist_ok=True)
+    cache.mkdir(parents=True, exist_ok=True)
+    manifest_path = out / KIT_MANIFEST
+    try:
+        old = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    except ValueError:
+        log(f"{manifest_path} is not JSON: every archive is rebuilt")
+        old = {}
+    old_fi = {str(r.get("version")): r for r in old.get("flashinfer", []) if isinstance(r, dict)}
+    deps = kit_deps()
+    kit_names = {_norm(d.dist) for d in deps}
+    host = {_norm(re.split(r"[=<>!]", p)[0]) for p in HOST_PACKAGES_PINNED + HOST_PACKAGES_UNPINNED}
+    host |= {"torch", "typing_extensions"}  # torch and what torch needs
+    records: list[dict[str, Any]] = []
+    for version in dict.fromkeys(args.flashinfer):
+        rec = _kit_flashinfer(out, cache, version, args.offline, old_fi.get(version))
+        lacking = [
+            n for n in wheel_requires(cache / rec["wheel"]) if _norm(n) not in host | kit_names
+        ]
+        if lacking:
+            log(
+                f"flashinfer {version} requires, outside the host's packages and the kit: {', '.join(lacking)} "
+                "(imported lazily, off the KV-cache paths; see KIT_DEPS)"
+            )
+        records.append(rec)
+    # the releases of earlier runs still in OUT stay recorded: suite.sh picks one per stage
+    for version, rec in old_fi.items():
+        if version not in args.flashinfer and (out / str(rec.get("file"))).is_file():
+            records.append(rec)
+    wheels: list[dict[str, Any]] = []
+    for dep in deps:
+        whl = ensure_wheel(cache, dep.dist, dep.version, args.offline)
+        for stale in sorted(out.glob("*.whl")):
+            fields = stale.name.split("-")
+            if _norm(fields[0]) == _norm(dep.dist) and stale.name != whl.name:
+                log(f"removing {stale.name} (the kit pins {dep.dist} {dep.version}; pip --target takes one)")
+                stale.unlink()
+        target = out / whl.name
+        digest = sha256_file(whl)
+        if not (target.is_file() and sha256_file(target) == digest):
+            shutil.copyfile(whl, target)
+        wheels.append({"dist": dep.dist, "version": dep.version, "file": whl.name, "sha256": digest,
+                       "bytes": target.stat().st_size, "needed_by": dep.needed_by})
+    manifest: dict[str, Any] = {
+        "format": KIT_FORMAT,
+        "kit": "scripts/gpu/suite.sh's .gpu/ (tools/gpu_bundle/build.py kit)",
+        "flashinfer": sorted(records, key=lambda r: str(r["version"])),
+        "wheels": wheels,
+    }
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
+    kit_files = [str(r["file"]) for r in manifest["flashinfer"]] + [w["file"] for w in wheels] + [KIT_MANIFEST]
+    log(f"kit in {out}:")
+    total = 0
+    for name in kit_files:
+        size = (out / name).stat().st_size
+        total += size
+        log(f"  {name:<72} {size / MIB:8.2f} MiB")
+    others = sorted(
+        p for p in out.rglob("*") if p.is_file() and p.relative_to(out).as_posix() not in kit_files
+    )
+    other_bytes = sum(p.stat().st_size for p in others)
+    if others:
+        log(
+            f"  other files under {out} (carried with it): {len(others)}, {other_bytes / MIB:.2f} MiB: "
+            + ", ".join(p.relative_to(out).as_posix() for p in others[:8])
+            + (" ..." if len(others) > 8 else "")
+        )
+    carried = total + other_bytes
+    log(f"  total {carried / MIB:.2f} MiB ({total / MIB:.2f} MiB of kit) of --max-mib {args.max_mib:g}")
+    if carried > args.max_mib * MIB:
+        biggest = max(manifest["flashinfer"], key=lambda r: int(r["bytes"]), default=None)
+        raise BuildError(
+            f"{out} holds {carried / MIB:.1f} MiB ({total / MIB:.1f} MiB of kit: "
+            + ", ".join(f"{r['file']} {int(r['bytes']) / MIB:.1f} MiB" for r in manifest["flashinfer"])
+            + f"; {other_bytes / MIB:.1f} MiB of other files), more than --max-mib {args.max_mib:g}: a device call "
+            f"carries {DEVICE_CALL_LIMIT // MIB} MiB, the checkout included. The files are written; to carry them, "
+            "build fewer FlashInfer releases at once (--flashinfer V; each stage of suite.sh needs one), remove "
+            + (f"{biggest['file']} or " if biggest else "")
+            + "the other files from the folder, or write a FLASHINFER_CSRC_PRUNE rule for an unpruned release"
+        )
+    return 0
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     global VLLM_VERSION, FLASHINFER_VERSIONS, FLASHINFER_DEFAULT, COMPONENTS_ORDER
     global DEVICE_CALL_LIMIT, PY312_VENV
@@ -1658,6 +1881,28 @@ def main(argv: Iterable[str] | None = None) -> int:
         action="store_true",
         help="also prove each dep is needed (about 10 s each)",
     )
+    k = sub.add_parser(
+        "kit", help="rebuild .gpu/ for scripts/gpu/suite.sh: fi-<version>.tar.xz + the cp312 wheels it installs"
+    )
+    k.add_argument(
+        "--out", dest="kit_out", metavar="DIR", type=Path, default=REPO / ".gpu",
+        help="the kit's folder (default: <repo>/.gpu, git-ignored; carry it to the GPU machine)",
+    )
+    k.add_argument(
+        "--flashinfer", nargs="+", default=list(KIT_FLASHINFER),
+        help=f"flashinfer-python releases, one fi-<version>.tar.xz each (default {' '.join(KIT_FLASHINFER)}; "
+        "suite.sh's golden and codec stages use 0.6.15 and 0.7.4)",
+    )
+    k.add_argument(
+        "--wheel-cache", type=Path, default=cache_home / "wheels",
+        help="downloaded wheels (default: the same cache as build)",
+    )
+    k.add_argument("--offline", action="store_true", help="use only cached wheels")
+    k.add_argument(
+        "--max-mib", type=float, default=KIT_MAX_MIB,
+        help=f"fail when the folder holds more (default {KIT_MAX_MIB:g}: a device call carries "
+        f"{DEVICE_CALL_LIMIT // MIB} MiB, the checkout included)",
+    )
     c = sub.add_parser("check-venv", help="create the CPU venv that mimics the host's packages")
     c.add_argument("--check-venv", type=Path, default=None, help="default: OUT/venvs/bundle-check")
     c.add_argument("--recreate", action="store_true")
@@ -1689,6 +1934,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             "plan": cmd_plan,
             "verify": cmd_verify,
             "check-venv": cmd_check_venv,
+            "kit": cmd_kit,
         }[args.cmd](args)
     except BuildError as exc:
         print(f"build.py: error: {exc}", file=sys.stderr)
