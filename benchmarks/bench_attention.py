@@ -75,6 +75,9 @@ def _full_shapes() -> list[Shape]:
     # decode batches, GQA 4/5/8, pages of 16 and 32; prompt prefill, chunked prefill, a mixed batch.
     ragged = (1024, 30720, 4096, 16384, 2048, 24576, 8192, 12288)
     ragged40 = tuple(512 + (i * 7919) % 15873 for i in range(40))  # spread 0.5K-16K, fixed
+    # spread 0.1K-32K, fixed: a mix whose shares round down badly (on 132 SMs the floor split's longest chunk is 90 tiles, twice the
+    # mean; SPLIT_BALANCE_STEPS's 50)
+    ragged24 = tuple(128 + (i * 104729) % 32640 for i in range(24))
     dec = "<= 0.40x FlashInfer bf16 TC decode"
     return [
         Shape("decode 16 x 16K", "decode", (16384,) * 16, (1,) * 16, target=dec),
@@ -88,6 +91,7 @@ def _full_shapes() -> list[Shape]:
         Shape("decode 64 x 8K", "decode", (8192,) * 64, (1,) * 64, target=dec),
         Shape("decode 48 x 4K 64/8 heads", "decode", (4096,) * 48, (1,) * 48, num_qo_heads=64, target=dec),
         Shape("decode ragged 40 x 0.5K-16K", "decode", ragged40, (1,) * 40, target=dec),
+        Shape("decode ragged 24 x 0.1K-32K", "decode", ragged24, (1,) * 24, target="<= 0.45x FlashInfer bf16 TC decode"),
         Shape("prefill 2 x 8K causal", "prefill", (8192,) * 2, (8192,) * 2, target="<= 0.90x FlashInfer bf16 FA3"),
         Shape("prefill 6 x 1K chunks on 16K", "prefill", (17408,) * 6, (1024,) * 6,
               target="<= 0.90x FlashInfer bf16 FA3"),

@@ -625,6 +625,103 @@ def test_decode_chunking_never_exceeds_its_grid(programs):
             assert sum(1 for b, _ in plan if b in multi) <= slots
 
 
+def _balanced_plan(tiles: list[int], programs: int, min_tiles: int, steps: int) -> list[tuple[int, int]]:
+    """The kernels' balanced chunking (``SPLIT_BALANCE_STEPS``: _balance_target, _request_chunks), in Python."""
+    total = max(1, sum(tiles))
+    live = sum(t > 0 for t in tiles)
+    cap = [max(t // min_tiles, 1) for t in tiles]
+    hi = max(1, max(tiles, default=0))
+    least = min((t for t in tiles if t > 0), default=2**62)
+    lo = max(-(-total // programs), 1)
+    if live > programs:
+        return _chunk_plan(tiles, programs, min_tiles)
+    if least >= hi:
+        n = min(max(programs // max(live, 1), 1), max(hi // min_tiles, 1))
+        target = -(-hi // n)
+    else:
+        hi = min(hi, -(-total // max(programs - live, 1)))
+        for _ in range(steps):
+            mid = (lo + hi) // 2
+            fits = sum(min(-(-t // mid), c) for t, c in zip(tiles, cap, strict=True) if t > 0) <= programs
+            hi, lo = (mid, lo) if fits else (hi, mid + 1)
+        target = hi
+    plan = []
+    for b, t in enumerate(tiles):
+        n = 0 if t == 0 else min(max(-(-t // target), 1), cap[b])
+        plan += [(b, j) for j in range(n)]
+    return plan
+
+
+def _longest_chunk(tiles: list[int], plan: list[tuple[int, int]]) -> int:
+    n = {b: sum(1 for x, _ in plan if x == b) for b, _ in plan}
+    return max(-(-tiles[b] // k) for b, k in n.items())
+
+
+@pytest.mark.parametrize("steps", [1, 2, 8])
+def test_balanced_chunking_fits_the_grid(steps):
+    """``SPLIT_BALANCE_STEPS``: random length mixes (empty requests, more requests than programs, equal ones): the
+    balanced chunks stay inside decode_grid's chunks and merge slots, never pass the programs while the requests do
+    not outnumber them, and the longest chunk is never longer than the floor rule's where both use the programs."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    rng = np.random.default_rng(steps)
+    for _ in range(400):
+        programs = int(rng.choice([1, 2, 5, 33, 66, 198]))
+        batch = int(rng.integers(1, 60))
+        max_tiles = int(rng.integers(1, 600))
+        tiles = [int(x) for x in rng.integers(0, max_tiles + 1, size=batch)]
+        if rng.random() < 0.2:
+            tiles = [max_tiles] * batch
+        for min_tiles in (1, 2, 8):
+            chunks, slots = att.decode_grid(batch, programs, min_tiles, max_tiles)
+            plan = _balanced_plan(tiles, programs, min_tiles, steps)
+            assert len(plan) <= chunks
+            multi = [b for b in set(b for b, _ in plan) if sum(1 for x, _ in plan if x == b) > 1]
+            assert sum(1 for b, _ in plan if b in multi) <= slots
+            if sum(t > 0 for t in tiles) <= programs:
+                assert len(plan) <= programs
+                floor = _chunk_plan(tiles, programs, min_tiles)
+                if plan and len(floor) <= programs and steps == 8:
+                    assert _longest_chunk(tiles, plan) <= _longest_chunk(tiles, floor), (tiles, programs)
+
+
+def test_balanced_chunking_shortens_the_ragged_bench_batch():
+    """The ragged bench batch (8 requests of 1K-30K keys, 64-key tiles) on 66 programs a KV head (132 SMs x 4 / 8
+    heads): the floor rule's longest chunk is the 2K request's 32 tiles, whole; balanced, 26 (the mean is 23.5)."""
+    tiles = [n // 64 for n in (1024, 30720, 4096, 16384, 2048, 24576, 8192, 12288)]
+    assert _longest_chunk(tiles, _chunk_plan(tiles, 66, 8)) == 32
+    plan = _balanced_plan(tiles, 66, 8, 4)
+    assert _longest_chunk(tiles, plan) == 26 and len(plan) <= 66
+
+
+@pytest.mark.parametrize("steps", [1, 4])
+@pytest.mark.parametrize("splits", [None, 3, 9])
+def test_decode_balanced_split_matches_reference(monkeypatch, steps, splits):
+    """``SPLIT_BALANCE_STEPS``: the decode and merge kernels agree on the balanced chunks: ragged batches (with an
+    empty request), equal ones, one request, more requests than programs (``num_splits=3``: the floor rule), q_len 2
+    with a window."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    monkeypatch.setattr(att, "SPLIT_BALANCE_STEPS", steps)
+    monkeypatch.setattr(att, "SPLIT_MIN_CHUNK_TOKENS", 16)
+    over = {"decode": att.DecodeConfig(16, 4, 1), **({"num_splits": splits} if splits else {})}
+    with att.override_configs(**over):
+        for lens in ([300, 3, 17, 130], [300, 2, 17, 0, 45, 2], [64, 64, 64], [500]):
+            run_case("triton", "decode", seq_lens=lens, num_qo_heads=4, num_kv_heads=2, head_dim=64, dtype=fp16,
+                     return_lse=True, use_sinks=True, seed=steps).check()
+        run_case("triton", "decode", seq_lens=[300, 40, 170], q_len_per_req=2, num_qo_heads=4, num_kv_heads=2,
+                 head_dim=64, dtype=fp16, sliding_window=100, seed=steps).check()
+
+
+@pytest.mark.parametrize("bad", [-1, 33, 2.0, True])
+def test_split_balance_steps_is_checked(monkeypatch, bad):
+    from nvfp4compat.kernels.triton import attention as att
+
+    monkeypatch.setattr(att, "SPLIT_BALANCE_STEPS", bad)
+    with pytest.raises(ValueError, match=r"attention.SPLIT_BALANCE_STEPS is .*needs an int from 0 .* set it to 0"):
+        run_case("triton", "decode", seq_lens=[30, 7], num_qo_heads=4, num_kv_heads=2, head_dim=64, dtype=fp16)
+
+
 @pytest.mark.parametrize("splits", [1, 3, 9])
 def test_decode_ragged_batch_matches_reference(splits):
     """A ragged batch (one long request, short ones, an empty one) over every split regime: single-chunk

@@ -197,11 +197,11 @@ def test_gluon_config_falls_back_where_not_served(cfg, dtype, hq, hkv, q_len, la
     assert ran == (hq // hkv <= 16 and cl.data_align >= 16 and cl.sf_align >= 2)
 
 
-@pytest.mark.parametrize("cfg", CONFIGS)
-def test_gluon_decode_cuda_graph(cfg):
-    """Captured once, replayed with other lengths: the split is made on the device."""
+def _captured(cfg: att.DecodeConfig, seed: int):
+    """A decode of 4 x 8K keys under ``cfg``, run once and captured in a CUDA graph: ``(graph, out, args, case)``;
+    replay after writing other lengths into ``case.seq_lens`` (the split is made on the device)."""
     case = ra.make_paged_cache([8192] * 4, 8, 128, 16, dtype=bf16, device="cuda",
-                               generator=torch.Generator().manual_seed(2))
+                               generator=torch.Generator().manual_seed(seed))
     q = torch.randn(4, 32, 128, device="cuda").to(bf16)
     out = torch.empty_like(q)
     args = (q, case.paged_kv_cache, case.kv_cache_sf, case.block_table, case.seq_lens, case.k_scale, case.v_scale)
@@ -211,6 +211,14 @@ def test_gluon_decode_cuda_graph(cfg):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout, out=out)
+    return g, out, args, case
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_gluon_decode_cuda_graph(cfg):
+    """Captured once, replayed with other lengths: the split is made on the device."""
+    g, out, args, case = _captured(cfg, 2)
+    with att.override_configs(decode=cfg):
         case.seq_lens.copy_(torch.tensor([100, 8192, 3000, 1], dtype=case.seq_lens.dtype))
         g.replay()
         torch.cuda.synchronize()
@@ -266,17 +274,9 @@ def test_merge_as_a_dependent_launch(monkeypatch, kernel, case_kw):
         assert _ran_gluon() == (kernel == "gluon")
         assert att._merge_pdl(torch.device("cuda"))
     res.check()
-    case = ra.make_paged_cache([8192] * 4, 8, 128, 16, dtype=bf16, device="cuda",
-                               generator=torch.Generator().manual_seed(4))
-    q = torch.randn(4, 32, 128, device="cuda").to(bf16)
-    out = torch.empty_like(q)
-    args = (q, case.paged_kv_cache, case.kv_cache_sf, case.block_table, case.seq_lens, case.k_scale, case.v_scale)
-    with att.override_configs(decode=DEFAULT if kernel == "gluon" else att.DecodeConfig(64, 4, 1)):
-        att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout, out=out)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout, out=out)
+    cfg = DEFAULT if kernel == "gluon" else att.DecodeConfig(64, 4, 1)
+    g, out, args, case = _captured(cfg, 4)
+    with att.override_configs(decode=cfg):
         for lens in ([100, 8192, 3000, 1], [8192, 8192, 8192, 8192], [0, 5, 7000, 4096]):
             case.seq_lens.copy_(torch.tensor(lens, dtype=case.seq_lens.dtype))
             g.replay()
@@ -284,4 +284,36 @@ def test_merge_as_a_dependent_launch(monkeypatch, kernel, case_kw):
             monkeypatch.setattr(att, "MERGE_PDL", False)
             ref = att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout)
             monkeypatch.setattr(att, "MERGE_PDL", True)
+            assert ra.relative_l2(out, ref) <= 1e-6, lens
+
+
+@pytest.mark.parametrize("steps", [1, 4], ids=["balance1", "balance4"])
+@pytest.mark.parametrize("case_kw", [
+    dict(seq_lens=[1024, 30720, 4096, 16384, 2048, 24576, 8192, 12288]),
+    dict(seq_lens=[5000, 1, 0, 12000], use_sinks=True),
+    dict(seq_lens=[8192] * 4),
+    dict(seq_lens=random_lens(40, 16000, 7), q_len_per_req=2, sliding_window=3000),
+    dict(seq_lens=random_lens(200, 4000, 8)),
+], ids=["ragged8", "mixed-empty-sinks", "equal", "ragged40-q2-window", "ragged200"])
+def test_gluon_decode_balanced_split(monkeypatch, steps, case_kw):
+    """``SPLIT_BALANCE_STEPS``: the Gluon decode (its int32 / fp32 bisection) and the merge kernel (the plain one's)
+    agree on the balanced chunks: the reference's output and LSE, the plain kernel's output, and a CUDA graph captured
+    once and replayed with other lengths (more than 128 requests: the 1024-request scan blocks)."""
+    monkeypatch.setattr(att, "SPLIT_BALANCE_STEPS", steps)
+    kw = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, dtype=bf16, return_lse=True, device="cuda", **case_kw)
+    with att.override_configs(decode=DEFAULT):
+        res = run_case("triton", "decode", **kw)
+        assert _ran_gluon(), f"the Gluon kernel did not run: {att.LAST_KERNELS.get('decode')}"
+    res.check()
+    with att.override_configs(decode=att.DecodeConfig(64, 4, 1)):
+        plain = run_case("triton", "decode", **kw)
+        assert not _ran_gluon()
+    assert ra.relative_l2(res.out, plain.out) <= 5e-3
+    g, out, args, case = _captured(DEFAULT, 5)
+    with att.override_configs(decode=DEFAULT):
+        for lens in ([100, 8192, 3000, 1], [0, 5, 7000, 4096], [8192, 64, 8192, 2048]):
+            case.seq_lens.copy_(torch.tensor(lens, dtype=case.seq_lens.dtype))
+            g.replay()
+            torch.cuda.synchronize()
+            ref = att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout)
             assert ra.relative_l2(out, ref) <= 1e-6, lens

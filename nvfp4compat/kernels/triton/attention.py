@@ -639,7 +639,7 @@ def _total_tiles(
 def _block_chunks(
     b0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
     BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    BATCH_BLOCK: tl.constexpr, EMPTY_CHUNK: tl.constexpr = False,
+    BATCH_BLOCK: tl.constexpr, EMPTY_CHUNK: tl.constexpr = False, target=0, BALANCE: tl.constexpr = 0,
 ):
     """Requests ``bs = b0 + [0, BATCH_BLOCK)`` and their chunk counts (0 past ``batch``): one step of
     the decode and merge kernels' scan over the batch, which must agree chunk for chunk.
@@ -651,20 +651,85 @@ def _block_chunks(
     tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                            BLOCK_N, QMAX, VARLEN, HAS_WINDOW, EMPTY_CHUNK)
     if EMPTY_CHUNK:
-        return bs, tl.where(tiles < 0, 1, _request_chunks(tl.maximum(tiles, 0), total, programs, min_tiles))
-    return bs, _request_chunks(tiles, total, programs, min_tiles)
+        return bs, tl.where(tiles < 0, 1, _request_chunks(tl.maximum(tiles, 0), total, programs, min_tiles, target,
+                                                          BALANCE))
+    return bs, _request_chunks(tiles, total, programs, min_tiles, target, BALANCE)
 
 
 @triton.jit
-def _request_chunks(tiles, total, programs, min_tiles):
+def _request_chunks(tiles, total, programs, min_tiles, target, BALANCE: tl.constexpr = 0):
     """Chunks of requests with ``tiles`` KV tiles: their share of ``programs`` rounded down,
     ``floor(tiles * programs / total)`` (never more chunks than ``programs``: rounding up left a
     last, mostly idle wave; the host picks how many waves ``programs`` spans), at least 1 (0 for no tiles) and at most
-    ``tiles // min_tiles``. A request's chunks split its tiles evenly."""
+    ``tiles // min_tiles``. A request's chunks split its tiles evenly. ``BALANCE`` (``SPLIT_BALANCE_STEPS``):
+    ``cdiv(tiles, target)`` in place of the share where ``target`` (:func:`_balance_target`) is not 0."""
     t64 = tiles.to(tl.int64)
     share = (t64 * programs) // total
+    if BALANCE:  # (target 0: more requests than programs, the floor rule)
+        share = tl.where(target > 0, (t64 + target - 1) // tl.maximum(target, 1), share)
     n = tl.minimum(tl.maximum(share, 1), tl.maximum(t64 // min_tiles, 1))
     return tl.where(tiles > 0, n, 0).to(tl.int32)
+
+
+@triton.jit
+def _chunks_within(t, cap, mid):
+    """Chunks of requests with ``t`` tiles (int64) and chunk caps ``cap`` at chunk length ``mid``, summed."""
+    return tl.sum(tl.where(t > 0, tl.minimum((t + mid - 1) // mid, cap), 0), 0)
+
+
+@triton.jit
+def _balance_target(
+    batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+    BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    BATCH_BLOCK: tl.constexpr, BALANCE: tl.constexpr,
+):
+    """``SPLIT_BALANCE_STEPS``: the chunk length ``T`` (tiles, int64) whose chunks (``cdiv(tiles, T)`` a request,
+    capped as :func:`_request_chunks` caps them) fit in ``programs``, as short as ``BALANCE`` bisection steps find it.
+    No ``T`` below ``cdiv(total, programs)`` fits; ``cdiv(total, programs - live)`` (``live``: requests with tiles)
+    and the longest request always do (``sum(cdiv(t, T)) <= total / T + live``), so the search starts between them
+    (tiles 24..27 for a ragged batch of 8 requests of 1K-30K keys on 66 programs), and the chunks never pass
+    ``programs`` (nor the grid, nor the merge slots) whatever the steps. A batch of equal requests skips the search:
+    ``T = cdiv(tiles, n)`` with ``n`` the floor rule's chunk count, the same longest chunk. 0 (the floor rule) where
+    the requests outnumber the programs, or ``BALANCE`` is 0. The first ``BATCH_BLOCK`` requests' tiles are loaded once
+    and kept for the steps; later blocks are read again in each."""
+    if BALANCE == 0:
+        return tl.zeros((), tl.int64)
+    bs0 = tl.arange(0, BATCH_BLOCK)
+    t0 = _request_tiles(bs0, bs0 < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                        BLOCK_N, QMAX, VARLEN, HAS_WINDOW).to(tl.int64)
+    cap0 = tl.maximum(t0 // min_tiles, 1)
+    hi = tl.max(t0, 0)
+    least = tl.min(tl.where(t0 > 0, t0, 2**62), 0)
+    live = tl.sum((t0 > 0).to(tl.int64), 0)
+    for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
+        bs = b0 + tl.arange(0, BATCH_BLOCK)
+        t = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                           BLOCK_N, QMAX, VARLEN, HAS_WINDOW).to(tl.int64)
+        hi = tl.maximum(hi, tl.max(t, 0))
+        least = tl.minimum(least, tl.min(tl.where(t > 0, t, 2**62), 0))
+        live += tl.sum((t > 0).to(tl.int64), 0)
+    hi = tl.maximum(hi, 1)
+    lo = tl.maximum((total + programs - 1) // programs, 1)
+    if live > programs:
+        hi = hi * 0
+    elif least >= hi:  # equal requests (or none): the floor rule's chunks
+        n = tl.minimum(tl.maximum(programs // tl.maximum(live, 1), 1), tl.maximum(hi // min_tiles, 1))
+        hi = (hi + n - 1) // n
+    else:
+        rest = tl.maximum(programs - live, 1)
+        hi = tl.minimum(hi, (total + rest - 1) // rest)
+        for _ in tl.static_range(BALANCE):
+            mid = (lo + hi) // 2
+            used = _chunks_within(t0, cap0, mid)
+            for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
+                bs = b0 + tl.arange(0, BATCH_BLOCK)
+                t = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                                   BLOCK_N, QMAX, VARLEN, HAS_WINDOW).to(tl.int64)
+                used += _chunks_within(t, tl.maximum(t // min_tiles, 1), mid)
+            fits = used <= programs
+            hi = tl.where(fits, mid, hi)
+            lo = tl.where(fits, lo, mid + 1)
+    return hi
 
 
 @triton.jit(do_not_specialize=fp4.DECODE_PER_STEP)
@@ -685,13 +750,15 @@ def _decode_kernel(
     num_pages, status_ptr, PREFETCH: tl.constexpr = False, ROTATE: tl.constexpr = False,
     SCALE_WORDS: tl.constexpr = True, counter_ptr=None, FUSED_MERGE: tl.constexpr = False,
     MERGE_CB: tl.constexpr = 1, SWAP_AB: tl.constexpr = False, PDL: tl.constexpr = False,
+    BALANCE: tl.constexpr = 0,
 ):
     """Length-balanced split-KV decode: program (work chunk ``c``, kv head) over ``G * QMAX`` rows.
 
     The batch's KV tiles (of every request the kernel serves, counted from the real ``seq_lens`` on
     the device) are shared out over about ``programs`` chunks that never cross a request: request
     ``b`` gets its share ``floor(tiles_b * programs / total)`` (at least 1, at most
-    ``tiles_b // min_tiles``, :func:`_request_chunks`) and splits its tiles evenly over them; chunks
+    ``tiles_b // min_tiles``, :func:`_request_chunks`; ``BALANCE``: ``cdiv(tiles_b, T)`` chunks with ``T`` from
+    :func:`_balance_target`) and splits its tiles evenly over them; chunks
     are numbered in request order and chunk ``c`` is this program's (programs past the last chunk
     return at once). So a long request gets many programs and a short one few, every program does
     about the same work, and the grid (``programs + batch`` chunks at most) is fixed on the host
@@ -730,6 +797,8 @@ def _decode_kernel(
     max_kv = max_pages.to(tl.int64) * page_size
     total = _total_tiles(batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                          BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
+    target = _balance_target(batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                             BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, BALANCE)
     # Find this chunk's request b, its index j within b, b's chunk count and b's first partial slot.
     base = tl.zeros((), tl.int32)
     base_m = tl.zeros((), tl.int32)
@@ -739,7 +808,8 @@ def _decode_kernel(
     slot0 = tl.zeros((), tl.int32)
     for b0 in range(0, batch, BATCH_BLOCK):
         bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv,
-                               num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, FUSED_MERGE)
+                               num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, FUSED_MERGE, target,
+                               BALANCE)
         lo = base + tl.cumsum(ch, 0) - ch
         multi = tl.where(ch > 1, ch, 0)
         lo_m = base_m + tl.cumsum(multi, 0) - multi
@@ -928,7 +998,7 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
     BLOCK_H: tl.constexpr, BATCH_BLOCK: tl.constexpr, CHUNK_BLOCK: tl.constexpr,
-    status_ptr, PDL: tl.constexpr = False,
+    status_ptr, PDL: tl.constexpr = False, BALANCE: tl.constexpr = 0,
 ):
     """Merge the chunks of rows ``(b * QMAX + t)`` for ``BLOCK_H`` query heads per program,
     ``CHUNK_BLOCK`` chunks at a time (:func:`_merge_rows`).
@@ -958,11 +1028,13 @@ def _decode_reduce_kernel(
     max_kv = max_pages.to(tl.int64) * page_size
     total = _total_tiles(batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                          BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
+    target = _balance_target(batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                             BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, BALANCE)
     slot0 = tl.zeros((), tl.int32)
     n_chunks = tl.zeros((), tl.int32)
     for b0 in range(0, batch, BATCH_BLOCK):
         bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv,
-                               num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
+                               num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, False, target, BALANCE)
         slot0 += tl.sum(tl.where((bs < b) & (ch > 1), ch, 0), 0)
         n_chunks += tl.sum(tl.where(bs == b, ch, 0), 0)
     if n_chunks == 1:
@@ -1570,6 +1642,13 @@ SPLIT_MAX_WAVES = 3
 # A larger wave count is taken only when it fills its last wave by this much more (more, shorter
 # chunks cost partials to merge and per-program set-up).
 SPLIT_WAVE_GAIN = 0.10
+# How a request's share of the programs is rounded (_request_chunks). 0: down, floor(tiles * programs / total), so a
+# request whose share is just under 2 gets one chunk of nearly twice the mean (a ragged batch of 8 requests, 1K-30K
+# keys, on 132 SMs: the longest chunk 32 tiles, the mean 23.5). N > 0: every request gets cdiv(tiles, T) chunks with T
+# the smallest chunk length whose chunks still fit the programs, found on the device by N bisection steps
+# (_balance_target; 26 tiles there, and 42 against 62 for 12 random lengths of 0.1K-32K). Each program pays N + 1
+# more passes over the lengths. Opt-in, not yet timed on a GPU.
+SPLIT_BALANCE_STEPS = 0
 # The merge kernel (merge_blocks): partial outputs per step, and chunks per step.
 # 2048: one 8K request 0.0182 ms against 0.0197 with 8192 (more, smaller merge programs), the other batches
 # within 1% (H200, BENCHMARKS.md decode runs G and J)
@@ -2026,7 +2105,18 @@ class _DecodeLaunch:
     # ... and its PAGE_TILE's token strides (TOK_K, TOK_V, TOK_KS, TOK_VS; all 0: no PAGE_TILE)
     page_tile_tok: tuple[int, int, int, int] = (0, 0, 0, 0)
     pdl: bool = False  # the merge kernel as a programmatic dependent launch of the decode kernel (MERGE_PDL, SM90+)
+    balance: int = 0  # SPLIT_BALANCE_STEPS: the kernels' BALANCE (decode and merge must agree)
     tma: bool = False  # the Gluon ring filled by a TMA loader warp (cfg.tma_loader, _gluon_tma), where the bases allow
+
+
+def _balance_steps() -> int:
+    """The kernels' ``BALANCE``: ``SPLIT_BALANCE_STEPS`` as a step count (0: the floor rule), refused when it is no
+    count the kernels can unroll."""
+    steps = SPLIT_BALANCE_STEPS
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= 32:
+        raise ValueError(f"attention.SPLIT_BALANCE_STEPS is {steps!r}; it needs an int from 0 (a request's share of the "
+                         "programs rounded down) to 32 (bisection steps of the balanced chunk length); set it to 0")
+    return steps
 
 
 def _byte_extent(t: torch.Tensor) -> int:
@@ -2072,6 +2162,7 @@ def _decode_launch(
         cvt8=gluon and cfg.gluon and cfg.e4m3_cvt and torch.cuda.get_device_capability(device) >= (8, 9),
         page_tile_tok=tok,
         pdl=_merge_pdl(device),
+        balance=_balance_steps(),
         tma=gluon and cfg.gluon and _gluon_tma(cfg, _gluon_ring(cfg, tok[0] > 0), device, cl),
     )  # fmt: skip
 
@@ -2329,7 +2420,7 @@ def _run_decode(
         HAS_SOFTCAP=d.softcap > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse,
         BATCH_BLOCK=d.batch_block, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr,
         DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
-        num_pages=d.num_pages, status_ptr=status_arg, PDL=d.pdl,
+        num_pages=d.num_pages, status_ptr=status_arg, PDL=d.pdl, BALANCE=d.balance,
         num_warps=d.cfg.num_warps, maxnreg=d.cfg.maxnreg,
     )  # fmt: skip
     launched = False
@@ -2366,7 +2457,8 @@ def _run_decode(
         d.num_qo_heads, out.stride(0), out.stride(1), d.num_qo_heads,
         HEAD_DIM=d.head_dim, BLOCK_N=d.cfg.block_n, QMAX=qmax, VARLEN=qsl is not None,
         HAS_WINDOW=d.window > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse, BLOCK_H=d.merge_block_h,
-        BATCH_BLOCK=d.batch_block, CHUNK_BLOCK=d.merge_chunk_block, status_ptr=status_arg, PDL=d.pdl, num_warps=4,
+        BATCH_BLOCK=d.batch_block, CHUNK_BLOCK=d.merge_chunk_block, status_ptr=status_arg, PDL=d.pdl,
+        BALANCE=d.balance, num_warps=4,
         launch_pdl=d.pdl,
     )  # fmt: skip
 
@@ -2403,7 +2495,8 @@ def _opt_meta(t) -> object:
 def _knobs() -> tuple:
     """Everything besides the arguments that a launch depends on (tuning constants, overrides)."""
     return (
-        SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, SPLIT_WAVES, SPLIT_MAX_WAVES, SPLIT_WAVE_GAIN, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
+        SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, SPLIT_WAVES, SPLIT_MAX_WAVES, SPLIT_WAVE_GAIN,
+        SPLIT_BALANCE_STEPS, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
         MERGE_STEP_ELEMENTS, MERGE_CHUNK_BLOCK, FUSED_MERGE, MERGE_PDL, tuple(_DECODE_CONFIGS.items()), tuple(_DECODE_CONFIGS_BYTE_SCALES.items()), tuple(sorted(_overrides.items())), interpreting(),
         _gluon_failed, tuple(_DECODE_CONFIGS_GLUON.items()), tuple(_DECODE_CONFIGS_GLUON_ROWS16.items()),
     )  # fmt: skip
@@ -2670,7 +2763,7 @@ def _decode_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
     sig.update({"num_pages": "i32", "status_ptr": "*i32", "PREFETCH": "constexpr",
                 "ROTATE": "constexpr", "SCALE_WORDS": "constexpr", "counter_ptr": "*i32",
                 "FUSED_MERGE": "constexpr", "MERGE_CB": "constexpr",
-                "SWAP_AB": "constexpr", "PDL": "constexpr"})  # (num_tokens, max_pages are above)
+                "SWAP_AB": "constexpr", "PDL": "constexpr", "BALANCE": "constexpr"})  # (num_tokens, max_pages are above)
     return sig
 
 
@@ -2733,7 +2826,7 @@ def aot_variants() -> dict[str, list[Any]]:
                              "DOT_FP32": False, "DATA_ALIGN": 8 if combined else 16,
                              "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2, "PREFETCH": cfg.prefetch,
                              "ROTATE": False, "SCALE_WORDS": cfg.scale_words, "FUSED_MERGE": False, "MERGE_CB": 1,
-                             "SWAP_AB": cfg.swap_ab, "PDL": False}
+                             "SWAP_AB": cfg.swap_ab, "PDL": False, "BALANCE": 0}
         c.update(_FEATURES_OFF)
         c.update(features)
         sig = _decode_signature(dtype, ptr, ptr)
@@ -2758,6 +2851,9 @@ def aot_variants() -> dict[str, list[Any]]:
             add_prefill(f"{dtype}-d{hd}", dtype, hd)
     add_decode("bf16-d128-batch1024", "bf16", 128, batch_block=1024)
     add_decode("bf16-d128-pdl", "bf16", 128, pdl=True)
+    # the balanced split (SPLIT_BALANCE_STEPS): with both batch blocks, and varlen rows
+    add_decode("bf16-d128-balance", "bf16", 128, BALANCE=8)
+    add_decode("bf16-d128-varlen-balance-batch1024", "bf16", 128, qmax=4, varlen=True, batch_block=1024, BALANCE=3)
     add_decode("bf16-d128-latency", "bf16", 128, latency=True)
     add_decode("fp16-d128-latency-batch128", "fp16", 128, latency=True, batch_block=128)
     add_decode("bf16-d128-floatscale", "bf16", 128, ptr=False)
@@ -2827,7 +2923,7 @@ def aot_variants() -> dict[str, list[Any]]:
                              "ROWS8": group * qmax <= 8, "PAGE_EVEN": even, "OFF32": off32, "CVT8": False,
                              "KT": _gluon_kt(cfg, group * qmax), "LEAN": False, "SKEW": cfg.skew_logits,
                              "IMAD_SHR": False, "LAZY": cfg.lazy_rescale, "DEFER_SUM": cfg.defer_sum, "PDL": False,
-                             "PAIR": cfg.tile_pairs, "TMA": False}
+                             "PAIR": cfg.tile_pairs, "TMA": False, "BALANCE": 0}
         c.update(_FEATURES_OFF)
         c.update(features)
         # pages of 16 keys where the variant has pages of 2^n keys
@@ -2860,6 +2956,8 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-page-any", gdef, pow2=False, even=False, ptr=False)
     add_gluon("bf16-d128-batch1024", gdef, batch_block=1024)
     add_gluon("bf16-d128-pdl", gdef, pdl=True)
+    add_gluon("bf16-d128-balance", gdef, BALANCE=8)
+    add_gluon("bf16-d128-balance-batch1024", gdef, batch_block=1024, BALANCE=3)
     # two tiles per softmax update (tile_pairs) with q_len 2, sinks, soft-cap and LSE, and with fp16 queries
     add_gluon("bf16-d128-pairs-q2-sinks-softcap-lse", replace(gdef, tile_pairs=True), qmax=2, HAS_SOFTCAP=True,
               HAS_SINKS=True, RETURN_LSE=True)
@@ -2900,21 +2998,21 @@ def aot_variants() -> dict[str, list[Any]]:
     for name in ("HEAD_DIM", "BLOCK_N", "QMAX", "VARLEN", "HAS_WINDOW", "HAS_SINKS", "RETURN_LSE", "BLOCK_H",
                  "BATCH_BLOCK", "CHUNK_BLOCK"):
         red_sig_base[name] = "constexpr"
-    red_sig_base.update({"status_ptr": "*i32", "PDL": "constexpr"})
+    red_sig_base.update({"status_ptr": "*i32", "PDL": "constexpr", "BALANCE": "constexpr"})
     for dtype in ("bf16", "fp16"):
         for hd in (64, 128, 256, 512):
             sig = dict(red_sig_base, o_ptr=f"*{dtype}")
             block_h, chunk_block = merge_blocks(32, hd)
             c = {"HEAD_DIM": hd, "BLOCK_N": _DECODE_CONFIGS[hd].block_n, "QMAX": 1, "VARLEN": False,
                  "HAS_WINDOW": hd == 64, "HAS_SINKS": hd == 64, "RETURN_LSE": hd == 64,
-                 "BLOCK_H": block_h, "BATCH_BLOCK": 128, "CHUNK_BLOCK": chunk_block, "PDL": False}
+                 "BLOCK_H": block_h, "BATCH_BLOCK": 128, "CHUNK_BLOCK": chunk_block, "PDL": False, "BALANCE": 0}
             red.append(AotVariant(f"{dtype}-d{hd}", sig, c, 4, 1, _pointer_attrs(sig)))
             if (dtype, hd) == ("bf16", 128):  # the dependent launch (MERGE_PDL) where it exists: SM90+
                 red.append(AotVariant(f"{dtype}-d{hd}-pdl", sig, c, 4, 1, _pointer_attrs(sig), by_cc=_pdl_by_cc))
     red.append(AotVariant("bf16-d128-varlen", red_sig_base,
                           {"HEAD_DIM": 128, "BLOCK_N": 64, "QMAX": 4, "VARLEN": True, "HAS_WINDOW": False,
                            "HAS_SINKS": True, "RETURN_LSE": True, "BLOCK_H": 1, "BATCH_BLOCK": 1024,
-                           "CHUNK_BLOCK": 64, "PDL": False}, 4, 1,
+                           "CHUNK_BLOCK": 64, "PDL": False, "BALANCE": 8}, 4, 1,
                           _pointer_attrs(red_sig_base)))
     guard: list[AotVariant] = []
     for dtype, hd, lse in (("bf16", 64, True), ("bf16", 128, True), ("bf16", 256, False), ("bf16", 512, True),

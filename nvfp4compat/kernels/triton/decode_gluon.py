@@ -318,12 +318,13 @@ def _request_tiles(
 
 
 @gluon.jit
-def _request_chunks(tiles, total, programs, min_tiles):
+def _request_chunks(tiles, total, programs, min_tiles, target, BALANCE: gl.constexpr = 0):
     """attention._request_chunks: the same integers without a 64-bit division (a call of about a hundred instructions
     per request on sm_90). ``floor(tiles * programs / total)`` is at most ``programs`` (``tiles <= total``), so an
     fp32 estimate is within 2 of it while ``programs < 2^21`` (the launcher keeps it below
     ``attention._GLUON_MAX_PROGRAMS``), and two exact integer corrections make it the quotient. ``tiles // min_tiles``
-    divides two non-negative int32 (inline)."""
+    divides two non-negative int32 (inline). ``BALANCE``: ``cdiv(tiles, target)`` (int32: both below 2^26) where the
+    target from :func:`_balance_target` is not 0."""
     t64 = tiles.to(gl.int64)
     prod = t64 * programs
     ratio = gl.to_tensor(programs).to(gl.float32) / total.to(gl.float32)
@@ -331,8 +332,71 @@ def _request_chunks(tiles, total, programs, min_tiles):
     for _ in gl.static_range(2):
         rem = prod - share * total
         share = gl.where(rem < 0, share - 1, gl.where(rem >= total, share + 1, share))
+    if BALANCE:  # (target 0: more requests than programs, the floor rule)
+        share = gl.where(target > 0, ((tiles + target - 1) // gl.maximum(target, 1)).to(gl.int64), share)
     n = gl.minimum(gl.maximum(share, 1), gl.maximum(tiles // min_tiles, 1).to(gl.int64))
     return gl.where(tiles > 0, n, 0).to(gl.int32)
+
+
+@gluon.jit
+def _chunks_within(t, cap, mid):
+    """attention._chunks_within in int32 without a division per request: ``cdiv(t, mid)`` from an fp32 estimate of
+    ``t / mid`` and two exact corrections (the quotient is at most ``programs``, below 2^21: the estimate is within 2),
+    ``mid`` and ``t`` below 2^26."""
+    rcp = 1.0 / mid.to(gl.float32)
+    q = (t.to(gl.float32) * rcp).to(gl.int32)
+    for _ in gl.static_range(2):
+        q = gl.where(q * mid > t, q - 1, gl.where((q + 1) * mid <= t, q + 1, q))
+    c = q + (q * mid < t).to(gl.int32)  # floor -> ceiling
+    return gl.sum(gl.where(t > 0, gl.minimum(c, cap), 0), 0)
+
+
+@gluon.jit
+def _balance_target(
+    batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+    BLOCK_N: gl.constexpr, QMAX: gl.constexpr, VARLEN: gl.constexpr, HAS_WINDOW: gl.constexpr,
+    BATCH_BLOCK: gl.constexpr, NW: gl.constexpr, BALANCE: gl.constexpr,
+):
+    """attention._balance_target (the same bracket, steps and integers; int32 where they fit: a request's tiles and
+    the chunk length stay below 2^26), in :func:`_find_chunk`'s layout."""
+    LB: gl.constexpr = gl.BlockedLayout([_scan_per_thread(BATCH_BLOCK)], [32], [NW], [0])
+    zero = gl.program_id(0) * 0
+    bs0 = gl.arange(0, BATCH_BLOCK, layout=LB)
+    t0 = _request_tiles(bs0, bs0 < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                        BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
+    cap0 = gl.maximum(t0 // min_tiles, 1)
+    hi = zero + gl.max(t0, 0)
+    least = zero + gl.min(gl.where(t0 > 0, t0, 2**30), 0)
+    live = zero + gl.sum((t0 > 0).to(gl.int32), 0)
+    for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
+        bs = b0 + gl.arange(0, BATCH_BLOCK, layout=LB)
+        t = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                           BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
+        hi = gl.maximum(hi, gl.max(t, 0))
+        least = gl.minimum(least, gl.min(gl.where(t > 0, t, 2**30), 0))
+        live += gl.sum((t > 0).to(gl.int32), 0)
+    hi = gl.maximum(hi, 1)
+    lo = gl.maximum((total + programs - 1) // programs, 1).to(gl.int32)
+    if live > programs:
+        hi = zero
+    elif least >= hi:  # equal requests (or none): the floor rule's chunks
+        n = gl.minimum(gl.maximum(programs // gl.maximum(live, 1), 1), gl.maximum(hi // min_tiles, 1))
+        hi = (hi + n - 1) // n
+    else:
+        rest = gl.maximum(programs - live, 1)
+        hi = gl.minimum(hi, ((total + rest - 1) // rest).to(gl.int32))
+        for _ in gl.static_range(BALANCE):
+            mid = (lo + hi) // 2
+            used = _chunks_within(t0, cap0, mid)
+            for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
+                bs = b0 + gl.arange(0, BATCH_BLOCK, layout=LB)
+                t = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                                   BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
+                used += _chunks_within(t, gl.maximum(t // min_tiles, 1), mid)
+            fits = used <= programs
+            hi = gl.where(fits, mid, hi)
+            lo = gl.where(fits, lo, mid + 1)
+    return hi
 
 
 @gluon.constexpr_function
@@ -357,7 +421,7 @@ def _chunk_edge(j, n_tiles, n_chunks):
 def _find_chunk(
     c, batch, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
     BLOCK_N: gl.constexpr, QMAX: gl.constexpr, VARLEN: gl.constexpr, HAS_WINDOW: gl.constexpr,
-    BATCH_BLOCK: gl.constexpr, NW: gl.constexpr,
+    BATCH_BLOCK: gl.constexpr, NW: gl.constexpr, BALANCE: gl.constexpr = 0,
 ):
     """Chunk ``c``'s request ``b`` (-1: none), its index ``j`` there, the request's chunk count and
     first partial slot: the plain-Triton kernel's scan over the batch, step for step.
@@ -375,6 +439,10 @@ def _find_chunk(
                            BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
         total += gl.sum(t.to(gl.int64), 0)
     total = gl.maximum(total, 1)
+    target = zero
+    if BALANCE:
+        target = _balance_target(batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                                 BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, NW, BALANCE)
     base = zero
     base_m = zero
     b = zero - 1
@@ -385,7 +453,7 @@ def _find_chunk(
         bs = b0 + gl.arange(0, BATCH_BLOCK, layout=LB)
         tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                                BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
-        ch = _request_chunks(tiles, total, programs, min_tiles)
+        ch = _request_chunks(tiles, total, programs, min_tiles, target, BALANCE)
         lo = base + gl.associative_scan(ch, 0, _add) - ch
         multi = gl.where(ch > 1, ch, 0)
         lo_m = base_m + gl.associative_scan(multi, 0, _add) - multi
@@ -1200,7 +1268,7 @@ def gluon_decode_kernel(
     LAZY: gl.constexpr = False, TOK_K: gl.constexpr = 0, TOK_V: gl.constexpr = 0, TOK_KS: gl.constexpr = 0,
     TOK_VS: gl.constexpr = 0, RING: gl.constexpr = 0, DEFER_SUM: gl.constexpr = False, PDL: gl.constexpr = False,
     PAIR: gl.constexpr = False, k_desc=None, v_desc=None, TMA: gl.constexpr = False, SCALE_AHEAD: gl.constexpr = 1,
-    PRING: gl.constexpr = False,
+    PRING: gl.constexpr = False, BALANCE: gl.constexpr = 0,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation,
     no fused merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
@@ -1277,7 +1345,7 @@ def gluon_decode_kernel(
     max_kv = gl.to_tensor(max_pages).to(gl.int64) * page_size
     b, j, n_chunks, slot0 = _find_chunk(
         c, batch, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-        BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, NW,
+        BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, NW, BALANCE,
     )
     if b < 0:
         return
