@@ -481,8 +481,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--only needs at least one substring, e.g. --only attention_decode_gluon/bf16-d128-sweep39")
     if only:
         found, _missing = collect_kernels()
-        labels = [f"{k.name}/{v.label}" for k in found for v in k.variants]
         if not any(selected(k.name, v.label, only) for k in found for v in k.variants):
+            labels = [f"{k.name}/{v.label}" for k in found for v in k.variants]
             ap.error(f"--only {args.only} selects no variant; the kernels are "
                      f"{sorted({k.name for k in found})} ({len(labels)} variants, e.g. {labels[0]})")
     rep = compile_all(ccs or DEFAULT_CCS, jobs=args.jobs, only=only, resources=args.resources or bool(args.sass),

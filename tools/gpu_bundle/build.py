@@ -692,15 +692,20 @@ class Unit:
         return h.hexdigest()
 
 
-def _tar_header(arcname: str, size: int, mode: int) -> bytes:
+def _tar_info(arcname: str, size: int, mode: int, kind: bytes = tarfile.REGTYPE) -> tarfile.TarInfo:
+    """A member's header as every archive here writes it: dated ``MTIME``, uid / gid 0 without names."""
     info = tarfile.TarInfo(arcname)
     info.size = size
     info.mode = mode
     info.mtime = MTIME
     info.uid = info.gid = 0
     info.uname = info.gname = ""
-    info.type = tarfile.REGTYPE
-    return info.tobuf(format=tarfile.GNU_FORMAT, encoding="utf-8", errors="strict")
+    info.type = kind
+    return info
+
+
+def _tar_header(arcname: str, size: int, mode: int) -> bytes:
+    return _tar_info(arcname, size, mode).tobuf(format=tarfile.GNU_FORMAT, encoding="utf-8", errors="strict")
 
 
 def _unit_tar_bytes(unit: Unit) -> bytes:
@@ -1662,18 +1667,12 @@ def pack_tree_xz(root: Path, dest: Path) -> None:
         tarfile.open(fileobj=xz, mode="w", format=tarfile.GNU_FORMAT) as tar,
     ):
         for arcname, path in entries:
-            info = tarfile.TarInfo(arcname)
-            info.mtime = MTIME
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
             if path.is_symlink():
                 raise BuildError(f"{path}: a symbolic link in a wheel's tree; the kit packs files only")
             if path.is_dir():
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                tar.addfile(info)
+                tar.addfile(_tar_info(arcname, 0, 0o755, tarfile.DIRTYPE))
                 continue
-            info.size = path.stat().st_size
-            info.mode = 0o755 if os.access(path, os.X_OK) else 0o644
+            info = _tar_info(arcname, path.stat().st_size, 0o755 if os.access(path, os.X_OK) else 0o644)
             with path.open("rb") as f:
                 tar.addfile(info, f)
     tmp.replace(dest)
