@@ -220,9 +220,14 @@ def collect_kernels(providers: list[str] | None = None) -> tuple[list[AotKernel]
 
 
 def _interpreted(kernels: list[AotKernel]) -> bool:
+    """Whether this process imported the kernels for Triton's interpreter: a kernel that is no ``JITFunction``, or
+    ``TRITON_INTERPRET`` set. The variable counts on its own: under it a Gluon kernel stays a ``GluonJITFunction``
+    while the ``@gluon.jit`` helpers it calls become interpreted functions, and compiling it in this process fails
+    ("Unsupported function referenced") unless Triton's cache already holds the binary."""
     from triton.runtime.jit import JITFunction
 
-    return any(not isinstance(k.fn, JITFunction) for k in kernels)
+    flag = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
+    return flag or any(not isinstance(k.fn, JITFunction) for k in kernels)
 
 
 def build(kernel: AotKernel, variant: AotVariant, cc: int) -> Any:
@@ -326,6 +331,8 @@ def _compile_one(kernel: AotKernel, variant: AotVariant, cc: int, resources: boo
         return AotResult(kernel.name, variant.label, cc, True, time.perf_counter() - t0, len(cubin), resources=res)
     except Exception as exc:  # report every failure, keep compiling the rest
         msg = f"{type(exc).__name__}: {exc}".strip().splitlines()
+        if exc.__cause__ is not None:  # a CompilationError's message is mostly source; its cause says why
+            msg = [f"{type(exc.__cause__).__name__}: {exc.__cause__}".strip()[:600], "|", *msg]
         return AotResult(
             kernel.name, variant.label, cc, False, time.perf_counter() - t0, 0, " ".join(msg)[:2000]
         )

@@ -160,3 +160,32 @@ def test_cli_only_that_selects_nothing_is_a_usage_error(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "--only no-such-variant selects no variant" in err and "attention_decode_gluon" in err
+
+
+@pytest.mark.parametrize("value,expected", [("1", True), ("true", True), ("0", False), ("", False)])
+def test_interpreter_flag_alone_sends_the_compile_to_a_child(monkeypatch, value, expected):
+    """Under ``TRITON_INTERPRET`` a Gluon kernel stays a JIT function while the helpers it calls are interpreted, so
+    compiling it in this process fails ("Unsupported function referenced") unless Triton's cache holds the binary:
+    the variable alone must send the compile to a child process."""
+    import triton
+
+    def probe(x):
+        return x
+
+    kernel = aot.AotKernel("probe", triton.runtime.jit.JITFunction(probe), [])
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert aot._interpreted([kernel]) is expected
+
+
+def test_a_failed_compile_reports_its_cause_first(monkeypatch):
+    """A CompilationError's text is mostly the kernel's source; the report leads with the error that caused it."""
+
+    def failing(kernel, variant, cc):
+        try:
+            raise RuntimeError("Unsupported function referenced: <helper>")
+        except RuntimeError as cause:
+            raise ValueError("at 96:28: " + "source line\n" * 400) from cause
+
+    monkeypatch.setattr(aot, "build", failing)
+    res = aot._compile_one(aot.AotKernel("k", None, []), aot.AotVariant("v", {}, {}), 90)
+    assert not res.ok and res.error.startswith("RuntimeError: Unsupported function referenced: <helper> | ValueError")

@@ -209,21 +209,32 @@ def test_ptx_ring_lives_outside_tritons_shared_allocation():
     """``DecodeConfig.ptx_ring`` (config ``ring=3, ptx_ring=True``) declares its cp.async ring in inline PTX: the cubin's
     static shared memory holds the whole ring (3 stages x 64 keys x 128 bytes) and Triton's own allocation does not,
     where the same ring in Triton's allocation (``ptx_ring=False``) lies in the dynamic shared memory. Both copy
-    the words by ``LDGSTS`` (cp.async). Read from the sm_90 cubins with ``compile_all(resources=True)``."""
+    the words by ``LDGSTS`` (cp.async). Every build with the PTX ring fits the 48 KiB a launch gets without an opt-in
+    (static and dynamic together: Triton opts in by its own allocation only, and on an H100 a 16-row launch of 58,368
+    bytes failed with "invalid argument"), so 16 rows build without it. Read from the sm_90 cubins with
+    ``compile_all(resources=True)``."""
     from nvfp4compat.kernels import aot
     from nvfp4compat.kernels.triton import attention as att
 
     base = next(c for c in att.GLUON_DECODE_CONFIGS if c.ring == 3 and c.ptx_ring)
     i_ptx = att.GLUON_DECODE_CONFIGS.index(base)
     i_tri = att.GLUON_DECODE_CONFIGS.index(dataclasses.replace(base, ptx_ring=False))
-    labels = [f"attention_decode_gluon/bf16-d128-sweep{i}" for i in (i_ptx, i_tri)]
-    rep = aot.compile_all([90], kernels=["attention_decode_gluon"], only=labels, resources=True)
-    assert rep.ok and len(rep.results) == 2, str(rep)
+    labels = [f"attention_decode_gluon/bf16-d128-sweep{i}$" for i in (i_ptx, i_tri)]
+    pring = ["bf16-d128-pring-g16", "bf16-d128-pring-g8-sinks-softcap-lse", "fp16-d128-pring-q2-g4-sinks-softcap-lse"]
+    rep = aot.compile_all([90], kernels=["attention_decode_gluon"],
+                          only=labels + [f"attention_decode_gluon/{v}$" for v in pring], resources=True)
+    assert rep.ok and len(rep.results) == 5, str(rep)
     res = {r.variant: r.resources for r in rep.results}
+    assert all(r is not None and "error" not in r for r in res.values()), res
     ptx, tri = res[f"bf16-d128-sweep{i_ptx}"], res[f"bf16-d128-sweep{i_tri}"]
-    assert ptx is not None and tri is not None and "error" not in ptx and "error" not in tri, res
     ring_bytes = 3 * base.block_n * 128
     assert ptx["static_shared"] >= ring_bytes > tri["static_shared"], res
     assert tri["dynamic_shared"] >= ring_bytes, res
     assert ptx["async_copies"] > 0 and tri["async_copies"] > 0, res
     assert ptx["local_bytes"] == 0 and ptx["registers"] <= base.maxnreg, res
+    # 8 and 4 rows keep the PTX ring (with sinks, soft-cap and LSE); 16 rows build it in Triton's allocation
+    for v in pring[1:] + [f"bf16-d128-sweep{i_ptx}"]:
+        assert res[v]["static_shared"] >= ring_bytes, (v, res[v])
+    assert res["bf16-d128-pring-g16"]["static_shared"] < ring_bytes, res["bf16-d128-pring-g16"]
+    for v, r in res.items():
+        assert r["static_shared"] + r["dynamic_shared"] <= 48 * 1024, (v, r)

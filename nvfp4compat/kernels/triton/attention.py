@@ -2226,10 +2226,13 @@ def _gluon_scale_ahead(cfg: DecodeConfig, ring: int) -> int:
     return cfg.scales_ahead if ring >= 3 else 1
 
 
-def _gluon_pring(cfg: DecodeConfig, ring: int) -> bool:
-    """The Gluon kernel's ``PRING`` for a launch with ``cfg`` and ``RING`` ``ring`` (:func:`_gluon_ring`): the
-    config's ``ptx_ring`` where the launch runs its ring, else False."""
-    return cfg.ptx_ring and ring > 0
+def _gluon_pring(cfg: DecodeConfig, ring: int, rows: int) -> bool:
+    """The Gluon kernel's ``PRING`` for a launch with ``cfg``, ``RING`` ``ring`` (:func:`_gluon_ring`) and ``rows`` query
+    rows per program: the config's ``ptx_ring`` where the launch runs its ring with at most 8 rows, else False (the ring
+    then lies in Triton's allocation). A launch gets 48 KiB of shared memory unless the kernel opts in to more, and
+    Triton opts in by its own allocation only: at 16 rows that (32 KiB with triton 3.6) and the PTX ring's static 24 KiB
+    pass 48 KiB, and the launch fails ("invalid argument"); at 8 rows they take 40 KiB."""
+    return cfg.ptx_ring and ring > 0 and rows <= 8
 
 
 # the type of _tma_descriptors' descriptors in a kernel signature (ahead-of-time builds)
@@ -2437,7 +2440,7 @@ def _run_decode(
                 PAGE_TILE=tok[0] > 0, IMAD_SHR=d.cfg.imad_shr and d.cvt8, LAZY=d.cfg.lazy_rescale,
                 TOK_K=tok[0], TOK_V=tok[1], TOK_KS=tok[2], TOK_VS=tok[3], RING=ring,
                 DEFER_SUM=d.cfg.defer_sum, PAIR=d.cfg.tile_pairs,
-                SCALE_AHEAD=_gluon_scale_ahead(d.cfg, ring), PRING=_gluon_pring(d.cfg, ring),
+                SCALE_AHEAD=_gluon_scale_ahead(d.cfg, ring), PRING=_gluon_pring(d.cfg, ring, d.group * qmax),
                 k_desc=descs[0] if descs else None, v_desc=descs[1] if descs else None, TMA=descs is not None,
             )  # fmt: skip
             launched = True
@@ -2933,7 +2936,7 @@ def aot_variants() -> dict[str, list[Any]]:
         c.update(zip(("TOK_K", "TOK_V", "TOK_KS", "TOK_VS"), tok, strict=True))
         c["RING"] = _gluon_ring(cfg, c["PAGE_TILE"])
         c["SCALE_AHEAD"] = _gluon_scale_ahead(cfg, c["RING"])
-        c["PRING"] = _gluon_pring(cfg, c["RING"])
+        c["PRING"] = _gluon_pring(cfg, c["RING"], group * qmax)
         # the ring filled by TMA (tma_loader) where the launcher takes it: SM90+, the descriptors of a uint8 cache
         tma = _tma_ring(cfg, c["RING"])
         if tma:
@@ -2987,6 +2990,14 @@ def aot_variants() -> dict[str, list[Any]]:
     placed = GLUON_DECODE_CONFIGS[-1]  # the bit placement on every target
     add_gluon("bf16-d128-placed-q2-all", placed, qmax=2, **_FEATURES_ON)
     add_gluon("fp16-d128-placed-g16", placed, dtype="fp16", group=16)
+    # the ring declared in inline PTX (ptx_ring) at 16 rows (built without it) and at 8 and 4 rows with features
+    pring = next(c for c in GLUON_DECODE_CONFIGS if c.ptx_ring)
+    add_gluon("bf16-d128-pring-g16", pring, group=16)
+    add_gluon("bf16-d128-pring-q8-g1-all", pring, group=1, qmax=8, **_FEATURES_ON)
+    add_gluon("bf16-d128-pring-g8-sinks-softcap-lse", pring, group=8, HAS_SOFTCAP=True, HAS_SINKS=True,
+              RETURN_LSE=True)
+    add_gluon("fp16-d128-pring-q2-g4-sinks-softcap-lse", pring, dtype="fp16", qmax=2, HAS_SOFTCAP=True,
+              HAS_SINKS=True, RETURN_LSE=True)
     for i, gcfg in enumerate(GLUON_DECODE_CONFIGS):
         add_gluon(f"bf16-d128-sweep{i}", gcfg)
 
