@@ -188,7 +188,8 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
             q = torch.randn(3 * q_len, hq, d, generator=gen).to(dtype).to(device)
             for splits, cfg, rot in ((1, None, None), (3, None, None), (3, att.PREFETCH_DECODE_CONFIG, None),
                                      (3, att.BYTE_SCALE_DECODE_CONFIGS[0], None), (3, None, "hadamard"),
-                                     (3, "fused merge", None), (3, "merge pdl", None), (3, "balanced split", None),
+                                     (3, "fused merge", None), (3, "merge pdl", None), (3, "merge pdl late", None),
+                                     (3, "balanced split", None),
                                      (1, att.GLUON_DECODE_CONFIGS[2], None),
                                      (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.kt_logits), None),
                                      (3, att.GLUON_FP32_SCALES_CONFIG, None),
@@ -209,9 +210,10 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
                     a.update(kw)
 
                     def dec(out, t=t, s=s, a=a, q=q, q_len=q_len, splits=splits, cfg=cfg, rot=rot):
-                        # "fused merge" / "merge pdl" / "balanced split": the module constant set for the call,
+                        # "fused merge" / "merge pdl" (late) / "balanced split": the module constant set for the call,
                         # the default config
-                        knob, value = {"fused merge": ("FUSED_MERGE", True), "merge pdl": ("MERGE_PDL", True),
+                        knob, value = {"fused merge": ("FUSED_MERGE", True), "merge pdl": ("MERGE_PDL", 1),
+                                       "merge pdl late": ("MERGE_PDL", 2),
                                        "balanced split": ("SPLIT_BALANCE_STEPS", 4)}.get(
                             cfg if isinstance(cfg, str) else "", (None, None))
                         before = getattr(att, knob) if knob else None

@@ -815,16 +815,23 @@ def test_decode_config_takes_the_gluon_kernel_where_it_can():
 def test_merge_pdl_only_where_asked_for_on_sm90_cuda(monkeypatch):
     """``MERGE_PDL``: the merge kernel becomes the decode kernel's programmatic dependent only where asked for, on a
     CUDA device of SM90+ (``griddepcontrol``), outside the interpreter, and when there is a merge kernel (no
-    ``FUSED_MERGE``). Off by default."""
+    ``FUSED_MERGE``). Off by default; 1 (or True): the trigger as the decode programs start, 2: as their key loops end;
+    anything else is refused with the values it takes."""
     from nvfp4compat.kernels.triton import attention as att
 
-    assert att.MERGE_PDL is False
+    assert att.MERGE_PDL == 0
     cuda = torch.device("cuda")
     monkeypatch.setattr(att, "interpreting", lambda: False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    assert not att._merge_pdl(cuda)  # not asked for
+    assert att._merge_pdl(cuda) == 0  # not asked for
+    monkeypatch.setattr(att, "MERGE_PDL", 2)
+    assert att._merge_pdl(cuda) == 2
+    for bad in (3, -1, 1.0, "1"):
+        monkeypatch.setattr(att, "MERGE_PDL", bad)
+        with pytest.raises(ValueError, match=r"attention.MERGE_PDL is .*needs 0 \(off\), 1 .* or 2"):
+            att._merge_pdl(cuda)
     monkeypatch.setattr(att, "MERGE_PDL", True)
-    assert att._merge_pdl(cuda)
+    assert att._merge_pdl(cuda) == 1
     assert not att._merge_pdl(torch.device("cpu"))
     for cc in ((8, 0), (8, 9)):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, cc=cc: cc)
@@ -837,6 +844,7 @@ def test_merge_pdl_only_where_asked_for_on_sm90_cuda(monkeypatch):
     monkeypatch.setattr(att, "interpreting", lambda: True)
     assert not att._merge_pdl(cuda)
     assert att._pdl_by_cc(89) == {"PDL": False} and att._pdl_by_cc(90) == {"PDL": True}
+    assert att._pdl_by_cc(89, 2) == {"PDL": 0} and att._pdl_by_cc(90, 2) == {"PDL": 2}
 
 
 def test_decode_with_merge_pdl_asked_for_on_the_cpu_matches_reference(monkeypatch):

@@ -151,10 +151,10 @@ from nvfp4compat.kernels import aot
 from nvfp4compat.kernels.triton import attention as att
 kernels = {k.name: k for k in att.aot_kernels()}
 out = {}
-for name, cc in json.loads(sys.argv[1]):
-    v = next(v for v in kernels[name].variants if v.label.endswith("-pdl"))
+for name, cc, suffix in json.loads(sys.argv[1]):
+    v = next(v for v in kernels[name].variants if v.label.endswith(suffix))
     ptx = aot.build(kernels[name], v, cc).asm["ptx"]
-    out[f"{name}@{cc}"] = [ptx.count("griddepcontrol.launch_dependents"), ptx.count("griddepcontrol.wait")]
+    out[f"{name}@{cc}{suffix}"] = [ptx.count("griddepcontrol.launch_dependents"), ptx.count("griddepcontrol.wait")]
 print("PDL " + json.dumps(out))
 """
 
@@ -162,17 +162,21 @@ print("PDL " + json.dumps(out))
 def test_dependent_launch_instructions_only_on_sm90_and_up():
     """``MERGE_PDL``'s variants: on SM90+ the decode kernels (Gluon and plain) let their dependent launch and the merge
     kernel waits for them (one ``griddepcontrol`` each); on SM80, where the instruction does not exist, the same
-    variants compile without it (``attention._pdl_by_cc``). Compiled in a child (this session interprets)."""
-    want = [("attention_decode_reduce", 80), ("attention_decode_reduce", 90), ("attention_decode", 90),
-            ("attention_decode_gluon", 90), ("attention_decode_gluon", 80)]
+    variants compile without it (``attention._pdl_by_cc``). The late trigger (``MERGE_PDL = 2``, ``-pdl-late``) is one
+    instruction too, after the key loop. Compiled in a child (this session interprets)."""
+    want = [("attention_decode_reduce", 80, "-pdl"), ("attention_decode_reduce", 90, "-pdl"),
+            ("attention_decode", 90, "-pdl"), ("attention_decode_gluon", 90, "-pdl"),
+            ("attention_decode_gluon", 80, "-pdl"), ("attention_decode", 90, "-pdl-late"),
+            ("attention_decode_gluon", 90, "-pdl-late"), ("attention_decode_gluon", 80, "-pdl-late")]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", _PDL_PROBE, json.dumps(want)], env=env, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("PDL "))[4:])
-    assert got == {"attention_decode_reduce@80": [0, 0], "attention_decode_reduce@90": [0, 1],
-                   "attention_decode@90": [1, 0], "attention_decode_gluon@90": [1, 0],
-                   "attention_decode_gluon@80": [0, 0]}, got
+    assert got == {"attention_decode_reduce@80-pdl": [0, 0], "attention_decode_reduce@90-pdl": [0, 1],
+                   "attention_decode@90-pdl": [1, 0], "attention_decode_gluon@90-pdl": [1, 0],
+                   "attention_decode_gluon@80-pdl": [0, 0], "attention_decode@90-pdl-late": [1, 0],
+                   "attention_decode_gluon@90-pdl-late": [1, 0], "attention_decode_gluon@80-pdl-late": [0, 0]}, got
 
 
 _TMA_PROBE = r"""

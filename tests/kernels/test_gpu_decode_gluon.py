@@ -255,19 +255,20 @@ def test_gluon_is_the_default_for_bf16_and_fp16_head_dim_128():
         assert not _ran_gluon(), other
 
 
+@pytest.mark.parametrize("level", [1, 2], ids=["pdl1", "pdl2"])
 @pytest.mark.parametrize("kernel", ["gluon", "plain"])
 @pytest.mark.parametrize("case_kw", [
     dict(seq_lens=[5000, 1, 17, 12000], num_qo_heads=32, num_kv_heads=8, use_sinks=True),
     dict(seq_lens=[8192], num_qo_heads=32, num_kv_heads=8),
     dict(seq_lens=random_lens(40, 16000, 5), num_qo_heads=64, num_kv_heads=8, q_len_per_req=2, sliding_window=3000),
 ], ids=["mixed-sinks", "one-request", "ragged-40-q2-window"])
-def test_merge_as_a_dependent_launch(monkeypatch, kernel, case_kw):
+def test_merge_as_a_dependent_launch(monkeypatch, kernel, case_kw, level):
     """``MERGE_PDL``: the merge kernel launched as the decode kernel's programmatic dependent (SM90+), after the Gluon
-    or the plain decode kernel: the same output and LSE as the reference, eager and replayed in a CUDA graph with other
-    lengths."""
+    or the plain decode kernel, triggered as the decode programs start (1) or as their key loops end (2): the same
+    output and LSE as the reference, eager and replayed in a CUDA graph with other lengths."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch is SM90+")
-    monkeypatch.setattr(att, "MERGE_PDL", True)
+    monkeypatch.setattr(att, "MERGE_PDL", level)
     kw = dict(head_dim=128, dtype=bf16, return_lse=True, device="cuda", **case_kw)
     with att.override_configs(decode=DEFAULT if kernel == "gluon" else att.DecodeConfig(64, 4, 1)):
         res = run_case("triton", "decode", **kw)
@@ -281,9 +282,9 @@ def test_merge_as_a_dependent_launch(monkeypatch, kernel, case_kw):
             case.seq_lens.copy_(torch.tensor(lens, dtype=case.seq_lens.dtype))
             g.replay()
             torch.cuda.synchronize()
-            monkeypatch.setattr(att, "MERGE_PDL", False)
+            monkeypatch.setattr(att, "MERGE_PDL", 0)
             ref = att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout)
-            monkeypatch.setattr(att, "MERGE_PDL", True)
+            monkeypatch.setattr(att, "MERGE_PDL", level)
             assert ra.relative_l2(out, ref) <= 1e-6, lens
 
 

@@ -22,6 +22,7 @@ fp16/bf16 MMA operands (``e2m1 * sf``, exact in both), and the global scales are
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import numbers
 import warnings
@@ -780,9 +781,10 @@ def _decode_kernel(
     stored (partials too: the merge is linear), :mod:`~nvfp4compat.kernels.triton.hadamard`.
 
     ``PDL`` (SM90+): the merge kernel is this launch's programmatic dependent (``MERGE_PDL``): every program lets it
-    launch as it starts (``griddepcontrol.launch_dependents``, triton's ``gdc_launch_dependents``).
+    launch (``griddepcontrol.launch_dependents``, triton's ``gdc_launch_dependents``) as it starts (1) or once its key
+    loop is done (2); a program that returns early lets it launch as it ends.
     """
-    if PDL:
+    if PDL == 1:
         gdc_launch_dependents()
     # One flat grid, KV heads fastest: neighbouring programs read the same pages (every KV head of a
     # token is in one page row), and every head's chunks are scheduled before the programs past the
@@ -888,6 +890,8 @@ def _decode_kernel(
         (SF_ALIGN >= 4) and SCALE_WORDS,
         PREFETCH, SWAP_AB=SWAP_AB,
     )
+    if PDL == 2:
+        gdc_launch_dependents()
     if ROTATE:  # (P V H) H = P V: un-rotated before the (linear) normalization and merge
         acc_lo, acc_hi = rotate_planes(acc_lo, acc_hi, HEAD_DIM)
 
@@ -1663,11 +1667,14 @@ MERGE_CHUNK_BLOCK = 16
 # request), where occupancy does not bind, not for full batches.
 FUSED_MERGE = False
 # The merge kernel as a programmatic dependent launch of the decode kernel (PDL, SM90+): every decode program lets it
-# launch as it starts (griddepcontrol.launch_dependents), so its programs are placed, and find their request's chunks
-# from the lengths, while the decode runs; they wait for the decode's partials (griddepcontrol.wait) before reading
-# them. This removes the merge's launch gap and set-up from the pair's time, the part of it that does not move bytes
-# (one 8K request: 5.5 of 28 us under ncu, decode run F). Opt-in, not yet timed on a GPU.
-MERGE_PDL = False
+# launch (griddepcontrol.launch_dependents), so its programs are placed, and find their request's chunks from the
+# lengths, while the decode runs; they wait for the decode's partials (griddepcontrol.wait) before reading them. This
+# removes the merge's launch gap and set-up from the pair's time, the part of it that does not move bytes (one 8K
+# request: 5.5 of 28 us under ncu, decode run F). 1: as each decode program starts; 2: once its key loop is done, so
+# the merge's programs take no SM slot from decode programs still to start. Opt-in: on an H100 (runs P and T) 1 was
+# 3.8-6.8% faster on one 8K request and 128 x 2K and up to 1.3% slower at 4 x 32K, where the decode runs more than one
+# wave.
+MERGE_PDL = 0
 # Requests scanned per step of the kernels' on-device prefix over the batch: 128 for batches up to
 # 128, else 1024 (two compiled variants for every batch size; one step up to 1024 requests).
 BATCH_BLOCK_SMALL = 128
@@ -2104,7 +2111,7 @@ class _DecodeLaunch:
     cvt8: bool = False  # ... with the E4M3 conversion (cfg.e4m3_cvt on an SM89+ device)
     # ... and its PAGE_TILE's token strides (TOK_K, TOK_V, TOK_KS, TOK_VS; all 0: no PAGE_TILE)
     page_tile_tok: tuple[int, int, int, int] = (0, 0, 0, 0)
-    pdl: bool = False  # the merge kernel as a programmatic dependent launch of the decode kernel (MERGE_PDL, SM90+)
+    pdl: int = 0  # the merge kernel as a programmatic dependent launch of the decode kernel (MERGE_PDL, SM90+)
     balance: int = 0  # SPLIT_BALANCE_STEPS: the kernels' BALANCE (decode and merge must agree)
     tma: bool = False  # the Gluon ring filled by a TMA loader warp (cfg.tma_loader, _gluon_tma), where the bases allow
 
@@ -2167,17 +2174,22 @@ def _decode_launch(
     )  # fmt: skip
 
 
-def _pdl_by_cc(cc: int) -> dict[str, Any]:
-    """``PDL`` per compile target as :func:`_merge_pdl` sets it on a device (``griddepcontrol`` is SM90+)."""
-    return {"PDL": cc >= 90}
+def _pdl_by_cc(cc: int, level: int = 1) -> dict[str, Any]:
+    """``PDL`` per compile target as :func:`_merge_pdl` sets it on a device (``griddepcontrol`` is SM90+): True / False
+    for ``MERGE_PDL`` 1 (the merge kernel's flag too), ``level`` / 0 for the decode kernels' late trigger (2)."""
+    return {"PDL": cc >= 90} if level == 1 else {"PDL": level if cc >= 90 else 0}
 
 
-def _merge_pdl(device: torch.device) -> bool:
-    """Whether a decode launch on ``device`` starts its merge kernel as a programmatic dependent launch: asked for
-    (``MERGE_PDL``), CUDA on SM90+ (``griddepcontrol``), not interpreted, and a merge kernel to launch (no
-    ``FUSED_MERGE``)."""
-    return (bool(MERGE_PDL) and not FUSED_MERGE and device.type == "cuda" and not interpreting()
-            and torch.cuda.get_device_capability(device) >= (9, 0))
+def _merge_pdl(device: torch.device) -> int:
+    """The decode kernel's ``PDL`` on ``device``: ``MERGE_PDL`` (1 or 2, where its programs let the merge kernel
+    launch as a programmatic dependent) where CUDA on SM90+ (``griddepcontrol``), not interpreted, with a merge kernel
+    to launch (no ``FUSED_MERGE``); else 0."""
+    if MERGE_PDL not in (0, 1, 2) or isinstance(MERGE_PDL, float):
+        raise ValueError(f"attention.MERGE_PDL is {MERGE_PDL!r}; it needs 0 (off), 1 (the merge kernel launches as "
+                         "the decode programs start) or 2 (as their key loops end); set it to one of those")
+    on = (not FUSED_MERGE and device.type == "cuda" and not interpreting()
+          and torch.cuda.get_device_capability(device) >= (9, 0))
+    return int(MERGE_PDL) if on else 0
 
 
 def _launch_decode_path(
@@ -2460,9 +2472,9 @@ def _run_decode(
         d.num_qo_heads, out.stride(0), out.stride(1), d.num_qo_heads,
         HEAD_DIM=d.head_dim, BLOCK_N=d.cfg.block_n, QMAX=qmax, VARLEN=qsl is not None,
         HAS_WINDOW=d.window > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse, BLOCK_H=d.merge_block_h,
-        BATCH_BLOCK=d.batch_block, CHUNK_BLOCK=d.merge_chunk_block, status_ptr=status_arg, PDL=d.pdl,
+        BATCH_BLOCK=d.batch_block, CHUNK_BLOCK=d.merge_chunk_block, status_ptr=status_arg, PDL=d.pdl > 0,
         BALANCE=d.balance, num_warps=4,
-        launch_pdl=d.pdl,
+        launch_pdl=d.pdl > 0,
     )  # fmt: skip
 
 
@@ -2817,7 +2829,7 @@ def aot_variants() -> dict[str, list[Any]]:
 
     def add_decode(label: str, dtype: str, hd: int, *, qmax: int = 1, group: int = 4, varlen: bool = False,
                    batch_block: int = 128, decoder: str = "bitwise", ptr: bool = True, combined: bool = False,
-                   pow2: bool = True, latency: bool = False, config: DecodeConfig | None = None, pdl: bool = False,
+                   pow2: bool = True, latency: bool = False, config: DecodeConfig | None = None, pdl: int = 0,
                    **features: Any) -> None:
         block_m = max(16, triton.next_power_of_2(group * qmax))
         # the launch config decode() picks (latency=True is a grid smaller than the GPU), or `config`
@@ -2834,7 +2846,7 @@ def aot_variants() -> dict[str, list[Any]]:
         c.update(features)
         sig = _decode_signature(dtype, ptr, ptr)
         dec.append(AotVariant(label, sig, c, cfg.num_warps, cfg.num_stages, _pointer_attrs(sig), maxnreg=cfg.maxnreg,
-                              by_cc=_pdl_by_cc if pdl else None))
+                              by_cc=functools.partial(_pdl_by_cc, level=pdl) if pdl else None))
 
     def add_prefill(label: str, dtype: str, hd: int, *, causal: bool = True, decoder: str = "bitwise",
                     ptr: bool = True, combined: bool = False, pow2: bool = True, **features: Any) -> None:
@@ -2853,7 +2865,8 @@ def aot_variants() -> dict[str, list[Any]]:
             add_decode(f"{dtype}-d{hd}", dtype, hd)
             add_prefill(f"{dtype}-d{hd}", dtype, hd)
     add_decode("bf16-d128-batch1024", "bf16", 128, batch_block=1024)
-    add_decode("bf16-d128-pdl", "bf16", 128, pdl=True)
+    add_decode("bf16-d128-pdl", "bf16", 128, pdl=1)
+    add_decode("bf16-d128-pdl-late", "bf16", 128, pdl=2)
     # the balanced split (SPLIT_BALANCE_STEPS): with both batch blocks, and varlen rows
     add_decode("bf16-d128-balance", "bf16", 128, BALANCE=8)
     add_decode("bf16-d128-varlen-balance-batch1024", "bf16", 128, qmax=4, varlen=True, batch_block=1024, BALANCE=3)
@@ -2915,7 +2928,7 @@ def aot_variants() -> dict[str, list[Any]]:
 
     def add_gluon(label: str, cfg: DecodeConfig, *, dtype: str = "bf16", group: int = 4, qmax: int = 1,
                   pow2: bool = True, even: bool = True, off32: bool = True, batch_block: int = 128, ptr: bool = True,
-                  pdl: bool = False, **features: Any) -> None:
+                  pdl: int = 0, **features: Any) -> None:
         sig = _decode_signature(dtype, ptr, ptr)
         for name in _PLAIN_DECODE_ONLY:
             sig.pop(name)
@@ -2945,8 +2958,8 @@ def aot_variants() -> dict[str, list[Any]]:
             c.update(k_desc=None, v_desc=None)
         # the E4M3 conversion where the launcher takes it: SM89+
         by_cc = (lambda cc: {"CVT8": cc >= 89, "LEAN": cfg.lean and cc >= 89, "IMAD_SHR": cfg.imad_shr and cc >= 89,
-                             **(_pdl_by_cc(cc) if pdl else {}), **({"TMA": cc >= 90} if tma else {})}
-                 ) if cfg.e4m3_cvt else (_pdl_by_cc if pdl else None)
+                             **(_pdl_by_cc(cc, pdl) if pdl else {}), **({"TMA": cc >= 90} if tma else {})}
+                 ) if cfg.e4m3_cvt else (functools.partial(_pdl_by_cc, level=pdl) if pdl else None)
         glu.append(AotVariant(label, sig, c, cfg.num_warps, 1, _pointer_attrs(sig), maxnreg=cfg.maxnreg, by_cc=by_cc))
 
     gdef, g16def = _DECODE_CONFIGS_GLUON[128], _DECODE_CONFIGS_GLUON_ROWS16[128]
@@ -2958,7 +2971,8 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-g8-q2-varlen", g16def, group=8, qmax=2, VARLEN=True)
     add_gluon("bf16-d128-page-any", gdef, pow2=False, even=False, ptr=False)
     add_gluon("bf16-d128-batch1024", gdef, batch_block=1024)
-    add_gluon("bf16-d128-pdl", gdef, pdl=True)
+    add_gluon("bf16-d128-pdl", gdef, pdl=1)
+    add_gluon("bf16-d128-pdl-late", gdef, pdl=2)
     add_gluon("bf16-d128-balance", gdef, BALANCE=8)
     add_gluon("bf16-d128-balance-batch1024", gdef, batch_block=1024, BALANCE=3)
     # two tiles per softmax update (tile_pairs) with q_len 2, sinks, soft-cap and LSE, and with fp16 queries

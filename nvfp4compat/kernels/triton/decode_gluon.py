@@ -1291,7 +1291,7 @@ def gluon_decode_kernel(
     one tile held ahead in registers; the block scales stay register loads ``SCALE_AHEAD`` tiles ahead (1, or 2 with a
     ring of 3 or more and no ``PAIR`` or ``TMA``: then every global load of the loop but the page ids' has two steps to
     land; :func:`_scales_paged`); ``PDL`` (SM90+): the merge kernel is this launch's programmatic dependent
-    (``attention.MERGE_PDL``), which every program lets launch as it starts; ``TMA`` (SM90+, with a ``RING``, no ``PAIR``; ``k_desc`` / ``v_desc`` the K and V
+    (``attention.MERGE_PDL``), which every program lets launch as it starts (1) or once its key loops are done (2); ``TMA`` (SM90+, with a ``RING``, no ``PAIR``; ``k_desc`` / ``v_desc`` the K and V
     data's TMA descriptors, ``attention._tma_descriptors``): the ring is filled by one loader warp's TMA boxes
     (:func:`_tma_loader`) while the program's warps decode (:func:`_tma_consumer`), warp-specialized; ``PRING`` (with a
     ``RING``, no ``PAIR`` or ``TMA``): the ring is a static shared-memory array declared in inline PTX
@@ -1333,7 +1333,7 @@ def gluon_decode_kernel(
     LV: gl.constexpr = gl.BlockedLayout([1, 1, 1, 2], [1, 4, 8, 1], [NW, 1, 1, 1], [3, 1, 2, 0])
     LQ: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 2, 16], [NW, 1, 1], [2, 1, 0])
 
-    if PDL:
+    if PDL == 1:
         gdc_launch_dependents()
     num_kv_heads = num_qo_heads // group
     c = gl.program_id(0) // num_kv_heads
@@ -1760,6 +1760,8 @@ def gluon_decode_kernel(
             MMA, LK, NW, KW, True, CAUSAL, WINDOW_ROWS, HAS_SOFTCAP, PAGE_POW2, ROWS8, CVT8, KT, LEAN, IMAD_SHR,
         )
 
+    if PDL == 2:
+        gdc_launch_dependents()
     if DEFER_SUM:
         l_i = gl.sum(l_i, 1 if KT else 2)
     # merge the warps' states, then store rows R (16, or 8 with ROWS8) from a plain layout
