@@ -15,6 +15,7 @@ failed-id extraction of ``suite.sh``'s ``shard`` stage on run S's logs.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -308,3 +309,18 @@ def test_shard_finds_run_s_failures_and_the_ids_a_time_limit_left(tmp_path):
     assert 0 < len(notrun) < len(ids)
     assert set(_result_ids(tmp_path, ids, cut, "failed")) <= set(failed)
     assert _result_ids(tmp_path, rerun, RUN_S / "call4-suite-rerun.log", "unpassed") == []
+
+
+@needs_bash
+@pytest.mark.parametrize("cap,want", [("9.0", "9.0a"), ("8.6", "8.6"), ("12.0", "12.0"), ("", ""), ("[N/A]", "")])
+def test_suite_builds_flashinfer_for_the_gpus_arch_only(tmp_path, cap, want):
+    """suite.sh's ``fi_arch``: FLASHINFER_CUDA_ARCH_LIST from nvidia-smi's compute capability (9.0a on Hopper, whose
+    FlashInfer modules need the arch-specific target), nothing where nvidia-smi answers no capability."""
+    func = re.search(r"^fi_arch\(\) \{.*?^\}\n", SUITE.read_text(), re.M | re.S)
+    assert func, "suite.sh defines fi_arch"
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\necho '{cap}'\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(["bash", "-c", func.group(0) + "fi_arch"], capture_output=True, text=True, check=True, env=env)
+    assert proc.stdout.strip() == want

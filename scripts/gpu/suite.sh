@@ -21,7 +21,8 @@
 #               FlashInfer (default config and the plain-Triton default), Nsight Compute counters
 #   variants    decode against FlashInfer 0.7.2.post1 on SHAPES (default: the six decode shapes), the sweep rows
 #               VARIANTS selects (bench_attention.py --variants; unset or empty: --no-sweep) and KNOBS (default
-#               "--knob MERGE_PDL=1"), within LIMIT s (default 585) less the ncu runs; the ratio table
+#               "--knob MERGE_PDL=0,1": the plain merge launch and the early trigger against the default's late one),
+#               within LIMIT s (default 585) less the ncu runs; the ratio table
 #               (scripts/gpu/table.py); ncu of each Gluon config index in NCU (default 11) at 16 x 16K with the
 #               stall reasons and SourceCounters, NCU_S s each (default 45). TAG: a suffix for its files
 #   config      the Gluon GPU tests whose ids hold MATCH (pytest -k "$MATCH", N workers, default 8, 120 s a test,
@@ -46,6 +47,22 @@ OUT=${OUT:-$SCRATCH/nvfp4compat-gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
+
+fi_arch() {  # the FlashInfer JIT arch of GPU 0 (nvidia-smi's compute_cap; 9.0a on Hopper), nothing without a GPU
+  local cap
+  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' ')
+  case $cap in
+    9.0) echo 9.0a ;;
+    [0-9]*.[0-9]*) echo "$cap" ;;
+  esac
+}
+
+# FlashInfer's JIT builds for this GPU's arch only (about 25 s a module for 9.0a; on a fresh machine the first shape's
+# builds for every arch took run T's call 4 past a 200 s limit); a value set by the caller is kept
+if [ -z "${FLASHINFER_CUDA_ARCH_LIST:-}" ]; then
+  arch=$(fi_arch)
+  [ -n "$arch" ] && export FLASHINFER_CUDA_ARCH_LIST=$arch
+fi
 ROOT=$PWD
 
 KIT_MTIME=1700000000  # tools/gpu_bundle/build.py's MTIME: the date of every file in .gpu/fi-*.tar.xz
@@ -173,7 +190,7 @@ for stage in "$@"; do
       tag=variants${TAG:-}
       gluons=${NCU-11}
       sel=(--no-sweep); [ -n "${VARIANTS:-}" ] && sel=(--variants "$VARIANTS")
-      read -ra knobs <<<"${KNOBS---knob MERGE_PDL=1}"
+      read -ra knobs <<<"${KNOBS---knob MERGE_PDL=0,1}"
       step "$tag" timeout "$(seconds_left "$t0" "${LIMIT:-585}" $(( $(wc -w <<<"$gluons") * ${NCU_S:-45} )))" \
         python3 benchmarks/bench_attention.py "${sel[@]}" "${knobs[@]}" --watchdog-s "${WATCHDOG:-150}" \
         --shapes "${SHAPES:-$DECODE_SHAPES}" --json "$OUT/$tag.json"

@@ -1651,7 +1651,8 @@ SPLIT_WAVE_GAIN = 0.10
 # keys, on 132 SMs: the longest chunk 32 tiles, the mean 23.5). N > 0: every request gets cdiv(tiles, T) chunks with T
 # the smallest chunk length whose chunks still fit the programs, found on the device by N bisection steps
 # (_balance_target; 26 tiles there, and 42 against 62 for 12 random lengths of 0.1K-32K). Each program pays N + 1
-# more passes over the lengths. Opt-in, not yet timed on a GPU.
+# more passes over the lengths. Opt-in: on an H100 (run T) 2 steps were 8.6% faster on 24 requests of 0.1K-32K but 0.9%
+# slower on the ragged 8, 1-4.5% on uniform batches and 11% on one 8K request.
 SPLIT_BALANCE_STEPS = 0
 # The merge kernel (merge_blocks): partial outputs per step, and chunks per step.
 # 2048: one 8K request 0.0182 ms against 0.0197 with 8192 (more, smaller merge programs), the other batches
@@ -1670,11 +1671,12 @@ FUSED_MERGE = False
 # launch (griddepcontrol.launch_dependents), so its programs are placed, and find their request's chunks from the
 # lengths, while the decode runs; they wait for the decode's partials (griddepcontrol.wait) before reading them. This
 # removes the merge's launch gap and set-up from the pair's time, the part of it that does not move bytes (one 8K
-# request: 5.5 of 28 us under ncu, decode run F). 1: as each decode program starts; 2: once its key loop is done, so
-# the merge's programs take no SM slot from decode programs still to start. Opt-in: on an H100 (runs P and T) 1 was
-# 3.8-6.8% faster on one 8K request and 128 x 2K and up to 1.3% slower at 4 x 32K, where the decode runs more than one
-# wave.
-MERGE_PDL = 0
+# request: 5.5 of 28 us under ncu, decode run F). 1: as each decode program starts; 2 (the default): once its key loop
+# is done, so the merge's programs take no SM slot from decode programs still to start; 0: a plain launch. On an H100
+# (run T, two calls, seven decode shapes with FlashInfer in the same run) 2 was faster than 0 on every shape (0.6-8.1%;
+# one 8K request 7.3 / 8.1%, 128 x 2K 2.9 / 2.8%), where 1 was up to 1.1% slower at 4 x 32K and 16 x 16K (as in run P).
+# Not yet timed on an H200.
+MERGE_PDL = 2
 # Requests scanned per step of the kernels' on-device prefix over the batch: 128 for batches up to
 # 128, else 1024 (two compiled variants for every batch size; one step up to 1024 requests).
 BATCH_BLOCK_SMALL = 128
