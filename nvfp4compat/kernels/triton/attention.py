@@ -1673,7 +1673,7 @@ FUSED_MERGE = False
 # removes the merge's launch gap and set-up from the pair's time, the part of it that does not move bytes (one 8K
 # request: 5.5 of 28 us under ncu, decode run F). 1: as each decode program starts; 2 (the default): once its key loop
 # is done, so the merge's programs take no SM slot from decode programs still to start; 0: a plain launch. On an H100
-# (run T, two calls, seven decode shapes with FlashInfer in the same run) 2 was faster than 0 on every shape (0.6-8.1%;
+# (run T, two calls, seven decode shapes with FlashInfer in the same run) 2 was faster than 0 on every shape (0.5-8.1%;
 # one 8K request 7.3 / 8.1%, 128 x 2K 2.9 / 2.8%), where 1 was up to 1.1% slower at 4 x 32K and 16 x 16K (as in run P).
 # Not yet timed on an H200.
 MERGE_PDL = 2
