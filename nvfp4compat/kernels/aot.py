@@ -226,8 +226,9 @@ def _interpreted(kernels: list[AotKernel]) -> bool:
     ("Unsupported function referenced") unless Triton's cache already holds the binary."""
     from triton.runtime.jit import JITFunction
 
-    flag = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
-    return flag or any(not isinstance(k.fn, JITFunction) for k in kernels)
+    from nvfp4compat.kernels.checks import interpreting
+
+    return interpreting() or any(not isinstance(k.fn, JITFunction) for k in kernels)
 
 
 def build(kernel: AotKernel, variant: AotVariant, cc: int) -> Any:
