@@ -625,8 +625,8 @@ def test_decode_chunking_never_exceeds_its_grid(programs):
             assert sum(1 for b, _ in plan if b in multi) <= slots
 
 
-def _balanced_plan(tiles: list[int], programs: int, min_tiles: int, steps: int) -> list[tuple[int, int]]:
-    """The kernels' balanced chunking (``SPLIT_BALANCE_STEPS``: _balance_target, _request_chunks), in Python."""
+def _balanced_target(tiles: list[int], programs: int, min_tiles: int, steps: int) -> int:
+    """The kernels' balanced chunk length (``SPLIT_BALANCE_STEPS``: _balance_target), in Python; 0: the floor rule."""
     total = max(1, sum(tiles))
     live = sum(t > 0 for t in tiles)
     cap = [max(t // min_tiles, 1) for t in tiles]
@@ -634,17 +634,24 @@ def _balanced_plan(tiles: list[int], programs: int, min_tiles: int, steps: int) 
     least = min((t for t in tiles if t > 0), default=2**62)
     lo = max(-(-total // programs), 1)
     if live > programs:
-        return _chunk_plan(tiles, programs, min_tiles)
+        return 0
     if least >= hi:
         n = min(max(programs // max(live, 1), 1), max(hi // min_tiles, 1))
-        target = -(-hi // n)
-    else:
-        hi = min(hi, -(-total // max(programs - live, 1)))
-        for _ in range(steps):
-            mid = (lo + hi) // 2
-            fits = sum(min(-(-t // mid), c) for t, c in zip(tiles, cap, strict=True) if t > 0) <= programs
-            hi, lo = (mid, lo) if fits else (hi, mid + 1)
-        target = hi
+        return -(-hi // n)
+    hi = min(hi, -(-total // max(programs - live, 1)))
+    for _ in range(steps):
+        mid = (lo + hi) // 2
+        fits = sum(min(-(-t // mid), c) for t, c in zip(tiles, cap, strict=True) if t > 0) <= programs
+        hi, lo = (mid, lo) if fits else (hi, mid + 1)
+    return hi
+
+
+def _balanced_plan(tiles: list[int], programs: int, min_tiles: int, steps: int) -> list[tuple[int, int]]:
+    """The kernels' balanced chunking (``SPLIT_BALANCE_STEPS``: _balance_target, _request_chunks), in Python."""
+    cap = [max(t // min_tiles, 1) for t in tiles]
+    target = _balanced_target(tiles, programs, min_tiles, steps)
+    if target == 0:
+        return _chunk_plan(tiles, programs, min_tiles)
     plan = []
     for b, t in enumerate(tiles):
         n = 0 if t == 0 else min(max(-(-t // target), 1), cap[b])
@@ -692,6 +699,87 @@ def test_balanced_chunking_shortens_the_ragged_bench_batch():
     assert _longest_chunk(tiles, _chunk_plan(tiles, 66, 8)) == 32
     plan = _balanced_plan(tiles, 66, 8, 4)
     assert _longest_chunk(tiles, plan) == 26 and len(plan) <= 66
+
+
+@triton.jit(do_not_specialize=("batch", "programs", "min_tiles"))  # as the decode and merge kernels
+def _split_probe_kernel(seq_lens_ptr, out_ptr, batch, programs, min_tiles, BATCH_BLOCK: tl.constexpr,
+                        BALANCE: tl.constexpr):
+    """The kernels' split arithmetic on lengths of one-key tiles: out = [target, total, chunks of each request]."""
+    bs0 = tl.arange(0, BATCH_BLOCK)
+    max_kv = tl.full((), 2**40, tl.int64)
+    t0 = _att._request_tiles(bs0, bs0 < batch, seq_lens_ptr, seq_lens_ptr, 0, max_kv, 0, 1, 1, False, False)
+    total = _att._total_tiles(t0, batch, seq_lens_ptr, seq_lens_ptr, 0, max_kv, 0, 1, 1, False, False, BATCH_BLOCK)
+    target = _att._balance_target(t0, batch, total, programs, min_tiles, seq_lens_ptr, seq_lens_ptr, 0, max_kv, 0,
+                                  1, 1, False, False, BATCH_BLOCK, BALANCE)
+    tl.store(out_ptr, target)
+    tl.store(out_ptr + 1, total)
+    tl.store(out_ptr + 2 + bs0, _att._tiles_chunks(t0, total, programs, min_tiles, False, target, BALANCE).to(tl.int64),
+             mask=bs0 < batch)
+    for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
+        bs, ch = _att._block_chunks(b0, batch, total, programs, min_tiles, seq_lens_ptr, seq_lens_ptr, 0, max_kv, 0,
+                                    1, 1, False, False, BATCH_BLOCK, False, target, BALANCE)
+        tl.store(out_ptr + 2 + bs, ch.to(tl.int64), mask=bs < batch)
+
+
+@triton.jit
+def _cdiv_probe_kernel(t_ptr, d_ptr, small_ptr, wide_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    t = tl.load(t_ptr + i, mask=i < n, other=0)
+    d = tl.load(d_ptr + i, mask=i < n, other=1)
+    tl.store(small_ptr + i, _att._cdiv_small(t, d), mask=i < n)
+    tl.store(wide_ptr + i, _att._cdiv_wide(t, d.to(tl.int32)), mask=i < n)
+
+
+def test_division_free_quotients():
+    """``_cdiv_small`` (fp32 estimate, two corrections) and ``_cdiv_wide`` (fp64) are the exact ceiling over their
+    documented ranges; the first pairs are ones where the fp32 estimate alone is one short (found by a numpy search)."""
+    rng = np.random.default_rng(5)
+    t = [33682898, 64094330, 50486866, 61301525, 47621826, 41364122, 0, 1, 2**26 - 1, 2**26 - 1, 2**26 - 2]
+    d = [71, 31, 165, 61, 25, 230, 1, 1, 2**26 - 1, 32, 2**26 - 1]
+    q = rng.integers(1, 2**21, 400)
+    dd = (rng.random(400) * (2**26 / (q + 1))).astype(np.int64) + 1
+    tt = np.clip(q * dd + rng.integers(-3, 4, 400), 0, 2**26 - 1)
+    t += tt.tolist()
+    d += dd.tolist()
+    tw = torch.tensor(t, dtype=torch.int64, device=DEVICE)
+    dw = torch.tensor(d, dtype=torch.int64, device=DEVICE)
+    small = torch.zeros_like(tw)
+    wide = torch.zeros_like(tw)
+    _cdiv_probe_kernel[(triton.cdiv(len(t), 128),)](tw, dw, small, wide, len(t), BLOCK=128)
+    want = [-(-a // b) for a, b in zip(t, d, strict=True)]
+    assert small.tolist() == want
+    assert wide.tolist() == want
+    big = [2**53 - 1, 2**53 - 2, 2**40 + 12345, 2**31 * 7, 0]
+    div = [2**31 - 1, 3, 2**31 - 1, 2**31 - 1, 5]
+    tb = torch.tensor(big, dtype=torch.int64, device=DEVICE)
+    db = torch.tensor(div, dtype=torch.int64, device=DEVICE)
+    wide = torch.zeros_like(tb)
+    _cdiv_probe_kernel[(1,)](tb, db, torch.zeros_like(tb), wide, len(big), BLOCK=128)
+    assert wide.tolist() == [-(-a // b) for a, b in zip(big, div, strict=True)]
+
+
+@pytest.mark.parametrize("steps", [0, 2, 5])
+def test_split_arithmetic_matches_the_model(steps):
+    """The kernels' split integers (``_request_tiles`` .. ``_balance_target``, ``_tiles_chunks``: the total, the
+    balanced chunk length, each request's chunk count) equal the Python models above, across batch blocks (16
+    requests a block, batches to 40), with empty, equal and long requests: the division-free quotients
+    (``_cdiv_small``, ``_cdiv_wide``) included."""
+    rng = np.random.default_rng(100 + steps)
+    cases = [([5], 7, 1), ([0, 0], 3, 1), ([9, 9, 9], 4, 2), ([2**25 - 1, 1, 3], 2**20, 1), ([2**25 - 1] * 3, 7, 5)]
+    for _ in range(12):
+        batch = int(rng.integers(1, 41))
+        tiles = [int(x) for x in rng.integers(0, int(rng.choice([4, 300, 2**25])), size=batch)]
+        if rng.random() < 0.25:
+            tiles = [tiles[0]] * batch
+        cases.append((tiles, int(rng.choice([1, 3, 66, 198, 2**20])), int(rng.choice([1, 2, 8]))))
+    for tiles, programs, min_tiles in cases:
+        lens = torch.tensor(tiles, dtype=torch.int32, device=DEVICE)
+        out = torch.full((2 + len(tiles),), -7, dtype=torch.int64, device=DEVICE)
+        _split_probe_kernel[(1,)](lens, out, len(tiles), programs, min_tiles, BATCH_BLOCK=16, BALANCE=steps)
+        target = _balanced_target(tiles, programs, min_tiles, steps) if steps else 0
+        plan = _balanced_plan(tiles, programs, min_tiles, steps) if steps else _chunk_plan(tiles, programs, min_tiles)
+        want = [target, max(1, sum(tiles))] + [sum(1 for b, _ in plan if b == i) for i in range(len(tiles))]
+        assert out.tolist() == want, (tiles, programs, min_tiles)
 
 
 @pytest.mark.parametrize("steps", [1, 4])

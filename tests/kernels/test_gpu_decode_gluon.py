@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 from _attention_helpers import HAS_CUDA, random_lens, run_case
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
 from nvfp4compat.kernels import reference_attention as ra
 from nvfp4compat.kernels.triton import attention as att
+from nvfp4compat.kernels.triton import decode_gluon as dg
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
 
@@ -318,3 +324,43 @@ def test_gluon_decode_balanced_split(monkeypatch, steps, case_kw):
             torch.cuda.synchronize()
             ref = att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout)
             assert ra.relative_l2(out, ref) <= 1e-6, lens
+
+
+@gluon.jit
+def _probe_gluon(t_ptr, d_ptr, small_ptr, wide_ptr, n, BLOCK: gl.constexpr):
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    i = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=lay)
+    t = gl.load(t_ptr + i, mask=i < n, other=0)
+    d = gl.load(d_ptr + i, mask=i < n, other=1)
+    gl.store(small_ptr + i, dg._cdiv_small(t, d), mask=i < n)
+    gl.store(wide_ptr + i, dg._cdiv_wide(t.to(gl.int64), d), mask=i < n)
+
+
+@triton.jit
+def _probe_plain(t_ptr, d_ptr, small_ptr, wide_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    t = tl.load(t_ptr + i, mask=i < n, other=0).to(tl.int64)
+    d = tl.load(d_ptr + i, mask=i < n, other=1)
+    tl.store(small_ptr + i, att._cdiv_small(t, d.to(tl.int64)).to(tl.int32), mask=i < n)
+    tl.store(wide_ptr + i, att._cdiv_wide(t, d).to(tl.int32), mask=i < n)
+
+def test_division_free_quotients_on_the_gpu():
+    """The split's quotients on the hardware (its approximate fp32 reciprocal): the Gluon kernel's ``_cdiv_small``
+    (int32) and ``_cdiv_wide``, and the plain kernels' twins (int64), are the exact ceiling; the first pairs are ones
+    where the fp32 estimate alone is one short. The decode and merge kernels must agree on every chunk count."""
+    rng = np.random.default_rng(11)
+    q = rng.integers(1, 2**21, 200_000)
+    d = (rng.random(q.size) * (2**26 / (q + 1))).astype(np.int64) + 1
+    t = np.clip(q * d + rng.integers(-3, 4, q.size), 0, 2**26 - 1)
+    t = np.concatenate([[33682898, 64094330, 50486866, 61301525, 0, 1, 2**26 - 1, 2**26 - 1], t])
+    d = np.concatenate([[71, 31, 165, 61, 1, 1, 2**26 - 1, 32], d])
+    want = torch.tensor(-(-t // d), dtype=torch.int32)
+    tt = torch.tensor(t, dtype=torch.int32, device="cuda")
+    dd = torch.tensor(d, dtype=torch.int32, device="cuda")
+    for probe in (_probe_gluon, _probe_plain):
+        small = torch.zeros_like(tt)
+        wide = torch.zeros_like(tt)
+        probe[(triton.cdiv(t.size, 128),)](tt, dd, small, wide, t.size, BLOCK=128, num_warps=4)
+        torch.cuda.synchronize()
+        assert torch.equal(small.cpu(), want), probe.__name__
+        assert torch.equal(wide.cpu(), want), probe.__name__

@@ -621,13 +621,14 @@ def _request_tiles(
 
 @triton.jit
 def _total_tiles(
-    batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+    t0, batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
     BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BATCH_BLOCK: tl.constexpr,
 ):
-    """KV tiles of the whole batch (int64; at least 1 so that it can divide)."""
-    total = tl.zeros((), tl.int64)
-    for b0 in range(0, batch, BATCH_BLOCK):
+    """KV tiles of the whole batch (int64; at least 1 so that it can divide). ``t0``: the first ``BATCH_BLOCK``
+    requests' tiles (:func:`_request_tiles`, loaded once by the caller; a -1 of ``MARK_EMPTY`` counts 0)."""
+    total = tl.sum(tl.maximum(t0, 0).to(tl.int64), 0)
+    for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
         bs = b0 + tl.arange(0, BATCH_BLOCK)
         total += tl.sum(
             _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
@@ -643,18 +644,25 @@ def _block_chunks(
     BATCH_BLOCK: tl.constexpr, EMPTY_CHUNK: tl.constexpr = False, target=0, BALANCE: tl.constexpr = 0,
 ):
     """Requests ``bs = b0 + [0, BATCH_BLOCK)`` and their chunk counts (0 past ``batch``): one step of
-    the decode and merge kernels' scan over the batch, which must agree chunk for chunk.
-
-    ``EMPTY_CHUNK`` (the decode kernel's fused merge, no merge kernel): a request the decode kernel
-    serves that has no visible key gets one chunk too, whose program writes its zero rows (the sinks
-    alone in the LSE), as the merge kernel does for it otherwise."""
+    the decode and merge kernels' scan over the batch, which must agree chunk for chunk
+    (:func:`_tiles_chunks`)."""
     bs = b0 + tl.arange(0, BATCH_BLOCK)
     tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                            BLOCK_N, QMAX, VARLEN, HAS_WINDOW, EMPTY_CHUNK)
+    return bs, _tiles_chunks(tiles, total, programs, min_tiles, EMPTY_CHUNK, target, BALANCE)
+
+
+@triton.jit
+def _tiles_chunks(tiles, total, programs, min_tiles, EMPTY_CHUNK: tl.constexpr = False, target=0,
+                  BALANCE: tl.constexpr = 0):
+    """Chunk counts of requests with ``tiles`` (:func:`_request_chunks`). ``EMPTY_CHUNK`` (the decode kernel's fused
+    merge, no merge kernel; ``tiles`` from ``MARK_EMPTY``): a request the decode kernel serves that has no visible key
+    gets one chunk too, whose program writes its zero rows (the sinks alone in the LSE), as the merge kernel does for it
+    otherwise."""
     if EMPTY_CHUNK:
-        return bs, tl.where(tiles < 0, 1, _request_chunks(tl.maximum(tiles, 0), total, programs, min_tiles, target,
-                                                          BALANCE))
-    return bs, _request_chunks(tiles, total, programs, min_tiles, target, BALANCE)
+        return tl.where(tiles < 0, 1, _request_chunks(tl.maximum(tiles, 0), total, programs, min_tiles, target,
+                                                      BALANCE))
+    return _request_chunks(tiles, total, programs, min_tiles, target, BALANCE)
 
 
 @triton.jit
@@ -663,24 +671,47 @@ def _request_chunks(tiles, total, programs, min_tiles, target, BALANCE: tl.const
     ``floor(tiles * programs / total)`` (never more chunks than ``programs``: rounding up left a
     last, mostly idle wave; the host picks how many waves ``programs`` spans), at least 1 (0 for no tiles) and at most
     ``tiles // min_tiles``. A request's chunks split its tiles evenly. ``BALANCE`` (``SPLIT_BALANCE_STEPS``):
-    ``cdiv(tiles, target)`` in place of the share where ``target`` (:func:`_balance_target`) is not 0."""
+    ``cdiv(tiles, target)`` (:func:`_cdiv_small`) in place of the share where ``target`` (:func:`_balance_target`) is
+    not 0."""
     t64 = tiles.to(tl.int64)
     share = (t64 * programs) // total
     if BALANCE:  # (target 0: more requests than programs, the floor rule)
-        share = tl.where(target > 0, (t64 + target - 1) // tl.maximum(target, 1), share)
-    n = tl.minimum(tl.maximum(share, 1), tl.maximum(t64 // min_tiles, 1))
+        share = tl.where(target > 0, _cdiv_small(t64, tl.maximum(target, 1)), share)
+    n = tl.minimum(tl.maximum(share, 1), tl.maximum(tiles // min_tiles, 1).to(tl.int64))
     return tl.where(tiles > 0, n, 0).to(tl.int32)
+
+
+@triton.jit
+def _cdiv_small(t, d):
+    """``cdiv(t, d)`` (int64) for ``0 <= t < 2^26``, ``1 <= d < 2^26`` and a quotient below 2^21 (a request's tiles,
+    a chunk length; at most ``programs`` chunks) without an integer division (a 64-bit one is a call of about a
+    hundred instructions): an fp32 estimate of ``t / d`` is within 2 of the floor, two exact corrections make it the
+    floor. decode_gluon's twin gives the same integers."""
+    q = (t.to(tl.float32) * (1.0 / d.to(tl.float32))).to(tl.int64)
+    for _ in tl.static_range(2):
+        q = tl.where(q * d > t, q - 1, tl.where((q + 1) * d <= t, q + 1, q))
+    return q + (q * d < t).to(tl.int64)  # floor -> ceiling
+
+
+@triton.jit
+def _cdiv_wide(a, d):
+    """``cdiv(a, d)`` (int64) for ``0 <= a < 2^53`` (the batch's tiles) and ``1 <= d < 2^31`` without a 64-bit
+    integer division: the fp64 quotient is within 1 of the floor, one exact correction makes it the floor."""
+    d64 = tl.zeros((), tl.int64) + d  # (d may be an argument specialized to the constant 1)
+    q = (a.to(tl.float64) / d64.to(tl.float64)).to(tl.int64)
+    q = tl.where(q * d64 > a, q - 1, tl.where((q + 1) * d64 <= a, q + 1, q))
+    return q + (q * d64 < a).to(tl.int64)
 
 
 @triton.jit
 def _chunks_within(t, cap, mid):
     """Chunks of requests with ``t`` tiles (int64) and chunk caps ``cap`` at chunk length ``mid``, summed."""
-    return tl.sum(tl.where(t > 0, tl.minimum((t + mid - 1) // mid, cap), 0), 0)
+    return tl.sum(tl.where(t > 0, tl.minimum(_cdiv_small(t, mid), cap), 0), 0)
 
 
 @triton.jit
 def _balance_target(
-    batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+    t0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
     BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BATCH_BLOCK: tl.constexpr, BALANCE: tl.constexpr,
 ):
@@ -691,14 +722,14 @@ def _balance_target(
     (tiles 24..27 for a ragged batch of 8 requests of 1K-30K keys on 66 programs), and the chunks never pass
     ``programs`` (nor the grid, nor the merge slots) whatever the steps. A batch of equal requests skips the search:
     ``T = cdiv(tiles, n)`` with ``n`` the floor rule's chunk count, the same longest chunk. 0 (the floor rule) where
-    the requests outnumber the programs, or ``BALANCE`` is 0. The first ``BATCH_BLOCK`` requests' tiles are loaded once
-    and kept for the steps; later blocks are read again in each."""
+    the requests outnumber the programs, or ``BALANCE`` is 0. ``t0``: the first ``BATCH_BLOCK`` requests' tiles, loaded
+    once by the caller and kept for the steps (a -1 of ``MARK_EMPTY`` counts 0); later blocks are read again in each.
+    No integer division on a per-request value (:func:`_cdiv_small`, :func:`_cdiv_wide`)."""
     if BALANCE == 0:
         return tl.zeros((), tl.int64)
-    bs0 = tl.arange(0, BATCH_BLOCK)
-    t0 = _request_tiles(bs0, bs0 < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                        BLOCK_N, QMAX, VARLEN, HAS_WINDOW).to(tl.int64)
-    cap0 = tl.maximum(t0 // min_tiles, 1)
+    t0 = tl.maximum(t0, 0)
+    cap0 = tl.maximum(t0 // min_tiles, 1).to(tl.int64)
+    t0 = t0.to(tl.int64)
     hi = tl.max(t0, 0)
     least = tl.min(tl.where(t0 > 0, t0, 2**62), 0)
     live = tl.sum((t0 > 0).to(tl.int64), 0)
@@ -710,27 +741,45 @@ def _balance_target(
         least = tl.minimum(least, tl.min(tl.where(t > 0, t, 2**62), 0))
         live += tl.sum((t > 0).to(tl.int64), 0)
     hi = tl.maximum(hi, 1)
-    lo = tl.maximum((total + programs - 1) // programs, 1)
+    lo = tl.maximum(_cdiv_wide(total, programs), 1)
     if live > programs:
         hi = hi * 0
     elif least >= hi:  # equal requests (or none): the floor rule's chunks
-        n = tl.minimum(tl.maximum(programs // tl.maximum(live, 1), 1), tl.maximum(hi // min_tiles, 1))
-        hi = (hi + n - 1) // n
+        # (int32: live <= batch, hi < 2^26; inline divisions)
+        h32 = hi.to(tl.int32)
+        n = tl.minimum(tl.maximum(programs // tl.maximum(live.to(tl.int32), 1), 1), tl.maximum(h32 // min_tiles, 1))
+        hi = ((h32 + n - 1) // n).to(tl.int64)
     else:
         rest = tl.maximum(programs - live, 1)
-        hi = tl.minimum(hi, (total + rest - 1) // rest)
+        hi = tl.minimum(hi, _cdiv_wide(total, rest))
         for _ in tl.static_range(BALANCE):
             mid = (lo + hi) // 2
             used = _chunks_within(t0, cap0, mid)
             for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
                 bs = b0 + tl.arange(0, BATCH_BLOCK)
                 t = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                                   BLOCK_N, QMAX, VARLEN, HAS_WINDOW).to(tl.int64)
-                used += _chunks_within(t, tl.maximum(t // min_tiles, 1), mid)
+                                   BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
+                used += _chunks_within(t.to(tl.int64), tl.maximum(t // min_tiles, 1).to(tl.int64), mid)
             fits = used <= programs
             hi = tl.where(fits, mid, hi)
             lo = tl.where(fits, lo, mid + 1)
     return hi
+
+
+@triton.jit
+def _scan_block(c, bs, ch, base, base_m, b, j, n_chunks, slot0):
+    """One block of the decode kernel's scan over the batch: requests ``bs`` with ``ch`` chunks, numbered from ``base``
+    (partial slots from ``base_m``, multi-chunk requests only); chunk ``c``'s request, index, chunk count and first
+    slot gathered where ``c`` falls in the block."""
+    lo = base + tl.cumsum(ch, 0) - ch
+    multi = tl.where(ch > 1, ch, 0)
+    lo_m = base_m + tl.cumsum(multi, 0) - multi
+    hit = (c >= lo) & (c < lo + ch)
+    b = tl.maximum(b, tl.max(tl.where(hit, bs, -1), 0))
+    j += tl.sum(tl.where(hit, c - lo, 0), 0)
+    n_chunks += tl.sum(tl.where(hit, ch, 0), 0)
+    slot0 += tl.sum(tl.where(hit, lo_m, 0), 0)
+    return base + tl.sum(ch, 0), base_m + tl.sum(multi, 0), b, j, n_chunks, slot0
 
 
 @triton.jit(do_not_specialize=fp4.DECODE_PER_STEP)
@@ -797,31 +846,25 @@ def _decode_kernel(
         if tl.load(status_ptr) != 0:  # decreasing qsl: the guard kernel zeroed every row
             return
     max_kv = max_pages.to(tl.int64) * page_size
-    total = _total_tiles(batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+    # the first block's lengths are loaded once: they serve the total, the balanced target and the scan
+    bs0 = tl.arange(0, BATCH_BLOCK)
+    t0 = _request_tiles(bs0, bs0 < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                        BLOCK_N, QMAX, VARLEN, HAS_WINDOW, FUSED_MERGE)
+    total = _total_tiles(t0, batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                          BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
-    target = _balance_target(batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                             BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, BALANCE)
+    target = _balance_target(t0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv,
+                             num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, BALANCE)
     # Find this chunk's request b, its index j within b, b's chunk count and b's first partial slot.
-    base = tl.zeros((), tl.int32)
-    base_m = tl.zeros((), tl.int32)
-    b = tl.full((), -1, tl.int32)
-    j = tl.zeros((), tl.int32)
-    n_chunks = tl.zeros((), tl.int32)
-    slot0 = tl.zeros((), tl.int32)
-    for b0 in range(0, batch, BATCH_BLOCK):
+    zero = tl.zeros((), tl.int32)
+    base, base_m, b, j, n_chunks, slot0 = _scan_block(
+        c, bs0, _tiles_chunks(t0, total, programs, min_tiles, FUSED_MERGE, target, BALANCE),
+        zero, zero, zero - 1, zero, zero, zero,
+    )
+    for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
         bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv,
                                num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, FUSED_MERGE, target,
                                BALANCE)
-        lo = base + tl.cumsum(ch, 0) - ch
-        multi = tl.where(ch > 1, ch, 0)
-        lo_m = base_m + tl.cumsum(multi, 0) - multi
-        hit = (c >= lo) & (c < lo + ch)
-        b = tl.maximum(b, tl.max(tl.where(hit, bs, -1), 0))
-        j += tl.sum(tl.where(hit, c - lo, 0), 0)
-        n_chunks += tl.sum(tl.where(hit, ch, 0), 0)
-        slot0 += tl.sum(tl.where(hit, lo_m, 0), 0)
-        base += tl.sum(ch, 0)
-        base_m += tl.sum(multi, 0)
+        base, base_m, b, j, n_chunks, slot0 = _scan_block(c, bs, ch, base, base_m, b, j, n_chunks, slot0)
     if b < 0:
         return
 
@@ -1030,13 +1073,17 @@ def _decode_reduce_kernel(
     if (q_len > QMAX) | (t >= q_len):
         return
     max_kv = max_pages.to(tl.int64) * page_size
-    total = _total_tiles(batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+    bs0 = tl.arange(0, BATCH_BLOCK)  # the first block's lengths loaded once, as in the decode kernel
+    t0 = _request_tiles(bs0, bs0 < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                        BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
+    total = _total_tiles(t0, batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                          BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
-    target = _balance_target(batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                             BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, BALANCE)
-    slot0 = tl.zeros((), tl.int32)
-    n_chunks = tl.zeros((), tl.int32)
-    for b0 in range(0, batch, BATCH_BLOCK):
+    target = _balance_target(t0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv,
+                             num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, BALANCE)
+    ch = _tiles_chunks(t0, total, programs, min_tiles, False, target, BALANCE)
+    slot0 = tl.sum(tl.where((bs0 < b) & (ch > 1), ch, 0), 0)
+    n_chunks = tl.sum(tl.where(bs0 == b, ch, 0), 0)
+    for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
         bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv,
                                num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, False, target, BALANCE)
         slot0 += tl.sum(tl.where((bs < b) & (ch > 1), ch, 0), 0)
@@ -1650,9 +1697,11 @@ SPLIT_WAVE_GAIN = 0.10
 # request whose share is just under 2 gets one chunk of nearly twice the mean (a ragged batch of 8 requests, 1K-30K
 # keys, on 132 SMs: the longest chunk 32 tiles, the mean 23.5). N > 0: every request gets cdiv(tiles, T) chunks with T
 # the smallest chunk length whose chunks still fit the programs, found on the device by N bisection steps
-# (_balance_target; 26 tiles there, and 42 against 62 for 12 random lengths of 0.1K-32K). Each program pays N + 1
-# more passes over the lengths. Opt-in: on an H100 (run T) 2 steps were 8.6% faster on 24 requests of 0.1K-32K but 0.9%
-# slower on the ragged 8, 1-4.5% on uniform batches and 11% on one 8K request.
+# (_balance_target; 26 tiles there, and 42 against 62 for 12 random lengths of 0.1K-32K). Each program pays N steps
+# over the first 128 requests' tiles, which it loaded once for the total and the scan (later blocks are read again in
+# each step), without an integer division on a per-request value; one request keeps the floor rule (the same longest
+# chunk). Opt-in: on an H100 (run U) 2 steps were 9.5% faster on 24 requests of 0.1K-32K and 0.3% on the ragged 8, but
+# 0.4-3.1% slower on the large uniform batches (run T, before the set-up was made cheaper: +1.2-4.1%, +11% on one 8K).
 SPLIT_BALANCE_STEPS = 0
 # The merge kernel (merge_blocks): partial outputs per step, and chunks per step.
 # 2048: one 8K request 0.0182 ms against 0.0197 with 8192 (more, smaller merge programs), the other batches
@@ -2171,7 +2220,7 @@ def _decode_launch(
         cvt8=gluon and cfg.gluon and cfg.e4m3_cvt and torch.cuda.get_device_capability(device) >= (8, 9),
         page_tile_tok=tok,
         pdl=_merge_pdl(device),
-        balance=_balance_steps(),
+        balance=_balance_steps() if batch > 1 else 0,  # (one request: the same longest chunk either way)
         tma=gluon and cfg.gluon and _gluon_tma(cfg, _gluon_ring(cfg, tok[0] > 0), device, cl),
     )  # fmt: skip
 

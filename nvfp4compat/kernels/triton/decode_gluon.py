@@ -318,13 +318,34 @@ def _request_tiles(
 
 
 @gluon.jit
+def _cdiv_small(t, d):
+    """``cdiv(t, d)`` (int32) for ``0 <= t < 2^26``, ``1 <= d < 2^26`` and a quotient below 2^21, without an integer
+    division: an fp32 estimate of ``t / d`` is within 2 of the floor, two exact corrections make it the floor."""
+    q = (t.to(gl.float32) * (1.0 / d.to(gl.float32))).to(gl.int32)
+    for _ in gl.static_range(2):
+        q = gl.where(q * d > t, q - 1, gl.where((q + 1) * d <= t, q + 1, q))
+    return q + (q * d < t).to(gl.int32)  # floor -> ceiling
+
+
+@gluon.jit
+def _cdiv_wide(a, d):
+    """``cdiv(a, d)`` (int64) for ``0 <= a < 2^53`` (the batch's tiles) and ``1 <= d < 2^31`` (int32) without a 64-bit
+    integer division (a call of about a hundred instructions): the fp64 quotient is within 1 of the floor, one exact
+    correction makes it the floor."""
+    d64 = gl.to_tensor(d).to(gl.int64)
+    q = (a.to(gl.float64) / d64.to(gl.float64)).to(gl.int64)
+    q = gl.where(q * d64 > a, q - 1, gl.where((q + 1) * d64 <= a, q + 1, q))
+    return q + (q * d64 < a).to(gl.int64)
+
+
+@gluon.jit
 def _request_chunks(tiles, total, programs, min_tiles, target, BALANCE: gl.constexpr = 0):
     """attention._request_chunks: the same integers without a 64-bit division (a call of about a hundred instructions
     per request on sm_90). ``floor(tiles * programs / total)`` is at most ``programs`` (``tiles <= total``), so an
     fp32 estimate is within 2 of it while ``programs < 2^21`` (the launcher keeps it below
     ``attention._GLUON_MAX_PROGRAMS``), and two exact integer corrections make it the quotient. ``tiles // min_tiles``
-    divides two non-negative int32 (inline). ``BALANCE``: ``cdiv(tiles, target)`` (int32: both below 2^26) where the
-    target from :func:`_balance_target` is not 0."""
+    divides two non-negative int32 (inline). ``BALANCE``: ``cdiv(tiles, target)`` (:func:`_cdiv_small`: both below
+    2^26, the quotient at most ``programs``) where the target from :func:`_balance_target` is not 0."""
     t64 = tiles.to(gl.int64)
     prod = t64 * programs
     ratio = gl.to_tensor(programs).to(gl.float32) / total.to(gl.float32)
@@ -333,37 +354,29 @@ def _request_chunks(tiles, total, programs, min_tiles, target, BALANCE: gl.const
         rem = prod - share * total
         share = gl.where(rem < 0, share - 1, gl.where(rem >= total, share + 1, share))
     if BALANCE:  # (target 0: more requests than programs, the floor rule)
-        share = gl.where(target > 0, ((tiles + target - 1) // gl.maximum(target, 1)).to(gl.int64), share)
+        share = gl.where(target > 0, _cdiv_small(tiles, gl.maximum(target, 1)).to(gl.int64), share)
     n = gl.minimum(gl.maximum(share, 1), gl.maximum(tiles // min_tiles, 1).to(gl.int64))
     return gl.where(tiles > 0, n, 0).to(gl.int32)
 
 
 @gluon.jit
 def _chunks_within(t, cap, mid):
-    """attention._chunks_within in int32 without a division per request: ``cdiv(t, mid)`` from an fp32 estimate of
-    ``t / mid`` and two exact corrections (the quotient is at most ``programs``, below 2^21: the estimate is within 2),
-    ``mid`` and ``t`` below 2^26."""
-    rcp = 1.0 / mid.to(gl.float32)
-    q = (t.to(gl.float32) * rcp).to(gl.int32)
-    for _ in gl.static_range(2):
-        q = gl.where(q * mid > t, q - 1, gl.where((q + 1) * mid <= t, q + 1, q))
-    c = q + (q * mid < t).to(gl.int32)  # floor -> ceiling
-    return gl.sum(gl.where(t > 0, gl.minimum(c, cap), 0), 0)
+    """attention._chunks_within in int32 without a division per request (:func:`_cdiv_small`: the quotient is at most
+    ``programs``, below 2^21; ``mid`` and ``t`` below 2^26)."""
+    return gl.sum(gl.where(t > 0, gl.minimum(_cdiv_small(t, mid), cap), 0), 0)
 
 
 @gluon.jit
 def _balance_target(
-    batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+    t0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
     BLOCK_N: gl.constexpr, QMAX: gl.constexpr, VARLEN: gl.constexpr, HAS_WINDOW: gl.constexpr,
     BATCH_BLOCK: gl.constexpr, NW: gl.constexpr, BALANCE: gl.constexpr,
 ):
     """attention._balance_target (the same bracket, steps and integers; int32 where they fit: a request's tiles and
-    the chunk length stay below 2^26), in :func:`_find_chunk`'s layout."""
+    the chunk length stay below 2^26; the two 64-bit quotients by :func:`_cdiv_wide`), in :func:`_find_chunk`'s
+    layout. ``t0``: the first ``BATCH_BLOCK`` requests' tiles, which :func:`_find_chunk` loaded once."""
     LB: gl.constexpr = gl.BlockedLayout([_scan_per_thread(BATCH_BLOCK)], [32], [NW], [0])
     zero = gl.program_id(0) * 0
-    bs0 = gl.arange(0, BATCH_BLOCK, layout=LB)
-    t0 = _request_tiles(bs0, bs0 < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                        BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
     cap0 = gl.maximum(t0 // min_tiles, 1)
     hi = zero + gl.max(t0, 0)
     least = zero + gl.min(gl.where(t0 > 0, t0, 2**30), 0)
@@ -376,7 +389,7 @@ def _balance_target(
         least = gl.minimum(least, gl.min(gl.where(t > 0, t, 2**30), 0))
         live += gl.sum((t > 0).to(gl.int32), 0)
     hi = gl.maximum(hi, 1)
-    lo = gl.maximum((total + programs - 1) // programs, 1).to(gl.int32)
+    lo = gl.maximum(_cdiv_wide(total, programs), 1).to(gl.int32)
     if live > programs:
         hi = zero
     elif least >= hi:  # equal requests (or none): the floor rule's chunks
@@ -384,7 +397,7 @@ def _balance_target(
         hi = (hi + n - 1) // n
     else:
         rest = gl.maximum(programs - live, 1)
-        hi = gl.minimum(hi, ((total + rest - 1) // rest).to(gl.int32))
+        hi = gl.minimum(hi, _cdiv_wide(total, rest).to(gl.int32))
         for _ in gl.static_range(BALANCE):
             mid = (lo + hi) // 2
             used = _chunks_within(t0, cap0, mid)
@@ -418,6 +431,22 @@ def _chunk_edge(j, n_tiles, n_chunks):
 
 
 @gluon.jit
+def _scan_block(c, bs, ch, base, base_m, b, j, n_chunks, slot0):
+    """One block of :func:`_find_chunk`'s scan: requests ``bs`` with ``ch`` chunks, numbered from ``base`` (partial
+    slots from ``base_m``, multi-chunk requests only); chunk ``c``'s request, index, chunk count and first slot
+    gathered where ``c`` falls in the block."""
+    lo = base + gl.associative_scan(ch, 0, _add) - ch
+    multi = gl.where(ch > 1, ch, 0)
+    lo_m = base_m + gl.associative_scan(multi, 0, _add) - multi
+    hit = (c >= lo) & (c < lo + ch)
+    b = gl.maximum(b, gl.max(gl.where(hit, bs, -1), 0))
+    j += gl.sum(gl.where(hit, c - lo, 0), 0)
+    n_chunks += gl.sum(gl.where(hit, ch, 0), 0)
+    slot0 += gl.sum(gl.where(hit, lo_m, 0), 0)
+    return base + gl.sum(ch, 0), base_m + gl.sum(multi, 0), b, j, n_chunks, slot0
+
+
+@gluon.jit
 def _find_chunk(
     c, batch, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
     BLOCK_N: gl.constexpr, QMAX: gl.constexpr, VARLEN: gl.constexpr, HAS_WINDOW: gl.constexpr,
@@ -429,11 +458,15 @@ def _find_chunk(
     Up to 128 requests a block, every warp holds the whole block (``BATCH_BLOCK // 32`` per thread, the warps
     replicated), so the block's sums, maximum and prefix scans stay inside a warp: no shared memory and no barrier
     (sm_90: 3 barriers before the key loop against 29 with the block spread over the warps). Larger blocks (1024)
-    keep one request per thread and cross the warps."""
+    keep one request per thread and cross the warps. The first block's lengths are loaded once and serve the total,
+    the balanced target and the scan: a batch of at most ``BATCH_BLOCK`` requests reads them once."""
     LB: gl.constexpr = gl.BlockedLayout([_scan_per_thread(BATCH_BLOCK)], [32], [NW], [0])
     zero = gl.program_id(0) * 0  # a run-time int32 (batch may be specialized to the constant 1)
-    total = zero.to(gl.int64)
-    for b0 in range(0, batch, BATCH_BLOCK):
+    bs0 = gl.arange(0, BATCH_BLOCK, layout=LB)
+    t0 = _request_tiles(bs0, bs0 < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                        BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
+    total = zero.to(gl.int64) + gl.sum(t0.to(gl.int64), 0)
+    for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
         bs = b0 + gl.arange(0, BATCH_BLOCK, layout=LB)
         t = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                            BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
@@ -441,29 +474,20 @@ def _find_chunk(
     total = gl.maximum(total, 1)
     target = zero
     if BALANCE:
-        target = _balance_target(batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                                 BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, NW, BALANCE)
-    base = zero
-    base_m = zero
-    b = zero - 1
-    j = zero
-    n_chunks = zero
-    slot0 = zero
-    for b0 in range(0, batch, BATCH_BLOCK):
+        target = _balance_target(t0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv,
+                                 num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, NW, BALANCE)
+    base, base_m, b, j, n_chunks, slot0 = _scan_block(
+        c, bs0, _request_chunks(t0, total, programs, min_tiles, target, BALANCE), zero, zero, zero - 1, zero, zero,
+        zero,
+    )
+    for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
         bs = b0 + gl.arange(0, BATCH_BLOCK, layout=LB)
         tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                                BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
-        ch = _request_chunks(tiles, total, programs, min_tiles, target, BALANCE)
-        lo = base + gl.associative_scan(ch, 0, _add) - ch
-        multi = gl.where(ch > 1, ch, 0)
-        lo_m = base_m + gl.associative_scan(multi, 0, _add) - multi
-        hit = (c >= lo) & (c < lo + ch)
-        b = gl.maximum(b, gl.max(gl.where(hit, bs, -1), 0))
-        j += gl.sum(gl.where(hit, c - lo, 0), 0)
-        n_chunks += gl.sum(gl.where(hit, ch, 0), 0)
-        slot0 += gl.sum(gl.where(hit, lo_m, 0), 0)
-        base += gl.sum(ch, 0)
-        base_m += gl.sum(multi, 0)
+        base, base_m, b, j, n_chunks, slot0 = _scan_block(
+            c, bs, _request_chunks(tiles, total, programs, min_tiles, target, BALANCE), base, base_m, b, j, n_chunks,
+            slot0,
+        )
     return b, j, n_chunks, slot0
 
 
