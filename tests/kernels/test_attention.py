@@ -801,6 +801,17 @@ def test_decode_balanced_split_matches_reference(monkeypatch, steps, splits):
                  head_dim=64, dtype=fp16, sliding_window=100, seed=steps).check()
 
 
+def test_balance_only_where_it_can_shorten(monkeypatch):
+    """The host passes ``BALANCE = 0`` (the floor rule, no search in any program) for one request and for more
+    requests than programs, where the kernels would keep the floor rule anyway; the steps otherwise."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    monkeypatch.setattr(att, "SPLIT_BALANCE_STEPS", 3)
+    assert [att._balance_steps(b, 66) for b in (1, 2, 24, 66, 67, 128)] == [0, 3, 3, 3, 0, 0]
+    monkeypatch.setattr(att, "SPLIT_BALANCE_STEPS", 0)
+    assert att._balance_steps(24, 66) == 0
+
+
 @pytest.mark.parametrize("bad", [-1, 33, 2.0, True])
 def test_split_balance_steps_is_checked(monkeypatch, bad):
     from nvfp4compat.kernels.triton import attention as att

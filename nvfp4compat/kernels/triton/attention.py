@@ -1699,8 +1699,8 @@ SPLIT_WAVE_GAIN = 0.10
 # the smallest chunk length whose chunks still fit the programs, found on the device by N bisection steps
 # (_balance_target; 26 tiles there, and 42 against 62 for 12 random lengths of 0.1K-32K). Each program pays N steps
 # over the first 128 requests' tiles, which it loaded once for the total and the scan (later blocks are read again in
-# each step), without an integer division on a per-request value; one request keeps the floor rule (the same longest
-# chunk). Opt-in: on an H100 (run U) 2 steps were 9.5% faster on 24 requests of 0.1K-32K and 0.3% on the ragged 8, but
+# each step), without an integer division on a per-request value; one request, and more requests than programs, keep
+# the floor rule with no search (_balance_steps). Opt-in: on an H100 (run U) 2 steps were 9.5% faster on 24 requests of 0.1K-32K and 0.3% on the ragged 8, but
 # 0.4-3.1% slower on the large uniform batches (run T, before the set-up was made cheaper: +1.2-4.1%, +11% on one 8K).
 SPLIT_BALANCE_STEPS = 0
 # The merge kernel (merge_blocks): partial outputs per step, and chunks per step.
@@ -2167,14 +2167,17 @@ class _DecodeLaunch:
     tma: bool = False  # the Gluon ring filled by a TMA loader warp (cfg.tma_loader, _gluon_tma), where the bases allow
 
 
-def _balance_steps() -> int:
+def _balance_steps(batch: int, programs: int) -> int:
     """The kernels' ``BALANCE``: ``SPLIT_BALANCE_STEPS`` as a step count (0: the floor rule), refused when it is no
-    count the kernels can unroll."""
+    count the kernels can unroll. 0 where balancing cannot shorten the longest chunk, so that no program pays for the
+    search: one request (it gets the same longest chunk either way), and more requests than ``programs`` (the kernels
+    keep the floor rule once the live requests outnumber the programs; a batch padded past ``programs`` with empty
+    requests keeps it too). Run U (H100) measured 3.1% at 128 x 2K on 66 programs, where the kernels fell back."""
     steps = SPLIT_BALANCE_STEPS
     if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= 32:
         raise ValueError(f"attention.SPLIT_BALANCE_STEPS is {steps!r}; it needs an int from 0 (a request's share of the "
                          "programs rounded down) to 32 (bisection steps of the balanced chunk length); set it to 0")
-    return steps
+    return steps if 1 < batch <= programs else 0
 
 
 def _byte_extent(t: torch.Tensor) -> int:
@@ -2220,7 +2223,7 @@ def _decode_launch(
         cvt8=gluon and cfg.gluon and cfg.e4m3_cvt and torch.cuda.get_device_capability(device) >= (8, 9),
         page_tile_tok=tok,
         pdl=_merge_pdl(device),
-        balance=_balance_steps() if batch > 1 else 0,  # (one request: the same longest chunk either way)
+        balance=_balance_steps(batch, programs),
         tma=gluon and cfg.gluon and _gluon_tma(cfg, _gluon_ring(cfg, tok[0] > 0), device, cl),
     )  # fmt: skip
 
