@@ -324,3 +324,41 @@ def test_suite_builds_flashinfer_for_the_gpus_arch_only(tmp_path, cap, want):
     env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}"}
     proc = subprocess.run(["bash", "-c", func.group(0) + "fi_arch"], capture_output=True, text=True, check=True, env=env)
     assert proc.stdout.strip() == want
+
+
+# scripts/gpu/ncu_source.py (suite.sh variants with NCU_SOURCE=1)
+
+NCU_SOURCE = ROOT / "scripts" / "gpu" / "ncu_source.py"
+
+
+def test_ncu_source_ranks_the_flagged_lines(tmp_path):
+    """The program's own output and ncu's messages before the header are skipped; each matching column lists its
+    largest lines with their share; numbers with thousands separators parse; unmatched columns are left out."""
+    path = tmp_path / "ncu-src-g11.log"
+    path.write_text(
+        "decode 16 x 16K: 0.1291 ms\n==PROF== Disconnected from process 1\n"
+        '"Address","Source","Warp Stall Sampling (All Samples)","L2 Theoretical Sectors Global Excess",'
+        '"L1 Wavefronts Shared Excess","Instructions Executed"\n'
+        '"0x10","LDG.E.64 R2, desc[UR4][R4.64]","12","1,500","0","900"\n'
+        '"0x20","LDS.128 R8, [R3]","300","0","4,000","900"\n'
+        '"0x30","HMMA.16816.F32.BF16 R12, R8, R2, R12","88","0","0","900"\n'
+        '"0x40","LDG.E.U8 R6, desc[UR4][R10.64]","40","500","0","900"\n'
+    )
+    proc = subprocess.run([sys.executable, str(NCU_SOURCE), str(path), "--top", "2"], capture_output=True, text=True,
+                          check=True)
+    out = proc.stdout.splitlines()
+    assert out[0] == "== Warp Stall Sampling (All Samples): total 440 over 4 instructions"
+    assert "68.2%" in out[1] and "LDS.128" in out[1] and "0x20" in out[1]
+    assert "HMMA" in out[2]
+    i = out.index("== L2 Theoretical Sectors Global Excess: total 2,000 over 4 instructions")
+    assert "75.0%" in out[i + 1] and "LDG.E.64" in out[i + 1] and "25.0%" in out[i + 2] and "LDG.E.U8" in out[i + 2]
+    assert "== L1 Wavefronts Shared Excess: total 4,000 over 4 instructions" in out
+    assert not any("Instructions Executed" in line for line in out)
+
+
+def test_ncu_source_says_a_cut_off_profile(tmp_path):
+    path = tmp_path / "cut.log"
+    path.write_text("==PROF== Connected to process 1\n==ERROR== timeout\n")
+    proc = subprocess.run([sys.executable, str(NCU_SOURCE), str(path)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "no source-page header found" in proc.stderr and "--page source --csv" in proc.stderr

@@ -24,7 +24,8 @@
 #               "--knob MERGE_PDL=0,1": the plain merge launch and the early trigger against the default's late one),
 #               within LIMIT s (default 585) less the ncu runs; the ratio table
 #               (scripts/gpu/table.py); ncu of each Gluon config index in NCU (default 11) at 16 x 16K with the
-#               stall reasons and SourceCounters, NCU_S s each (default 45). TAG: a suffix for its files
+#               stall reasons and SourceCounters, NCU_S s each (default 45); NCU_SOURCE=1: also each SASS line's
+#               counters (ncu --page source --csv), ranked by scripts/gpu/ncu_source.py. TAG: a suffix for its files
 #   config      the Gluon GPU tests whose ids hold MATCH (pytest -k "$MATCH", N workers, default 8, 120 s a test,
 #               TESTS_S in all, default 300), then memcheck of the decode cases matching MEMCHECK_MATCH
 #               (scripts/sanitize.py --match words, e.g. "ring 4"; empty: no memcheck) within MEMCHECK_S (200)
@@ -191,7 +192,8 @@ for stage in "$@"; do
       gluons=${NCU-11}
       sel=(--no-sweep); [ -n "${VARIANTS:-}" ] && sel=(--variants "$VARIANTS")
       read -ra knobs <<<"${KNOBS---knob MERGE_PDL=0,1}"
-      step "$tag" timeout "$(seconds_left "$t0" "${LIMIT:-585}" $(( $(wc -w <<<"$gluons") * ${NCU_S:-45} )))" \
+      per=1; [ -n "${NCU_SOURCE:-}" ] && per=2  # ncu runs per profiled config
+      step "$tag" timeout "$(seconds_left "$t0" "${LIMIT:-585}" $(( $(wc -w <<<"$gluons") * per * ${NCU_S:-45} )))" \
         python3 benchmarks/bench_attention.py "${sel[@]}" "${knobs[@]}" --watchdog-s "${WATCHDOG:-150}" \
         --shapes "${SHAPES:-$DECODE_SHAPES}" --json "$OUT/$tag.json"
       echo "=== $tag-table: python3 scripts/gpu/table.py $OUT/$tag.json"
@@ -204,6 +206,12 @@ for stage in "$@"; do
           python3 benchmarks/profile_attention.py --shape "decode 16 x 16K" --gluon "$g"
         grep -E "Duration|Registers Per|Achieved Occupancy|Theoretical Occ|DRAM Throughput|Block Size|stalled_(long|barrier)" \
           "$OUT/ncu-g$g${TAG:-}.log" | sed 's/  */ /g' | head -9
+        if [ -n "${NCU_SOURCE:-}" ]; then  # per-SASS-line counters, ranked by scripts/gpu/ncu_source.py
+          step "ncu-src-g$g${TAG:-}" timeout "${NCU_S:-45}" ncu --clock-control none --kernel-name regex:gluon_decode \
+            --launch-skip 2 --launch-count 1 --section SourceCounters --section WarpStateStats --page source \
+            --print-source sass --csv python3 benchmarks/profile_attention.py --shape "decode 16 x 16K" --gluon "$g"
+          python3 scripts/gpu/ncu_source.py "$OUT/ncu-src-g$g${TAG:-}.log" 2>&1 | tee "$OUT/ncu-src-g$g${TAG:-}-top.txt"
+        fi
       done ;;
     config)
       use_fi 0.7.2.post1 || { no_kit config 0.7.2.post1; continue; }  # (pydantic; the kernels need no FlashInfer)
