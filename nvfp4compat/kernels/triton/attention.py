@@ -741,7 +741,6 @@ def _balance_target(
         least = tl.minimum(least, tl.min(tl.where(t > 0, t, 2**62), 0))
         live += tl.sum((t > 0).to(tl.int64), 0)
     hi = tl.maximum(hi, 1)
-    lo = tl.maximum(_cdiv_wide(total, programs), 1)
     if live > programs:
         hi = hi * 0
     elif least >= hi:  # equal requests (or none): the floor rule's chunks
@@ -751,6 +750,7 @@ def _balance_target(
         hi = ((h32 + n - 1) // n).to(tl.int64)
     else:
         rest = tl.maximum(programs - live, 1)
+        lo = tl.maximum(_cdiv_wide(total, programs), 1)  # (only the search needs it)
         hi = tl.minimum(hi, _cdiv_wide(total, rest))
         for _ in tl.static_range(BALANCE):
             mid = (lo + hi) // 2

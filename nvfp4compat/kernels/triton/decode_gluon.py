@@ -389,7 +389,6 @@ def _balance_target(
         least = gl.minimum(least, gl.min(gl.where(t > 0, t, 2**30), 0))
         live += gl.sum((t > 0).to(gl.int32), 0)
     hi = gl.maximum(hi, 1)
-    lo = gl.maximum(_cdiv_wide(total, programs), 1).to(gl.int32)
     if live > programs:
         hi = zero
     elif least >= hi:  # equal requests (or none): the floor rule's chunks
@@ -397,6 +396,7 @@ def _balance_target(
         hi = (hi + n - 1) // n
     else:
         rest = gl.maximum(programs - live, 1)
+        lo = gl.maximum(_cdiv_wide(total, programs), 1).to(gl.int32)  # (only the search needs it)
         hi = gl.minimum(hi, _cdiv_wide(total, rest).to(gl.int32))
         for _ in gl.static_range(BALANCE):
             mid = (lo + hi) // 2
