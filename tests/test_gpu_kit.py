@@ -362,3 +362,18 @@ def test_ncu_source_says_a_cut_off_profile(tmp_path):
     proc = subprocess.run([sys.executable, str(NCU_SOURCE), str(path)], capture_output=True, text=True)
     assert proc.returncode == 1
     assert "no source-page header found" in proc.stderr and "--page source --csv" in proc.stderr
+
+
+def test_ncu_source_reads_a_real_export():
+    """An excerpt of a real export (run V, H100, ncu's ``--page source --csv --print-source sass`` of the Gluon decode
+    at 16 x 16K: its preamble, the ``"Kernel Name"`` line, the full header with ncu's own column names such as
+    ``... Excessive``, and six SASS lines): the three ranked columns are found under the names this ncu writes."""
+    proc = subprocess.run([sys.executable, str(NCU_SOURCE), str(ROOT / "tests" / "data" / "ncu-source-h100-excerpt.csv"),
+                           "--top", "1"], capture_output=True, text=True, check=True)
+    out = proc.stdout.splitlines()
+    i = out.index("== Warp Stall Sampling (All Samples): total 6,036 over 6 instructions")
+    assert "98.2%" in out[i + 1] and "IMAD.SHL.U32" in out[i + 1]
+    i = out.index("== L2 Theoretical Sectors Global Excessive: total 1,572,864 over 6 instructions")
+    assert "50.0%" in out[i + 1] and "LDG.E.U16" in out[i + 1]
+    i = out.index("== L1 Wavefronts Shared Excessive: total 14,336 over 6 instructions")
+    assert "100.0%" in out[i + 1] and "STS" in out[i + 1]

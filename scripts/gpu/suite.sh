@@ -23,7 +23,7 @@
 #               VARIANTS selects (bench_attention.py --variants; unset or empty: --no-sweep) and KNOBS (default
 #               "--knob MERGE_PDL=0,1": the plain merge launch and the early trigger against the default's late one),
 #               within LIMIT s (default 585) less the ncu runs; the ratio table
-#               (scripts/gpu/table.py); ncu of each Gluon config index in NCU (default 11) at 16 x 16K with the
+#               (scripts/gpu/table.py); ncu of each Gluon config index in NCU (default: the default's) at 16 x 16K with the
 #               stall reasons and SourceCounters, NCU_S s each (default 45); NCU_SOURCE=1: also each SASS line's
 #               counters (ncu --page source --csv), ranked by scripts/gpu/ncu_source.py. TAG: a suffix for its files
 #   config      the Gluon GPU tests whose ids hold MATCH (pytest -k "$MATCH", N workers, default 8, 120 s a test,
@@ -189,7 +189,9 @@ for stage in "$@"; do
       t0=$SECONDS
       use_fi 0.7.2.post1 || { no_kit variants 0.7.2.post1; continue; }
       tag=variants${TAG:-}
-      gluons=${NCU-11}
+      # NCU unset: the default config's index (NCU= : no ncu run)
+      gluons=${NCU-$(python3 -c "from nvfp4compat.kernels.triton import attention as a
+print(a.GLUON_DECODE_CONFIGS.index(a._DECODE_CONFIGS_GLUON[128]))" 2>/dev/null)}
       sel=(--no-sweep); [ -n "${VARIANTS:-}" ] && sel=(--variants "$VARIANTS")
       read -ra knobs <<<"${KNOBS---knob MERGE_PDL=0,1}"
       per=1; [ -n "${NCU_SOURCE:-}" ] && per=2  # ncu runs per profiled config

@@ -875,7 +875,7 @@ def test_decode_config_takes_byte_scales_where_timed():
 
 
 def test_decode_config_takes_the_gluon_kernel_where_it_can():
-    """head_dim 128, 16 rows, no rotation, a launch the Gluon kernel can take: its config (lean + kt + page_tile
+    """head_dim 128, 16 rows, no rotation, a launch the Gluon kernel can take: its config (lean + kt + page_tile + l2_fetch 128
     under a 128-register cap, 4 programs per SM, at <= 8 rows; the lean config uncapped, 2 per SM, at 9-16, where
     the transposed logits do not apply); everything else as before. The split is sized from the config the launch
     takes (its block_n and programs per SM), so the grid and the merge agree with the kernel."""
@@ -885,6 +885,7 @@ def test_decode_config_takes_the_gluon_kernel_where_it_can():
     assert g.gluon and g.e4m3_cvt and g.lean and g.kt_logits and g.page_tile and g.block_n == 64
     assert (g.maxnreg, g.programs_per_sm) == (128, 4)
     assert not (g.skew_logits or g.imad_shr or g.lazy_rescale)
+    assert (g.l2_fetch, g.l2_ahead, g.ring) == (128, 0, 0)  # the word loads' L2 prefetch size (run V)
     assert g in att.GLUON_DECODE_CONFIGS  # the benchmarks and the GPU tests sweep it
     lean = att.GLUON_DECODE_CONFIGS[0]
     assert lean.lean and not (lean.kt_logits or lean.page_tile) and lean.maxnreg is None
@@ -1051,7 +1052,7 @@ def test_scales_ahead_takes_a_cp_async_ring_of_three_or_more():
 
     from nvfp4compat.kernels.triton import attention as att
 
-    base = att._DECODE_CONFIGS_GLUON[128]
+    base = att._GLUON_KT_PAGE_TILE
     cfg = replace(base, ring=4, scales_ahead=2)
     assert cfg in att.GLUON_DECODE_CONFIGS
     assert att._gluon_scale_ahead(cfg, att._gluon_ring(cfg, True)) == 2
@@ -1072,7 +1073,7 @@ def test_ptx_ring_takes_a_cp_async_ring_that_fits_static_shared_memory():
 
     from nvfp4compat.kernels.triton import attention as att
 
-    base = att._DECODE_CONFIGS_GLUON[128]
+    base = att._GLUON_KT_PAGE_TILE
     assert replace(base, ring=3, ptx_ring=True) in att.GLUON_DECODE_CONFIGS
     for bad in ({"ring": 0}, {"ring": 4}, {"ring": 3, "block_n": 128, "num_warps": 8},
                 {"ring": 3, "tma_loader": True}, {"ring": 4, "tile_pairs": True}):
@@ -1083,6 +1084,59 @@ def test_ptx_ring_takes_a_cp_async_ring_that_fits_static_shared_memory():
     assert gluon[f"bf16-d128-sweep{i}"].constexprs["PRING"] is True
     assert gluon[f"bf16-d128-sweep{i}"].constexprs["RING"] == 3
     assert gluon["bf16-d128"].constexprs["PRING"] is False
+
+
+def test_l2_prefetch_configs_are_checked_and_reach_the_launch():
+    """DecodeConfig.l2_fetch (the word loads' L2 prefetch size), l2_scales (the block-scale loads' too) and l2_ahead
+    (prefetch.global.L2 of the tile n ahead) take the Gluon kernel's page-tiled one-tile loop: a size other than 0/64/128/256, a ring, the plain kernel, a
+    distance of 1 or below 0, tile pairs or other than 16 keys per warp, l2_scales without l2_fetch are refused with
+    what was found and the way out. The launch and the AOT build pass them only where the launch runs that loop (PAGE_TILE, no ring). The default
+    of up to 8 rows is run O's config with l2_fetch 128 (run V)."""
+    from dataclasses import replace
+
+    from nvfp4compat.kernels.triton import attention as att
+
+    base = att._GLUON_KT_PAGE_TILE
+    assert att._DECODE_CONFIGS_GLUON[128] == replace(base, l2_fetch=128)
+    assert base in att.GLUON_DECODE_CONFIGS and att._DECODE_CONFIGS_GLUON[128] in att.GLUON_DECODE_CONFIGS
+    for bad in ({"l2_fetch": 32}, {"l2_fetch": 512}, {"l2_fetch": 128, "ring": 3},
+                {"l2_fetch": 128, "gluon": False}, {"l2_fetch": 64, "ring": 3, "ptx_ring": True, "gluon": False}):
+        with pytest.raises(ValueError, match=r"l2_fetch is 0, 64, 128 or 256 \(bytes\), for the Gluon kernel"):
+            replace(base, **bad)
+    for bad in ({"l2_ahead": 1}, {"l2_ahead": -2}, {"l2_ahead": 3, "ring": 3}, {"l2_ahead": 3, "tile_pairs": True},
+                {"l2_ahead": 3, "block_n": 32, "num_warps": 1}, {"l2_ahead": 3, "gluon": False}):
+        with pytest.raises(ValueError, match=r"l2_ahead is 0 or a tile distance of 2 or more"):
+            replace(base, **bad)
+    with pytest.raises(ValueError, match=r"l2_scales=True, l2_fetch=0, ring=0\): .* takes an l2_fetch"):
+        replace(base, l2_scales=True)
+    with pytest.raises(ValueError, match=r"l2_scales=True, l2_fetch=128, ring=3\): .* and no ring"):
+        replace(base, l2_scales=True, l2_fetch=128, ring=3, ptx_ring=True)
+    # the inline-PTX ring's cp.async copies take the hint; a launch that keeps the ring in Triton's allocation (16 rows)
+    # loads without it
+    pring = replace(base, ring=3, ptx_ring=True, l2_fetch=128)
+    assert pring in att.GLUON_DECODE_CONFIGS
+    assert att._gluon_l2(pring, 3, True, True) == (128, 0, False)
+    assert att._gluon_l2(pring, 3, True, False) == (0, 0, False)
+    assert att._gluon_l2(pring, 0, False, False) == (0, 0, False)
+    cfg = replace(base, l2_fetch=256, l2_ahead=3)
+    assert att._gluon_l2(cfg, 0, True) == (256, 3, False)
+    assert att._gluon_l2(cfg, 0, False) == (0, 0, False)  # no PAGE_TILE (a window, pages not 2^n keys)
+    assert att._gluon_l2(replace(base, l2_fetch=128, ring=0), 3, True) == (0, 0, False)
+    assert att._gluon_l2(base, 0, True) == (0, 0, False)
+    assert att._gluon_l2(att._DECODE_CONFIGS_GLUON[128], 0, True) == (128, 0, False)
+    assert att._gluon_l2(replace(base, l2_fetch=128, l2_scales=True), 0, True) == (128, 0, True)
+    assert att._gluon_l2(replace(base, l2_fetch=128, l2_scales=True), 0, False) == (0, 0, False)
+    gluon = {v.label: v for v in att.aot_variants()["attention_decode_gluon"]}
+    i = att.GLUON_DECODE_CONFIGS.index(cfg)
+    assert (gluon[f"bf16-d128-sweep{i}"].constexprs["L2_FETCH"], gluon[f"bf16-d128-sweep{i}"].constexprs["L2_AHEAD"]) \
+        == (256, 3)
+    assert (gluon["bf16-d128"].constexprs["L2_FETCH"], gluon["bf16-d128"].constexprs["L2_AHEAD"]) == (128, 0)
+    assert gluon["bf16-d128"].constexprs["L2_SCALES"] is False
+    i = att.GLUON_DECODE_CONFIGS.index(replace(att._DECODE_CONFIGS_GLUON[128], l2_scales=True))
+    assert gluon[f"bf16-d128-sweep{i}"].constexprs["L2_SCALES"] is True
+    # a launch the default serves without PAGE_TILE (pages that are not 2^n keys) loads plainly
+    assert (gluon["bf16-d128-page-any"].constexprs["L2_FETCH"], gluon["bf16-d128-page-any"].constexprs["L2_AHEAD"]) \
+        == (0, 0)
 
 
 @pytest.mark.parametrize("exc", [RuntimeError("Triton Error [CUDA]: out of memory"),

@@ -120,6 +120,9 @@ def test_attention_is_an_aot_provider():
         assert {v.constexprs[flag] for v in gluon} == {True, False}, flag
     assert {v.constexprs["SCALE_AHEAD"] for v in gluon} == {1, 2}
     assert {v.constexprs["PRING"] for v in gluon} == {True, False}
+    assert {v.constexprs["L2_FETCH"] for v in gluon} == {0, 128, 256}
+    assert {v.constexprs["L2_AHEAD"] for v in gluon} == {0, 3, 6}
+    assert {v.constexprs["L2_SCALES"] for v in gluon} == {True, False}
     for k, vs in variants.items():
         assert len({v.label for v in vs}) == len(vs), k
 
@@ -242,3 +245,52 @@ def test_ptx_ring_lives_outside_tritons_shared_allocation():
     assert res["bf16-d128-pring-g16"]["static_shared"] < ring_bytes, res["bf16-d128-pring-g16"]
     for v, r in res.items():
         assert r["static_shared"] + r["dynamic_shared"] <= 48 * 1024, (v, r)
+
+
+def test_l2_prefetch_variants_carry_their_hints(tmp_path):
+    """``DecodeConfig.l2_fetch`` and ``l2_ahead`` in the sm_90 SASS of their sweep variants (triton's ``cuobjdump``):
+    ``l2_fetch`` turns the K and V word loads into ``LDG.E.LTC<n>B`` (``l2_scales``: the block-scale loads too; with the
+    inline-PTX ring, its ``LDGSTS`` copies) (the L2 prefetch size; config 11, run O's default,
+    has none), with
+    the same number of loads; ``l2_ahead`` adds ``CCTL.E.PF2`` (``prefetch.global.L2``: three a tile, for K and V rows and
+    block scales, in the loop and for the tiles the prologue asks for) and keeps the loads plain. Neither spills, and
+    both stay under the default's register cap (4 programs per SM)."""
+    import re
+
+    from nvfp4compat.kernels import aot
+    from nvfp4compat.kernels.triton import attention as att
+
+    base = att._GLUON_KT_PAGE_TILE  # run O's default; with l2_fetch 128 the default since run V
+    idx = {name: att.GLUON_DECODE_CONFIGS.index(dataclasses.replace(base, **kw)) for name, kw in (
+        ("f128", {"l2_fetch": 128}), ("f256", {"l2_fetch": 256}), ("a3", {"l2_ahead": 3}), ("a6", {"l2_ahead": 6}),
+        ("s128", {"l2_fetch": 128, "l2_scales": True}), ("pring", {"ring": 3, "ptx_ring": True, "l2_fetch": 128}))}
+    idx["pring0"] = att.GLUON_DECODE_CONFIGS.index(dataclasses.replace(base, ring=3, ptx_ring=True))
+    idx["default"] = att.GLUON_DECODE_CONFIGS.index(base)
+    assert att.GLUON_DECODE_CONFIGS[idx["f128"]] == att._DECODE_CONFIGS_GLUON[128]
+    rep = aot.compile_all([90], kernels=["attention_decode_gluon"],
+                          only=[f"attention_decode_gluon/bf16-d128-sweep{i}$" for i in idx.values()],
+                          resources=True, sass_dir=str(tmp_path))
+    assert rep.ok and len(rep.results) == len(idx), str(rep)
+    res = {r.variant: r.resources for r in rep.results}
+
+    def count(name: str, pattern: str) -> int:
+        text = (tmp_path / f"attention_decode_gluon-bf16-d128-sweep{idx[name]}-sm90.sass").read_text()
+        return len(re.findall(pattern, text))
+
+    for name in idx:
+        r = res[f"bf16-d128-sweep{idx[name]}"]
+        assert r is not None and "error" not in r and r["local_bytes"] == 0 and r["registers"] <= 128, (name, r)
+    wide = r"LDG\.E(?:\.LTC\d+B)?\.(?:128|64)\b"
+    assert count("default", r"LTC\d+B") == 0 and count("default", r"CCTL\.E\.PF2") == 0
+    assert count("f128", r"LDG\.E\.LTC128B\.(?:128|64)") > 0 and count("f128", r"LTC256B") == 0
+    assert count("f256", r"LDG\.E\.LTC256B\.(?:128|64)") > 0
+    assert count("f128", wide) == count("f256", wide) == count("default", wide)
+    assert count("a3", r"CCTL\.E\.PF2") == 6 and count("a6", r"CCTL\.E\.PF2") == 3 * (1 + 4)
+    assert count("a3", r"LTC\d+B") == 0
+    # l2_scales: the block-scale loads of the loop (16-bit K pairs, 8-bit V bytes) take the hint too
+    assert count("f128", r"LDG\.E\.LTC\d+B\.U(?:16|8)\b") == 0
+    assert count("s128", r"LDG\.E\.LTC128B\.U16\b") > 0 and count("s128", r"LDG\.E\.LTC128B\.U8\b") > 0
+    # the inline-PTX ring with l2_fetch: its cp.async copies (LDGSTS) carry the hint, the same copies as without it
+    copies = r"LDGSTS\.E(?:\.[A-Z0-9]+)*"
+    assert count("pring", r"LDGSTS\.E(?:\.[A-Z0-9]+)*\.LTC128B") > 0 and count("pring0", r"LTC128B") == 0
+    assert count("pring", copies) == count("pring0", copies) > 0

@@ -41,7 +41,9 @@ def _id(c: att.DecodeConfig) -> str:
             f"{'-shr' if c.imad_shr else ''}{'-lazy' if c.lazy_rescale else ''}"
             f"{f'-c{c.min_chunk_tokens}' if c.min_chunk_tokens else ''}{f'-ring{c.ring}' if c.ring else ''}"
             f"{'-defer' if c.defer_sum else ''}{'-pairs' if c.tile_pairs else ''}{'-tma' if c.tma_loader else ''}"
-            f"{'-sa2' if c.scales_ahead == 2 else ''}{'-pring' if c.ptx_ring else ''}")
+            f"{'-sa2' if c.scales_ahead == 2 else ''}{'-pring' if c.ptx_ring else ''}"
+            f"{f'-l2f{c.l2_fetch}' if c.l2_fetch else ''}{f'-l2a{c.l2_ahead}' if c.l2_ahead else ''}"
+            f"{'-l2s' if c.l2_scales else ''}")
 
 
 _NAMED = {

@@ -1404,8 +1404,48 @@ class DecodeConfig:
     # that both stay within the 48 KB a launch gets without the opt-in that Triton makes only for its dynamic memory.
     # Opt-in, not yet run on a GPU
     ptx_ring: bool = False
+    # with gluon and page_tile (where a launch takes it), no ring: the one-tile loop loads its K and V words with an L2
+    # prefetch size of 64, 128 or 256 bytes (decode_gluon, L2_FETCH: ld.global.L2::<n>B in inline PTX). A KV head's K
+    # or V row of a token is 64 bytes, and vLLM's NHD page puts the other KV heads' rows of the token beside it: with 128
+    # or 256, a miss fills the rows of 2 or 4 KV heads in one DRAM access, which the neighbouring programs (the other KV
+    # heads of the same chunk, launched beside this one) then find in L2. 0: Triton's load. Opt-in, not yet run on a GPU
+    l2_fetch: int = 0
+    # with gluon and page_tile (where a launch takes it), no ring and no tile_pairs, 16 keys per warp, n >= 2: the
+    # one-tile loop asks L2 for tile i + n's K and V rows and block scales in step i (decode_gluon, L2_AHEAD:
+    # prefetch.global.L2, which takes no register and is never waited for), on top of tile i + 1's loads to registers.
+    # Run S's counters put the default's long-scoreboard stalls on those loads (98% at the first use of a K / V word);
+    # the rings that held more tiles in flight paid in barriers and shared-memory round trips. 0: off. Opt-in, not yet
+    # run on a GPU
+    l2_ahead: int = 0
+    # with l2_fetch: the block-scale loads of the same loop take the same L2 prefetch size (decode_gluon, L2_SCALES). A
+    # KV head's K scales of a token are 8 bytes of a 64-byte row of all KV heads' (vLLM's NHD page), so each 2-byte load
+    # uses 8 bytes of a 32-byte sector: run V's ncu puts 95% of the default's excess L2 sectors on these loads. Opt-in,
+    # not yet run on a GPU
+    l2_scales: bool = False
 
     def __post_init__(self) -> None:
+        if self.l2_scales and (not self.l2_fetch or self.ring):
+            raise ValueError(
+                f"DecodeConfig(l2_scales=True, l2_fetch={self.l2_fetch}, ring={self.ring}): l2_scales gives the block-scale "
+                "loads of the ring-less loop the word loads' L2 prefetch size, so it takes an l2_fetch (64, 128 or 256) "
+                "and no ring; use l2_scales=False, or set l2_fetch with ring=0"
+            )
+        if self.l2_fetch not in (0, 64, 128, 256) or (self.l2_fetch and (
+                not self.gluon or (self.ring and not self.ptx_ring))):
+            raise ValueError(
+                f"DecodeConfig(l2_fetch={self.l2_fetch}, gluon={self.gluon}, ring={self.ring}, ptx_ring={self.ptx_ring}): "
+                "l2_fetch is 0, 64, 128 or 256 (bytes), for the Gluon kernel without a ring or with the ring in inline "
+                "PTX (ptx_ring, whose cp.async copies take the hint); use l2_fetch=0, or gluon=True with ring=0 or "
+                "ptx_ring=True"
+            )
+        if self.l2_ahead < 0 or self.l2_ahead == 1 or (self.l2_ahead and (
+                not self.gluon or self.ring or self.tile_pairs or self.block_n != 16 * self.num_warps)):
+            raise ValueError(
+                f"DecodeConfig(l2_ahead={self.l2_ahead}, gluon={self.gluon}, ring={self.ring}, "
+                f"tile_pairs={self.tile_pairs}, block_n={self.block_n}, num_warps={self.num_warps}): l2_ahead is 0 or a "
+                "tile distance of 2 or more, for the Gluon kernel without a ring or tile_pairs, at 16 keys per warp "
+                "(block_n = 16 x num_warps); use l2_ahead=0 or such a config"
+            )
         if self.ptx_ring and (self.ring < 2 or self.tma_loader or self.tile_pairs
                               or self.ring * self.block_n * 128 > PTX_RING_MAX_BYTES):
             raise ValueError(
@@ -1522,9 +1562,13 @@ _GLUON_LEAN = DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_s
 # 2-15% faster than _GLUON_LEAN on all six decode shapes in two calls of run O (2026-12-05, BENCHMARKS.md): the default
 # of up to 8 rows since. Where a launch cannot take a feature (a window or a page size that is not a power of two and
 # a multiple of 16 keys: no page_tile; 9-16 rows: no kt_logits) it runs without it; 9-16 rows take _GLUON_LEAN.
+# Since run V (2026-12-06) the default loads its K and V words with an L2 prefetch size of 128 bytes (l2_fetch=128):
+# 0.2-8.3% faster than without it on all seven decode shapes on an H100 (BENCHMARKS.md, run V). _GLUON_KT_PAGE_TILE is
+# the config without it (run O's default, config 11): the sweep's other configs derive from it.
+_GLUON_KT_PAGE_TILE = DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True,
+                                   e4m3_cvt=True, kt_logits=True, lean=True, page_tile=True)
 _DECODE_CONFIGS_GLUON: dict[int, DecodeConfig] = {
-    128: DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True, e4m3_cvt=True,
-                      kt_logits=True, lean=True, page_tile=True),
+    128: replace(_GLUON_KT_PAGE_TILE, l2_fetch=128),
 }
 # The E4M3 conversion with fp32 block scales (an fp32 product and cvt.f16x2.f32 per register; the default of runs L
 # and M): 152 registers and 524 instructions per 16 keys and warp in the unmasked loop on sm_90 (triton 3.6.0), against
@@ -1538,7 +1582,7 @@ _DECODE_CONFIGS_GLUON_ROWS16: dict[int, DecodeConfig] = {
     128: replace(_GLUON_LEAN, programs_per_sm=GLUON_ROWS16_PROGRAMS_PER_SM),
 }
 # the default's features on one warp per program (16 keys per tile), chunks of 128 keys (see GLUON_DECODE_CONFIGS)
-_GLUON_ONE_WARP = replace(_DECODE_CONFIGS_GLUON[128], block_n=16, num_warps=1, maxnreg=104, programs_per_sm=19,
+_GLUON_ONE_WARP = replace(_GLUON_KT_PAGE_TILE, block_n=16, num_warps=1, maxnreg=104, programs_per_sm=19,
                           min_chunk_tokens=128)
 # set when the Gluon kernel failed to compile in this process: every later launch takes the plain-Triton kernel
 _gluon_failed = False
@@ -1550,7 +1594,7 @@ _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "
                       "MERGE_CB", "SWAP_AB")
 _GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW", "PAGE_TILE", "IMAD_SHR",
                       "LAZY", "TOK_K", "TOK_V", "TOK_KS", "TOK_VS", "RING", "DEFER_SUM", "PAIR", "k_desc", "v_desc",
-                      "TMA", "SCALE_AHEAD", "PRING")
+                      "TMA", "SCALE_AHEAD", "PRING", "L2_FETCH", "L2_AHEAD", "L2_SCALES")
 # The SASS counts in the comments below are those of the change that added each config. Since the page_tile thread
 # offsets were split into lane and register parts (decode_gluon._thread_offsets, 2026-12-05) the page_tile configs'
 # unmasked loops are shorter (sm_90, triton 3.6.0, per 16 keys and warp): the default 408 instructions and 116
@@ -1581,7 +1625,7 @@ GLUON_DECODE_CONFIGS = (
     # alone; lean + kt + page_tile 2-15% faster than lean (the default since)
     replace(_GLUON_LEAN, page_tile=True),
     replace(_GLUON_LEAN, page_tile=True, skew_logits=True),
-    _DECODE_CONFIGS_GLUON[128],  # lean + kt + page_tile: the default of up to 8 rows since run O
+    _GLUON_KT_PAGE_TILE,  # lean + kt + page_tile: the default of up to 8 rows from run O to run V
     # and both with the high nibbles' shift on the FMA pipe (imad_shr; run O: lean + kt + page_tile with it 1-2% slower
     # than without on all six shapes; page_tile alone with it not yet timed)
     replace(_GLUON_LEAN, page_tile=True, imad_shr=True),
@@ -1604,41 +1648,41 @@ GLUON_DECODE_CONFIGS = (
     # sm_80-90, the one-warp ones 8 B on sm_100 / sm_120 (lazy). Not yet run on a GPU
     _GLUON_ONE_WARP,
     replace(_GLUON_ONE_WARP, maxnreg=112, programs_per_sm=18, lazy_rescale=True),
-    replace(_DECODE_CONFIGS_GLUON[128], block_n=32, num_warps=2, maxnreg=104, programs_per_sm=9, min_chunk_tokens=256),
-    replace(_DECODE_CONFIGS_GLUON[128], min_chunk_tokens=256),
+    replace(_GLUON_KT_PAGE_TILE, block_n=32, num_warps=2, maxnreg=104, programs_per_sm=9, min_chunk_tokens=256),
+    replace(_GLUON_KT_PAGE_TILE, min_chunk_tokens=256),
     # the K and V words through a shared-memory ring of 3 tiles (ring; cp.async two tiles ahead), on the default and on
     # the one-warp config above. sm_90 (triton 3.6.0), unmasked loop per 16 keys and warp: the default 474 instructions
     # against 430 (6 LDGSTS, 9 LDS and 2 barriers that Triton's shared-memory analysis inserts, against 5 LDG of
     # words), 110 registers against 122 (still 4 programs per SM), 24 KB of rings per program; one warp 475 against 434
     # at the 104 cap. The rings need the H100/H200's shared memory for these programs per SM (100 KB SMs fit fewer).
     # Not yet run on a GPU
-    replace(_DECODE_CONFIGS_GLUON[128], ring=3),
+    replace(_GLUON_KT_PAGE_TILE, ring=3),
     replace(_GLUON_ONE_WARP, ring=3),
     # the softmax sums reduced once after the loop (defer_sum) on the default, on the default with the lazy rescale
     # (four warps: its test crosses them), on the one-warp config and on the ring. sm_90 (triton 3.6.0), unmasked loop
     # per 16 keys and warp, no spill: 405 instructions against the default's 408 (121 registers against 116); with the
     # lazy rescale 391 where no row moves (120 registers, 3 barriers per tile); one warp 424 against 420 (104); the ring
     # 442 against 455 (111 registers against 116). Not yet run on a GPU
-    replace(_DECODE_CONFIGS_GLUON[128], defer_sum=True),
-    replace(_DECODE_CONFIGS_GLUON[128], defer_sum=True, lazy_rescale=True),
+    replace(_GLUON_KT_PAGE_TILE, defer_sum=True),
+    replace(_GLUON_KT_PAGE_TILE, defer_sum=True, lazy_rescale=True),
     replace(_GLUON_ONE_WARP, defer_sum=True),
-    replace(_DECODE_CONFIGS_GLUON[128], ring=3, defer_sum=True),
+    replace(_GLUON_KT_PAGE_TILE, ring=3, defer_sum=True),
     # five programs (20 warps) per SM instead of four: the default and its ring of 3 capped at 96 registers. sm_90
     # (triton 3.6.0), unmasked loop per 16 keys and warp: 427 instructions against 408, 5 of them local-memory spill
     # traffic (48 B spilled); the ring 473 against 455 (4; 40 B), 24 KB of rings per program. Not yet run on a GPU
-    replace(_DECODE_CONFIGS_GLUON[128], maxnreg=96, programs_per_sm=5),
-    replace(_DECODE_CONFIGS_GLUON[128], maxnreg=96, programs_per_sm=5, ring=3),
+    replace(_GLUON_KT_PAGE_TILE, maxnreg=96, programs_per_sm=5),
+    replace(_GLUON_KT_PAGE_TILE, maxnreg=96, programs_per_sm=5, ring=3),
     # two tiles per softmax update (tile_pairs) on the default, with defer_sum, and on the one-warp config. sm_90 (triton
     # 3.6.0), unmasked loop per 16 keys and warp, no spill: 383 instructions against 408 (128 registers under the cap:
     # still 4 programs per SM), with defer_sum 376; one warp 388 against 420 at a 112 cap (18 warps per SM; at 104 it
     # spills 48 B). Not yet run on a GPU
-    replace(_DECODE_CONFIGS_GLUON[128], tile_pairs=True),
-    replace(_DECODE_CONFIGS_GLUON[128], tile_pairs=True, defer_sum=True),
+    replace(_GLUON_KT_PAGE_TILE, tile_pairs=True),
+    replace(_GLUON_KT_PAGE_TILE, tile_pairs=True, defer_sum=True),
     replace(_GLUON_ONE_WARP, tile_pairs=True, maxnreg=112, programs_per_sm=18),
     # and with the words through a ring of 4 tiles (two tiles copied ahead, a pair per step), on the default (126
     # registers, 411 instructions per 16 keys and warp, 3 barriers per pair, 32 KB of rings per program) and on one warp
     # (112 registers, 416; 8 KB). Not yet run on a GPU
-    replace(_DECODE_CONFIGS_GLUON[128], tile_pairs=True, ring=4),
+    replace(_GLUON_KT_PAGE_TILE, tile_pairs=True, ring=4),
     replace(_GLUON_ONE_WARP, tile_pairs=True, ring=4, maxnreg=112, programs_per_sm=18),
     # the ring filled by TMA from one loader warp (tma_loader; SM90+, elsewhere its cp.async ring): 8 warps a program
     # (the loader's group), registers per thread at launch 64 (4 programs per SM; the 4 decoding warps run at 104, the
@@ -1646,23 +1690,39 @@ GLUON_DECODE_CONFIGS = (
     # (triton 3.6.0), the decoding warps' unmasked loop per 16 keys and warp, no spill: 432 and 434 instructions against
     # the default's 408, 6 LDS and 2 barriers among them; the loader starts 8 boxes a tile. H100 (run Q): its GPU tests
     # and memcheck pass; 0.1-18% (ring 4) and 5.5-20% (ring 6) slower than the default on five decode shapes
-    replace(_DECODE_CONFIGS_GLUON[128], ring=4, tma_loader=True, maxnreg=64),
-    replace(_DECODE_CONFIGS_GLUON[128], ring=6, tma_loader=True, maxnreg=80, programs_per_sm=3),
+    replace(_GLUON_KT_PAGE_TILE, ring=4, tma_loader=True, maxnreg=64),
+    replace(_GLUON_KT_PAGE_TILE, ring=6, tma_loader=True, maxnreg=80, programs_per_sm=3),
     # the cp.async ring of config 20 (ring 3: two tiles copied ahead) deeper: 3 and 4 tiles ahead. sm_90 (triton 3.6.0):
     # 116 registers, no spill, 32 / 40 KB of rings a program (4 programs per SM). The bet is the H200: at its 4.8 TB/s
     # a latency-bound reader needs more bytes in flight than on an H100, where ring 3 lost 2-10% (run Q). H100 (run S):
     # GPU tests and memcheck pass; 4.1-11.0% (ring 4) and 7.8-14.3% (ring 5) slower than the default on six decode shapes
-    replace(_DECODE_CONFIGS_GLUON[128], ring=4),
-    replace(_DECODE_CONFIGS_GLUON[128], ring=5),
+    replace(_GLUON_KT_PAGE_TILE, ring=4),
+    replace(_GLUON_KT_PAGE_TILE, ring=5),
     # the rings of 4 and 3 with the block scales two tiles ahead (scales_ahead=2; page ids three ahead). sm_90: 110 / 109
     # registers, no spill. H100 (run S): GPU tests and memcheck pass; against configs 35 / 20 +12.2% / +1.8% at
     # 16 x 16K, +6.1% / +3.7% at 128 x 2K, +0.9% / -3.8% on the ragged batch
-    replace(_DECODE_CONFIGS_GLUON[128], ring=4, scales_ahead=2),
-    replace(_DECODE_CONFIGS_GLUON[128], ring=3, scales_ahead=2),
+    replace(_GLUON_KT_PAGE_TILE, ring=4, scales_ahead=2),
+    replace(_GLUON_KT_PAGE_TILE, ring=3, scales_ahead=2),
     # the ring of 3 (config 20) declared in inline PTX (ptx_ring): no bar.sync in the unmasked loop (config 20: two
     # per tile), 451 instructions per 16 keys and warp against 455, 112 registers, 24 KB of static shared memory
     # beside 16 KB of Triton's (sm_90, triton 3.6.0). Not yet run on a GPU
-    replace(_DECODE_CONFIGS_GLUON[128], ring=3, ptx_ring=True),
+    replace(_GLUON_KT_PAGE_TILE, ring=3, ptx_ring=True),
+    # config 11 with L2 prefetch: its word loads with a prefetch size of 128 and 256 bytes (l2_fetch: the rows of 2 and
+    # 4 KV heads a miss), prefetch.global.L2 of the tile 3 and 6 ahead (l2_ahead), and both. H100 (run V, seven decode
+    # shapes against config 11): l2_fetch 128 0.2-8.3% faster on all seven (the default since), 256 0.6-8.2%; l2_ahead
+    # 3 and 6 11-92% slower (with 256, 11-81%). GPU tests and memcheck of all five pass
+    _DECODE_CONFIGS_GLUON[128],
+    replace(_GLUON_KT_PAGE_TILE, l2_fetch=256),
+    # the default with its block-scale loads under the same L2 prefetch size (l2_scales), and l2_fetch 256 with it. Not
+    # yet run on a GPU
+    replace(_DECODE_CONFIGS_GLUON[128], l2_scales=True),
+    replace(_GLUON_KT_PAGE_TILE, l2_fetch=256, l2_scales=True),
+    # the PTX ring of 3 (config 39) with the default's L2 prefetch size on its cp.async copies (.L2::128B): a candidate
+    # for the H200, where the default was latency-bound (run O); not yet run on a GPU
+    replace(_GLUON_KT_PAGE_TILE, ring=3, ptx_ring=True, l2_fetch=128),
+    replace(_GLUON_KT_PAGE_TILE, l2_ahead=3),
+    replace(_GLUON_KT_PAGE_TILE, l2_ahead=6),
+    replace(_GLUON_KT_PAGE_TILE, l2_ahead=3, l2_fetch=256),
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
@@ -2292,6 +2352,19 @@ def _gluon_scale_ahead(cfg: DecodeConfig, ring: int) -> int:
     return cfg.scales_ahead if ring >= 3 else 1
 
 
+def _gluon_l2(cfg: DecodeConfig, ring: int, page_tile: bool, pring: bool = False) -> tuple[int, int, bool]:
+    """The Gluon kernel's ``L2_FETCH``, ``L2_AHEAD`` and ``L2_SCALES`` for a launch with ``cfg``, ``RING`` ``ring``
+    (:func:`_gluon_ring`), ``PAGE_TILE`` ``page_tile`` and ``PRING`` ``pring`` (:func:`_gluon_pring`): the config's
+    where the launch runs the page-tiled loop without a ring (``l2_ahead``: its one-tile form; the config refuses it with
+    ``tile_pairs``); with a ring, ``l2_fetch`` alone where the ring is the inline-PTX one (its copies take the hint;
+    a launch that keeps the ring in Triton's allocation, 16 rows, loads without it); else off."""
+    if not page_tile or (ring and not pring):
+        return 0, 0, False
+    if ring:
+        return cfg.l2_fetch, 0, False
+    return cfg.l2_fetch, cfg.l2_ahead, cfg.l2_scales
+
+
 def _gluon_pring(cfg: DecodeConfig, ring: int, rows: int) -> bool:
     """The Gluon kernel's ``PRING`` for a launch with ``cfg``, ``RING`` ``ring`` (:func:`_gluon_ring`) and ``rows`` query
     rows per program: the config's ``ptx_ring`` where the launch runs its ring with at most 8 rows, else False (the ring
@@ -2497,6 +2570,7 @@ def _run_decode(
         # PAGE_TILE takes the token strides as constexprs (one build per cache layout); elsewhere they stay 0
         tok = d.page_tile_tok
         ring = _gluon_ring(d.cfg, tok[0] > 0)
+        l2 = _gluon_l2(d.cfg, ring, tok[0] > 0, _gluon_pring(d.cfg, ring, d.group * qmax))
         try:
             descs = _tma_descriptors(d, cache) if d.tma else None
             LAST_KERNELS["decode"] = _gluon.gluon_decode_kernel[(d.chunks * d.num_kv_heads,)](
@@ -2507,6 +2581,7 @@ def _run_decode(
                 TOK_K=tok[0], TOK_V=tok[1], TOK_KS=tok[2], TOK_VS=tok[3], RING=ring,
                 DEFER_SUM=d.cfg.defer_sum, PAIR=d.cfg.tile_pairs,
                 SCALE_AHEAD=_gluon_scale_ahead(d.cfg, ring), PRING=_gluon_pring(d.cfg, ring, d.group * qmax),
+                L2_FETCH=l2[0], L2_AHEAD=l2[1], L2_SCALES=l2[2],
                 k_desc=descs[0] if descs else None, v_desc=descs[1] if descs else None, TMA=descs is not None,
             )  # fmt: skip
             launched = True
@@ -3004,6 +3079,7 @@ def aot_variants() -> dict[str, list[Any]]:
         c["RING"] = _gluon_ring(cfg, c["PAGE_TILE"])
         c["SCALE_AHEAD"] = _gluon_scale_ahead(cfg, c["RING"])
         c["PRING"] = _gluon_pring(cfg, c["RING"], group * qmax)
+        c["L2_FETCH"], c["L2_AHEAD"], c["L2_SCALES"] = _gluon_l2(cfg, c["RING"], c["PAGE_TILE"], c["PRING"])
         # the ring filled by TMA (tma_loader) where the launcher takes it: SM90+, the descriptors of a uint8 cache
         tma = _tma_ring(cfg, c["RING"])
         if tma:
@@ -3030,10 +3106,10 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-balance", gdef, BALANCE=8)
     add_gluon("bf16-d128-balance-batch1024", gdef, batch_block=1024, BALANCE=3)
     # two tiles per softmax update (tile_pairs) with q_len 2, sinks, soft-cap and LSE, and with fp16 queries
-    add_gluon("bf16-d128-pairs-q2-sinks-softcap-lse", replace(gdef, tile_pairs=True), qmax=2, HAS_SOFTCAP=True,
+    add_gluon("bf16-d128-pairs-q2-sinks-softcap-lse", replace(_GLUON_KT_PAGE_TILE, tile_pairs=True), qmax=2, HAS_SOFTCAP=True,
               HAS_SINKS=True, RETURN_LSE=True)
-    add_gluon("fp16-d128-pairs", replace(gdef, tile_pairs=True), dtype="fp16")
-    add_gluon("bf16-d128-ring4-pairs-q2-sinks-softcap-lse", replace(gdef, tile_pairs=True, ring=4), qmax=2,
+    add_gluon("fp16-d128-pairs", replace(_GLUON_KT_PAGE_TILE, tile_pairs=True), dtype="fp16")
+    add_gluon("bf16-d128-ring4-pairs-q2-sinks-softcap-lse", replace(_GLUON_KT_PAGE_TILE, tile_pairs=True, ring=4), qmax=2,
               HAS_SOFTCAP=True, HAS_SINKS=True, RETURN_LSE=True)
     add_gluon("fp16-d128", gdef, dtype="fp16")
     add_gluon("fp16-d128-q2-all", gdef, dtype="fp16", qmax=2, **_FEATURES_ON)

@@ -712,27 +712,112 @@ def _v_scale_ptrs(n0, pv, page_size, vs_base, s_vsp, off_vsa, off_vsb, TOK_VS: g
     return (vs_base + row_vs) + off_vsa, (vs_base + row_vs) + off_vsb
 
 
+@gluon.constexpr_function
+def _ld_words_text(n, fetch):
+    """``L2_FETCH``: inline PTX that loads ``n`` consecutive 32-bit words (``n`` = 4 or 2: one 128- or 64-bit load)
+    from the first of ``n`` pointers, with the L2 prefetch-size hint ``.L2::<fetch>B`` (PTX ISA: ``ld`` with
+    ``.level::prefetch_size``, sm_75+): on a miss L2 fills the whole aligned ``fetch``-byte block around the words, not
+    only their sectors."""
+    outs = ", ".join(f"${i}" for i in range(n))
+    return f"ld.global.L2::{fetch}B.v{n}.b32 {{{outs}}}, [${n}];"
+
+
+@gluon.jit
+def _load_words(ptr, N: gl.constexpr, FETCH: gl.constexpr):
+    """``gl.load(ptr)`` of int32 words that each thread holds ``N`` at a time in consecutive addresses (``N`` = 4: the
+    K words, 2: the V words), with ``FETCH`` (``L2_FETCH``) 0: Triton's load; 64, 128 or 256: one inline-PTX load of
+    the ``N`` words with that L2 prefetch size (:func:`_ld_words_text`)."""
+    if FETCH == 0:
+        return gl.load(ptr)
+    elif N == 4:
+        return gl.inline_asm_elementwise(_ld_words_text(4, FETCH), "=r,=r,=r,=r,l,l,l,l",
+                                         [ptr.to(gl.int64, bitcast=True)], dtype=gl.int32, is_pure=True, pack=4)
+    else:
+        return gl.inline_asm_elementwise(_ld_words_text(2, FETCH), "=r,=r,l,l", [ptr.to(gl.int64, bitcast=True)],
+                                         dtype=gl.int32, is_pure=True, pack=2)
+
+
+@gluon.constexpr_function
+def _ld_scale_text(bits, fetch):
+    """``L2_SCALES``: inline PTX that loads one ``bits``-bit block-scale value (16: a K scale pair, 8: a V scale byte),
+    zero-extended into a 32-bit register (PTX lets ``ld`` fill a register wider than its type), with the L2 prefetch
+    size ``.L2::<fetch>B``."""
+    return f"ld.global.L2::{fetch}B.u{bits} $0, [$1];"
+
+
+@gluon.jit
+def _load_scales(ptr, FETCH: gl.constexpr):
+    """The block scales at ``ptr`` (uint16 K scale pairs or uint8 V scale bytes) as int32: with ``FETCH`` 0 Triton's
+    load then :func:`_wide`; else one inline-PTX load each with that L2 prefetch size (:func:`_ld_scale_text`)."""
+    if FETCH == 0:
+        return _wide(gl.load(ptr))
+    else:
+        return gl.inline_asm_elementwise(_ld_scale_text(ptr.dtype.element_ty.primitive_bitwidth, FETCH), "=r,l",
+                                         [ptr.to(gl.int64, bitcast=True)], dtype=gl.int32, is_pure=True, pack=1)
+
+
 @gluon.jit
 def _k_words_paged(
     n0, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks, TOK_K: gl.constexpr, TOK_KS: gl.constexpr,
-    LK: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr,
+    LK: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr, FETCH: gl.constexpr = 0,
+    SF_FETCH: gl.constexpr = 0,
 ):
     """The K half of :func:`_tile_words` for a tile whose warps' keys each lie in one page (``PAGE_TILE``), at the page
     ids of :func:`_warp_pages`: no mask (every page id is a checked one; the slots stay inside the page). The scale
-    pairs come back as int32 (:func:`_wide`)."""
-    kw = gl.load(_k_word_ptrs(n0, pk, page_size, k_base, s_kp, off_k, TOK_K, LK, NW, KW, IT))
-    return kw, _wide(gl.load(_k_scale_ptrs(n0, pk, page_size, ks_base, s_ksp, off_ks, TOK_KS, LK, NW, KW, IT)))
+    pairs come back as int32. ``FETCH`` / ``SF_FETCH``: the words' / the scales' L2 prefetch size (:func:`_load_words`,
+    :func:`_load_scales`)."""
+    kw = _load_words(_k_word_ptrs(n0, pk, page_size, k_base, s_kp, off_k, TOK_K, LK, NW, KW, IT), 4, FETCH)
+    return kw, _load_scales(_k_scale_ptrs(n0, pk, page_size, ks_base, s_ksp, off_ks, TOK_KS, LK, NW, KW, IT), SF_FETCH)
 
 
 @gluon.jit
 def _v_words_paged(
     n0, pv, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
     TOK_V: gl.constexpr, TOK_VS: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr,
+    FETCH: gl.constexpr = 0, SF_FETCH: gl.constexpr = 0,
 ):
     """The V half of :func:`_k_words_paged`: the V words of the even and odd keys and their scale bytes (int32)."""
     va_ptr, vb_ptr = _v_word_ptrs(n0, pv, page_size, v_base, s_vp, off_va, off_vb, TOK_V, LV, NW, KW, IT)
     vsa_ptr, vsb_ptr = _v_scale_ptrs(n0, pv, page_size, vs_base, s_vsp, off_vsa, off_vsb, TOK_VS, LV, NW, KW, IT)
-    return gl.load(va_ptr), gl.load(vb_ptr), _wide(gl.load(vsa_ptr)), _wide(gl.load(vsb_ptr))
+    return (_load_words(va_ptr, 2, FETCH), _load_words(vb_ptr, 2, FETCH), _load_scales(vsa_ptr, SF_FETCH),
+            _load_scales(vsb_ptr, SF_FETCH))
+
+
+@gluon.jit
+def _prefetch_pages(n0, last, bt_row, page_shift, NW: gl.constexpr, KW: gl.constexpr):
+    """``L2_AHEAD``: :func:`_warp_pages` for :func:`_l2_prefetch`'s layout (``[NW, 1]``: one page id per warp, its
+    block-table index clamped to ``last``, the range's last checked page)."""
+    LP: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
+    return gl.load(bt_row + gl.minimum((n0 + _iota(NW, LP, 2, 0) * KW) >> page_shift, last))
+
+
+@gluon.jit
+def _l2_prefetch(
+    n0, p, page_size, k_base, v_base, ks_base, vs_base, s_kp, s_vp, s_ksp, s_vsp,
+    TOK_K: gl.constexpr, TOK_V: gl.constexpr, TOK_KS: gl.constexpr, TOK_VS: gl.constexpr,
+    NW: gl.constexpr, KW: gl.constexpr, IT: gl.constexpr,
+):
+    """``L2_AHEAD``: ask L2 for the tile at ``n0``'s bytes of this KV head (``prefetch.global.L2``: no register, no
+    wait), at the warps' checked page ids ``p`` (:func:`_prefetch_pages`). Lane ``l < KW`` of a warp takes its key
+    ``l``'s K row (64 bytes: its first and last byte, so both lines where a row straddles two) and K scale row, lane
+    ``KW + l`` key ``l``'s V rows. Every address lies in a checked page."""
+    gl.static_assert(KW == 16, "L2_AHEAD takes 16 keys per warp: one lane each for a key's K and its V rows")
+    LP: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
+    lane = _iota(32, LP, 2, 1)
+    key = lane % KW
+    is_v = lane >= KW
+    slot = (((n0 + _iota(NW, LP, 2, 0) * KW) & (page_size - 1)) + key).to(IT)
+    pp = p.to(IT)
+    row_k = pp * s_kp + slot * TOK_K
+    row_v = pp * s_vp + slot * TOK_V
+    row_ks = pp * s_ksp + slot * TOK_KS
+    row_vs = pp * s_vsp + slot * TOK_VS
+    data = gl.where(is_v, (v_base + row_v).to(gl.int64, bitcast=True), (k_base + row_k).to(gl.int64, bitcast=True))
+    sf = gl.where(is_v, (vs_base + row_vs).to(gl.int64, bitcast=True), (ks_base + row_ks).to(gl.int64, bitcast=True))
+    gl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1];\n\tprefetch.global.L2 [$1+63];\n\tprefetch.global.L2 [$2];\n\tmov.b32 $0, 0;",
+        "=r,l,l", [data, sf], dtype=gl.int32, is_pure=False, pack=1,
+    )
 
 
 @gluon.jit
@@ -779,34 +864,46 @@ def _pring_offsets(NW: gl.constexpr, KW: gl.constexpr, LK: gl.constexpr, LV: gl.
     return k_off, KB + v_off, KB + KB // 2 + v_off
 
 
+@gluon.constexpr_function
+def _pring_copy_text(nbytes, fetch):
+    """``PRING``: the inline PTX of one ``cp.async`` of ``nbytes`` (16: ``.cg``, past L1; 8: ``.ca``) from the first
+    pointer operand to the shared address operand, with the L2 prefetch size ``.L2::<fetch>B`` where ``fetch`` > 0
+    (``L2_FETCH``), and the dummy outputs' zeros."""
+    hint = f".L2::{fetch}B" if fetch else ""
+    if nbytes == 16:
+        return (f"cp.async.cg.shared.global{hint} [$4], [$8], 16;\n\tmov.b32 $0, 0;\n\tmov.b32 $1, 0;\n\t"
+                "mov.b32 $2, 0;\n\tmov.b32 $3, 0;")
+    return f"cp.async.ca.shared.global{hint} [$2], [$4], 8;\n\tmov.b32 $0, 0;\n\tmov.b32 $1, 0;"
+
+
 @gluon.jit
 def _pring_copy(n0, pk, pv, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, ring, sk, sva, svb, stage,
                 TOK_K: gl.constexpr, TOK_V: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr,
-                KW: gl.constexpr, IT: gl.constexpr):
+                KW: gl.constexpr, IT: gl.constexpr, FETCH: gl.constexpr = 0):
     """``PRING``: :func:`_ring_copy` into the ring at shared address ``ring`` (:func:`_pring_base`), ``stage``, at the
     thread offsets ``sk`` / ``sva`` / ``svb`` (:func:`_pring_offsets`), by inline-PTX ``cp.async`` (16 bytes of K, 8
-    of V per copy), and commit them as one group. Triton sees no shared-memory access here, so it puts no barrier
-    around the ring: each thread reads back only what it copied, after its own ``cp.async.wait_group``."""
+    of V per copy; ``FETCH`` > 0: with that L2 prefetch size, :func:`_pring_copy_text`), and commit them as one group.
+    Triton sees no shared-memory access here, so it puts no barrier around the ring: each thread reads back only what
+    it copied, after its own ``cp.async.wait_group``."""
     kw_ptr = _k_word_ptrs(n0, pk, page_size, k_base, s_kp, off_k, TOK_K, LK, NW, KW, IT)
     va_ptr, vb_ptr = _v_word_ptrs(n0, pv, page_size, v_base, s_vp, off_va, off_vb, TOK_V, LV, NW, KW, IT)
     at = ring + stage * (NW * KW * 128)
     gl.inline_asm_elementwise(
-        "cp.async.cg.shared.global [$4], [$8], 16;\n\tmov.b32 $0, 0;\n\tmov.b32 $1, 0;\n\tmov.b32 $2, 0;\n\tmov.b32 $3, 0;",
-        "=r,=r,=r,=r,r,r,r,r,l,l,l,l", [at + sk, kw_ptr.to(gl.int64, bitcast=True)], dtype=gl.int32, is_pure=False,
-        pack=4,
+        _pring_copy_text(16, FETCH), "=r,=r,=r,=r,r,r,r,r,l,l,l,l", [at + sk, kw_ptr.to(gl.int64, bitcast=True)],
+        dtype=gl.int32, is_pure=False, pack=4,
     )
-    _pring_copy8(at + sva, va_ptr)
-    _pring_copy8(at + svb, vb_ptr)
+    _pring_copy8(at + sva, va_ptr, FETCH)
+    _pring_copy8(at + svb, vb_ptr, FETCH)
     _pring_sync(_pring_group_text(-1), NW)
 
 
 @gluon.jit
-def _pring_copy8(saddr, ptr):
+def _pring_copy8(saddr, ptr, FETCH: gl.constexpr = 0):
     """``PRING``: ``cp.async`` of each thread's pairs of int32 at ``ptr`` to the shared addresses ``saddr`` (8 bytes a
-    copy: the first address of each pair)."""
+    copy: the first address of each pair; ``FETCH``: the L2 prefetch size)."""
     gl.inline_asm_elementwise(
-        "cp.async.ca.shared.global [$2], [$4], 8;\n\tmov.b32 $0, 0;\n\tmov.b32 $1, 0;", "=r,=r,r,r,l,l",
-        [saddr, ptr.to(gl.int64, bitcast=True)], dtype=gl.int32, is_pure=False, pack=2,
+        _pring_copy_text(8, FETCH), "=r,=r,r,r,l,l", [saddr, ptr.to(gl.int64, bitcast=True)], dtype=gl.int32,
+        is_pure=False, pack=2,
     )
 
 
@@ -1292,7 +1389,8 @@ def gluon_decode_kernel(
     LAZY: gl.constexpr = False, TOK_K: gl.constexpr = 0, TOK_V: gl.constexpr = 0, TOK_KS: gl.constexpr = 0,
     TOK_VS: gl.constexpr = 0, RING: gl.constexpr = 0, DEFER_SUM: gl.constexpr = False, PDL: gl.constexpr = False,
     PAIR: gl.constexpr = False, k_desc=None, v_desc=None, TMA: gl.constexpr = False, SCALE_AHEAD: gl.constexpr = 1,
-    PRING: gl.constexpr = False, BALANCE: gl.constexpr = 0,
+    PRING: gl.constexpr = False, BALANCE: gl.constexpr = 0, L2_FETCH: gl.constexpr = 0, L2_AHEAD: gl.constexpr = 0,
+    L2_SCALES: gl.constexpr = False,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation,
     no fused merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
@@ -1321,7 +1419,13 @@ def gluon_decode_kernel(
     ``RING``, no ``PAIR`` or ``TMA``): the ring is a static shared-memory array declared in inline PTX
     (:func:`_pring_base`), filled and read back by inline PTX (:func:`_pring_copy`, :func:`_pring_read`), so Triton
     inserts no ``bar.sync`` around it: each thread reads back only its own bytes, after its own
-    ``cp.async.wait_group``."""
+    ``cp.async.wait_group``; ``L2_FETCH`` (64, 128 or 256; with ``PAGE_TILE``, no ``RING`` or the ``PRING`` one): the
+    unmasked loop (one tile or, ``TILE_PAIRS``, two a step; or ``PRING``'s copies) loads its K and V words
+    (``L2_SCALES``, no ring: and their block scales) with that L2 prefetch size (:func:`_load_words`: L2 fills the aligned block around a missed row, the
+    other KV heads' rows of the token beside it); ``L2_AHEAD`` (``n >= 2``; with ``PAGE_TILE``, no ``RING`` or ``PAIR``,
+    16 keys per warp): the one-tile loop asks L2 for tile ``i + n``'s K and V rows and block scales in step ``i``
+    (:func:`_l2_prefetch`; page ids one step before, clamped to the checked range), on top of tile ``i + 1``'s loads
+    to registers."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
     gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
     gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
@@ -1336,6 +1440,13 @@ def gluon_decode_kernel(
     gl.static_assert(SCALE_AHEAD == 1 or (SCALE_AHEAD == 2 and RING >= 3 and not PAIR and not TMA),
                      "SCALE_AHEAD 2 takes a RING of 3 or more, no PAIR, no TMA")
     gl.static_assert(not PRING or (RING >= 2 and not PAIR and not TMA), "PRING takes a RING, no PAIR, no TMA")
+    gl.static_assert(L2_FETCH == 0 or ((L2_FETCH == 64 or L2_FETCH == 128 or L2_FETCH == 256) and PAGE_TILE
+                                       and (RING == 0 or PRING)),
+                     "L2_FETCH is 0, or 64, 128 or 256 with PAGE_TILE and no RING or the PRING one")
+    gl.static_assert(not L2_SCALES or (L2_FETCH > 0 and RING == 0), "L2_SCALES takes an L2_FETCH and no RING")
+    SF_FETCH: gl.constexpr = L2_FETCH if L2_SCALES else 0
+    gl.static_assert(L2_AHEAD == 0 or (L2_AHEAD >= 2 and PAGE_TILE and RING == 0 and not PAIR),
+                     "L2_AHEAD is 0 or >= 2, and takes PAGE_TILE, no RING, no PAIR")
     gl.static_assert(not PAGE_TILE or (TOK_K > 0 and TOK_V > 0 and TOK_KS > 0 and TOK_VS > 0),
                      "PAGE_TILE takes the token strides as constexprs (TOK_K, TOK_V, TOK_KS, TOK_VS)")
     # PAGE_TILE's next V words are loaded, in source, after the P V of the current ones: on sm_90 (triton 3.6.0, when
@@ -1576,7 +1687,7 @@ def gluon_decode_kernel(
                                                     off_ks, off_vsa, off_vsb, TOK_KS, TOK_VS, LK, LV, NW, KW, IT)
                 if PRING:
                     _pring_copy(n0, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, ring, sk, sva,
-                                svb, 0, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                                svb, 0, TOK_K, TOK_V, LK, LV, NW, KW, IT, L2_FETCH)
                 else:
                     _ring_copy(n0, pk, pa, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring,
                                va_ring, vb_ring, 0, TOK_K, TOK_V, LK, LV, NW, KW, IT)
@@ -1584,16 +1695,24 @@ def gluon_decode_kernel(
                     pk_r, pa_r = _warp_pages(n0 + r * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
                     if PRING:
                         _pring_copy(n0 + r * BLOCK_N, pk_r, pa_r, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
-                                    off_vb, ring, sk, sva, svb, r, TOK_K, TOK_V, LK, LV, NW, KW, IT)
+                                    off_vb, ring, sk, sva, svb, r, TOK_K, TOK_V, LK, LV, NW, KW, IT, L2_FETCH)
                     else:
                         _ring_copy(n0 + r * BLOCK_N, pk_r, pa_r, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va,
                                    off_vb, k_ring, va_ring, vb_ring, r, TOK_K, TOK_V, LK, LV, NW, KW, IT)
                 pk_c, pa_c = _warp_pages(n0 + (RING - 1) * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
             else:
                 kw, ks = _k_words_paged(n0, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks, TOK_K, TOK_KS,
-                                        LK, NW, KW, IT)
+                                        LK, NW, KW, IT, L2_FETCH, SF_FETCH)
                 va, vb, vsa, vsb = _v_words_paged(n0, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb,
-                                                  off_vsa, off_vsb, TOK_V, TOK_VS, LV, NW, KW, IT)
+                                                  off_vsa, off_vsb, TOK_V, TOK_VS, LV, NW, KW, IT, L2_FETCH, SF_FETCH)
+                if L2_AHEAD > 0:
+                    # tiles 2 .. L2_AHEAD - 1 asked of L2 now (tile 1 is loaded in step 0, tile L2_AHEAD there too), and
+                    # the page ids of tile L2_AHEAD
+                    for r in gl.static_range(2, L2_AHEAD):
+                        _l2_prefetch(n0 + r * BLOCK_N, _prefetch_pages(n0 + r * BLOCK_N, last, bt_row, page_shift, NW, KW),
+                                     page_size, k_base, v_base, ks_base, vs_base, s_kp, s_vp, s_ksp, s_vsp, TOK_K, TOK_V,
+                                     TOK_KS, TOK_VS, NW, KW, IT)
+                    pq = _prefetch_pages(n0 + L2_AHEAD * BLOCK_N, last, bt_row, page_shift, NW, KW)
             pk, pa = _warp_pages(n0 + (2 if RING_PAIRS or SCALES2 else 1) * BLOCK_N, last, bt_row, page_shift, LK, LV,
                                  NW, KW)
         else:
@@ -1616,23 +1735,23 @@ def gluon_decode_kernel(
             # the range they read the range's last checked page). An odd last tile takes the one-tile loop below, with
             # its own words; what it loads ahead (past the range) is unused.
             kw1, ks1 = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks,
-                                      TOK_K, TOK_KS, LK, NW, KW, IT)
+                                      TOK_K, TOK_KS, LK, NW, KW, IT, L2_FETCH, SF_FETCH)
             pa1 = pa
             pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
             for i in range(b_begin, b_end - 1, 2):
                 n0 = kv_lo + i * BLOCK_N
                 va1, vb1, vsa1, vsb1 = _v_words_paged(
                     n0 + BLOCK_N, pa1, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
-                    TOK_V, TOK_VS, LV, NW, KW, IT,
+                    TOK_V, TOK_VS, LV, NW, KW, IT, L2_FETCH, SF_FETCH,
                 )
                 s0 = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
                 kw, ks = _k_words_paged(n0 + 2 * BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks,
-                                        TOK_K, TOK_KS, LK, NW, KW, IT)
+                                        TOK_K, TOK_KS, LK, NW, KW, IT, L2_FETCH, SF_FETCH)
                 pa2 = pa
                 pk, pa = _warp_pages(n0 + 3 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
                 s1 = _logits(q_op, kw1, ks1, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
                 kw1, ks1 = _k_words_paged(n0 + 3 * BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k,
-                                          off_ks, TOK_K, TOK_KS, LK, NW, KW, IT)
+                                          off_ks, TOK_K, TOK_KS, LK, NW, KW, IT, L2_FETCH, SF_FETCH)
                 pa1 = pa
                 pk, pa = _warp_pages(n0 + 4 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
                 acc, m_i, l_i = _softmax_pv_kt2(
@@ -1641,7 +1760,7 @@ def gluon_decode_kernel(
                 )
                 va, vb, vsa, vsb = _v_words_paged(
                     n0 + 2 * BLOCK_N, pa2, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
-                    TOK_V, TOK_VS, LV, NW, KW, IT,
+                    TOK_V, TOK_VS, LV, NW, KW, IT, L2_FETCH, SF_FETCH,
                 )
             b_one = b_end - (b_end - b_begin) % 2
         if RING_PAIRS:
@@ -1683,7 +1802,7 @@ def gluon_decode_kernel(
                     if PRING:
                         _pring_copy(n0 + (RING - 1) * BLOCK_N, pk_c, pa_c, page_size, k_base, v_base, s_kp, s_vp, off_k,
                                     off_va, off_vb, ring, sk, sva, svb, (i - b_begin + RING - 1) % RING, TOK_K, TOK_V, LK,
-                                    LV, NW, KW, IT)
+                                    LV, NW, KW, IT, L2_FETCH)
                     else:
                         _ring_copy(n0 + (RING - 1) * BLOCK_N, pk_c, pa_c, page_size, k_base, v_base, s_kp, s_vp, off_k,
                                    off_va, off_vb, k_ring, va_ring, vb_ring, (i - b_begin + RING - 1) % RING, TOK_K, TOK_V,
@@ -1718,13 +1837,17 @@ def gluon_decode_kernel(
                         ks, vsa, vsb = ks_n, vsa_n, vsb_n
                 else:
                     if PAGE_TILE:
+                        if L2_AHEAD > 0:  # tile i + L2_AHEAD asked of L2; the page ids of the one after it
+                            _l2_prefetch(n0 + L2_AHEAD * BLOCK_N, pq, page_size, k_base, v_base, ks_base, vs_base, s_kp,
+                                         s_vp, s_ksp, s_vsp, TOK_K, TOK_V, TOK_KS, TOK_VS, NW, KW, IT)
+                            pq = _prefetch_pages(n0 + (L2_AHEAD + 1) * BLOCK_N, last, bt_row, page_shift, NW, KW)
                         # the next tile's K words here, its V words here or (V_LATE) after this tile's P V (below)
                         kw_n, ks_n = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k,
-                                                    off_ks, TOK_K, TOK_KS, LK, NW, KW, IT)
+                                                    off_ks, TOK_K, TOK_KS, LK, NW, KW, IT, L2_FETCH, SF_FETCH)
                         if not V_LATE:
                             va_n, vb_n, vsa_n, vsb_n = _v_words_paged(
                                 n0 + BLOCK_N, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
-                                TOK_V, TOK_VS, LV, NW, KW, IT,
+                                TOK_V, TOK_VS, LV, NW, KW, IT, L2_FETCH, SF_FETCH,
                             )
                         pa_n = pa
                         pk, pa = _warp_pages(n0 + 2 * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
@@ -1761,7 +1884,7 @@ def gluon_decode_kernel(
                         # words are decoded)
                         va, vb, vsa, vsb = _v_words_paged(
                             n0 + BLOCK_N, pa_n, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb, off_vsa, off_vsb,
-                            TOK_V, TOK_VS, LV, NW, KW, IT,
+                            TOK_V, TOK_VS, LV, NW, KW, IT, L2_FETCH, SF_FETCH,
                         )
                     else:
                         va, vb, vsa, vsb = va_n, vb_n, vsa_n, vsb_n
