@@ -1622,7 +1622,7 @@ GLUON_DECODE_CONFIGS = (
                  kt_logits=True, lean=True, skew_logits=True),
     # lean with one page id per warp and tile (page_tile), alone, with the skewed logits, and lean + kt with it. Run O
     # (two calls, six decode shapes): page_tile alone 2-5% faster than lean; with the skewed logits 9-44% slower than
-    # alone; lean + kt + page_tile 2-15% faster than lean (the default since)
+    # alone; lean + kt + page_tile 2-15% faster than lean (the default from run O; with l2_fetch=128 since run V)
     replace(_GLUON_LEAN, page_tile=True),
     replace(_GLUON_LEAN, page_tile=True, skew_logits=True),
     _GLUON_KT_PAGE_TILE,  # lean + kt + page_tile: the default of up to 8 rows from run O to run V
