@@ -362,8 +362,9 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
             for scfg in getattr(att, "SWAP_DECODE_CONFIGS", ()):
                 variants.append((f"swapped QK {scfg}", {"decode": scfg}))
             # the Gluon kernel (DecodeConfig.gluon, decode_gluon.py): warps own keys, operands decoded in registers
-            for gcfg in getattr(att, "GLUON_DECODE_CONFIGS", ()):
-                variants.append((f"gluon {gcfg}", {"decode": gcfg}))
+            # (labelled with the config's index, so that --variants "#11:" picks config 11 alone)
+            for i, gcfg in enumerate(getattr(att, "GLUON_DECODE_CONFIGS", ())):
+                variants.append((f"gluon #{i}: {gcfg}", {"decode": gcfg}))
     else:
         def run():
             return att.prefill(case.q, *args, case.qsl, ks, vs, sm_scale=case.sm_scale)
@@ -576,7 +577,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default=None, metavar="SUBSTRINGS",
                     help="comma-separated selectors: time only the sweep rows whose label holds one; a selector "
                          "of '&'-joined substrings needs all of them (e.g. 'swapped QK,byte scales' or "
-                         "'page_tile=True&imad_shr=False'); the default row always runs")
+                         "'page_tile=True&imad_shr=False'); '#I:' picks GLUON_DECODE_CONFIGS[I] alone (e.g. '#11:,#44:'); "
+                         "the default row always runs")
     args = ap.parse_args(argv)
     only = [k.strip() for k in (args.variants or "").split(",") if k.strip()]
     global _WATCHDOG_S

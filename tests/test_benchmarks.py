@@ -228,6 +228,10 @@ def test_bench_attention_variant_selectors(monkeypatch):
     assert sel(label, ["page_tile=True&imad_shr=False&lazy_rescale=False"])
     assert not sel(label, ["page_tile=True&imad_shr=True"]) and not sel(label, ["swapped QK"])
     assert sel(label, ["imad_shr=True", "page_tile=True & lazy_rescale=False"])
+    # a Gluon sweep row by its index: "#11:" picks config 11, not 1, 110 or 111
+    rows = [f"gluon #{i}: DecodeConfig(block_n=64, gluon=True)" for i in (1, 11, 110, 111)]
+    assert [r for r in rows if sel(r, ["#11:"])] == [rows[1]]
+    assert [r for r in rows if sel(r, ["#1:", "#111:"])] == [rows[0], rows[3]]
 
 
 def test_bench_attention_variants_keeps_the_default_and_the_named_sweep_rows(tmp_path):

@@ -1421,8 +1421,8 @@ def gluon_decode_kernel(
     inserts no ``bar.sync`` around it: each thread reads back only its own bytes, after its own
     ``cp.async.wait_group``; ``L2_FETCH`` (64, 128 or 256; with ``PAGE_TILE``, no ``RING`` or the ``PRING`` one): the
     unmasked loop (one tile or, ``TILE_PAIRS``, two a step; or ``PRING``'s copies) loads its K and V words
-    (``L2_SCALES``, no ring: and their block scales) with that L2 prefetch size (:func:`_load_words`: L2 fills the aligned block around a missed row, the
-    other KV heads' rows of the token beside it); ``L2_AHEAD`` (``n >= 2``; with ``PAGE_TILE``, no ``RING`` or ``PAIR``,
+    (``L2_SCALES``, no ring: and their block scales) with that L2 prefetch size (:func:`_load_words`: L2 fills the
+    aligned block around a missed row, the other KV heads' rows of the token beside it); ``L2_AHEAD`` (``n >= 2``; with ``PAGE_TILE``, no ``RING`` or ``PAIR``,
     16 keys per warp): the one-tile loop asks L2 for tile ``i + n``'s K and V rows and block scales in step ``i``
     (:func:`_l2_prefetch`; page ids one step before, clamped to the checked range), on top of tile ``i + 1``'s loads
     to registers."""
