@@ -1404,23 +1404,26 @@ class DecodeConfig:
     # that both stay within the 48 KB a launch gets without the opt-in that Triton makes only for its dynamic memory.
     # Opt-in, not yet run on a GPU
     ptx_ring: bool = False
-    # with gluon and page_tile (where a launch takes it), no ring: the one-tile loop loads its K and V words with an L2
-    # prefetch size of 64, 128 or 256 bytes (decode_gluon, L2_FETCH: ld.global.L2::<n>B in inline PTX). A KV head's K
-    # or V row of a token is 64 bytes, and vLLM's NHD page puts the other KV heads' rows of the token beside it: with 128
-    # or 256, a miss fills the rows of 2 or 4 KV heads in one DRAM access, which the neighbouring programs (the other KV
-    # heads of the same chunk, launched beside this one) then find in L2. 0: Triton's load. Opt-in, not yet run on a GPU
+    # with gluon and page_tile (where a launch takes it), no ring or the ptx_ring one: the unmasked loop loads its K and
+    # V words with an L2 prefetch size of 64, 128 or 256 bytes (decode_gluon, L2_FETCH: ld.global.L2::<n>B in inline
+    # PTX; with ptx_ring its cp.async copies take the hint). A KV head's K or V row of a token is 64 bytes, and vLLM's
+    # NHD page puts the other KV heads' rows of the token beside it: with 128 or 256, a miss fills the rows of 2 or 4 KV
+    # heads in one DRAM access, which the neighbouring programs (the other KV heads of the same chunk, launched beside
+    # this one) then find in L2. 0: Triton's load. On an H100 (run V) 128 was 0.2-8.3% faster than 0 on all seven decode
+    # shapes (repeated on a second machine, a tie on one 8K request there), 256 about the same: 128 is the default of up
+    # to 8 rows (_DECODE_CONFIGS_GLUON)
     l2_fetch: int = 0
     # with gluon and page_tile (where a launch takes it), no ring and no tile_pairs, 16 keys per warp, n >= 2: the
     # one-tile loop asks L2 for tile i + n's K and V rows and block scales in step i (decode_gluon, L2_AHEAD:
     # prefetch.global.L2, which takes no register and is never waited for), on top of tile i + 1's loads to registers.
     # Run S's counters put the default's long-scoreboard stalls on those loads (98% at the first use of a K / V word);
-    # the rings that held more tiles in flight paid in barriers and shared-memory round trips. 0: off. Opt-in, not yet
-    # run on a GPU
+    # the rings that held more tiles in flight paid in barriers and shared-memory round trips. 0: off. Opt-in: on an
+    # H100 (run V) 3 and 6 were 11-92% slower than without (DRAM 46% of peak against 75% under ncu at 16 x 16K)
     l2_ahead: int = 0
     # with l2_fetch: the block-scale loads of the same loop take the same L2 prefetch size (decode_gluon, L2_SCALES). A
     # KV head's K scales of a token are 8 bytes of a 64-byte row of all KV heads' (vLLM's NHD page), so each 2-byte load
-    # uses 8 bytes of a 32-byte sector: run V's ncu puts 95% of the default's excess L2 sectors on these loads. Opt-in,
-    # not yet run on a GPU
+    # uses 8 bytes of a 32-byte sector: run V's ncu puts 95% of the default's excess L2 sectors on these loads. Opt-in:
+    # on an H100 (run V) within 0.7% of the default on all seven decode shapes
     l2_scales: bool = False
 
     def __post_init__(self) -> None:
@@ -1707,19 +1710,20 @@ GLUON_DECODE_CONFIGS = (
     # per tile), 451 instructions per 16 keys and warp against 455, 112 registers, 24 KB of static shared memory
     # beside 16 KB of Triton's (sm_90, triton 3.6.0). Not yet run on a GPU
     replace(_GLUON_KT_PAGE_TILE, ring=3, ptx_ring=True),
-    # config 11 with L2 prefetch: its word loads with a prefetch size of 128 and 256 bytes (l2_fetch: the rows of 2 and
-    # 4 KV heads a miss), prefetch.global.L2 of the tile 3 and 6 ahead (l2_ahead), and both. H100 (run V, seven decode
-    # shapes against config 11): l2_fetch 128 0.2-8.3% faster on all seven (the default since), 256 0.6-8.2%; l2_ahead
-    # 3 and 6 11-92% slower (with 256, 11-81%). GPU tests and memcheck of all five pass
+    # config 11 with its word loads under an L2 prefetch size of 128 and 256 bytes (l2_fetch: the rows of 2 and 4 KV heads
+    # a miss). H100 (run V, seven decode shapes against config 11): 128 0.2-8.3% faster on all seven (the default since),
+    # 256 0.6-8.2%. GPU tests and memcheck pass
     _DECODE_CONFIGS_GLUON[128],
     replace(_GLUON_KT_PAGE_TILE, l2_fetch=256),
-    # the default with its block-scale loads under the same L2 prefetch size (l2_scales), and l2_fetch 256 with it. Not
-    # yet run on a GPU
+    # the default with its block-scale loads under the same L2 prefetch size (l2_scales), and l2_fetch 256 with it. H100
+    # (run V): within 0.7% and -0.4% to +1.9% of the default on seven shapes; GPU tests and memcheck pass
     replace(_DECODE_CONFIGS_GLUON[128], l2_scales=True),
     replace(_GLUON_KT_PAGE_TILE, l2_fetch=256, l2_scales=True),
     # the PTX ring of 3 (config 39) with the default's L2 prefetch size on its cp.async copies (.L2::128B): a candidate
     # for the H200, where the default was latency-bound (run O); not yet run on a GPU
     replace(_GLUON_KT_PAGE_TILE, ring=3, ptx_ring=True, l2_fetch=128),
+    # config 11 with prefetch.global.L2 of the tile 3 and 6 ahead (l2_ahead), and 3 with l2_fetch 256. H100 (run V,
+    # against config 11): 11-92% slower (with 256, 11-81%); GPU tests and memcheck pass
     replace(_GLUON_KT_PAGE_TILE, l2_ahead=3),
     replace(_GLUON_KT_PAGE_TILE, l2_ahead=6),
     replace(_GLUON_KT_PAGE_TILE, l2_ahead=3, l2_fetch=256),
