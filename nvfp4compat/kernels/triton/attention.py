@@ -1764,8 +1764,9 @@ SPLIT_WAVE_GAIN = 0.10
 # (_balance_target; 26 tiles there, and 42 against 62 for 12 random lengths of 0.1K-32K). Each program pays N steps
 # over the first 128 requests' tiles, which it loaded once for the total and the scan (later blocks are read again in
 # each step), without an integer division on a per-request value; one request, and more requests than programs, keep
-# the floor rule with no search (_balance_steps). Opt-in: on an H100 (run U) 2 steps were 9.5% faster on 24 requests of 0.1K-32K and 0.3% on the ragged 8, but
-# 0.4-3.1% slower on the large uniform batches (run T, before the set-up was made cheaper: +1.2-4.1%, +11% on one 8K).
+# the floor rule with no search (_balance_steps). Opt-in: on an H100 (run U) 2 steps were 9.5% faster on 24 requests of
+# 0.1K-32K and 0.3% on the ragged 8, but 0.4-3.1% slower on the large uniform batches (run T, before the set-up was made
+# cheaper: +1.2-4.1%, +11% on one 8K).
 SPLIT_BALANCE_STEPS = 0
 # The merge kernel (merge_blocks): partial outputs per step, and chunks per step.
 # 2048: one 8K request 0.0182 ms against 0.0197 with 8192 (more, smaller merge programs), the other batches

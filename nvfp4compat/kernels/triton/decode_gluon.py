@@ -610,13 +610,18 @@ def _tile_words(
 
 
 @gluon.jit
-def _warp_pages(n0, last, bt_row, page_shift, LK: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr):
+def _warp_page(n0, last, bt_row, page_shift, L: gl.constexpr, RANK: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr):
     """``PAGE_TILE``: the page id of each warp's ``KW`` keys of the tile at ``n0`` (one page holds them), its
     block-table index clamped to ``last``, the range's last checked page (so a tile past the range reads a checked
-    page; its words go unused). Read once per warp and layout: ``[NW, 1, 1, 1]`` in ``LK`` and in ``LV``."""
-    pk = gl.load(bt_row + gl.minimum((n0 + _iota(NW, LK, 4, 0) * KW) >> page_shift, last))
-    pv = gl.load(bt_row + gl.minimum((n0 + _iota(NW, LV, 4, 0) * KW) >> page_shift, last))
-    return pk, pv
+    page; its words go unused). One per warp: ``[NW, 1, ...]`` (rank ``RANK``) in layout ``L``."""
+    return gl.load(bt_row + gl.minimum((n0 + _iota(NW, L, RANK, 0) * KW) >> page_shift, last))
+
+
+@gluon.jit
+def _warp_pages(n0, last, bt_row, page_shift, LK: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr, KW: gl.constexpr):
+    """:func:`_warp_page` in the K and the V word layouts (``[NW, 1, 1, 1]`` in ``LK`` and in ``LV``)."""
+    return (_warp_page(n0, last, bt_row, page_shift, LK, 4, NW, KW),
+            _warp_page(n0, last, bt_row, page_shift, LV, 4, NW, KW))
 
 
 @gluon.constexpr_function
@@ -722,6 +727,13 @@ def _ld_words_text(n, fetch):
     return f"ld.global.L2::{fetch}B.v{n}.b32 {{{outs}}}, [${n}];"
 
 
+@gluon.constexpr_function
+def _ld_words_constraints(n):
+    """``L2_FETCH``: the constraints of :func:`_ld_words_text`'s asm with ``pack = n``: ``n`` 32-bit outputs, ``n``
+    64-bit pointer inputs (only the first is read)."""
+    return ",".join(["=r"] * n + ["l"] * n)
+
+
 @gluon.jit
 def _load_words(ptr, N: gl.constexpr, FETCH: gl.constexpr):
     """``gl.load(ptr)`` of int32 words that each thread holds ``N`` at a time in consecutive addresses (``N`` = 4: the
@@ -729,12 +741,9 @@ def _load_words(ptr, N: gl.constexpr, FETCH: gl.constexpr):
     the ``N`` words with that L2 prefetch size (:func:`_ld_words_text`)."""
     if FETCH == 0:
         return gl.load(ptr)
-    elif N == 4:
-        return gl.inline_asm_elementwise(_ld_words_text(4, FETCH), "=r,=r,=r,=r,l,l,l,l",
-                                         [ptr.to(gl.int64, bitcast=True)], dtype=gl.int32, is_pure=True, pack=4)
     else:
-        return gl.inline_asm_elementwise(_ld_words_text(2, FETCH), "=r,=r,l,l", [ptr.to(gl.int64, bitcast=True)],
-                                         dtype=gl.int32, is_pure=True, pack=2)
+        return gl.inline_asm_elementwise(_ld_words_text(N, FETCH), _ld_words_constraints(N),
+                                         [ptr.to(gl.int64, bitcast=True)], dtype=gl.int32, is_pure=True, pack=N)
 
 
 @gluon.constexpr_function
@@ -783,12 +792,16 @@ def _v_words_paged(
             _load_scales(vsb_ptr, SF_FETCH))
 
 
+@gluon.constexpr_function
+def _lanes_layout(nw):
+    """``L2_AHEAD``: ``[NW, 32]``, one element per lane of each warp (:func:`_l2_prefetch`'s layout)."""
+    return gl.BlockedLayout([1, 1], [1, 32], [nw, 1], [1, 0])
+
+
 @gluon.jit
 def _prefetch_pages(n0, last, bt_row, page_shift, NW: gl.constexpr, KW: gl.constexpr):
-    """``L2_AHEAD``: :func:`_warp_pages` for :func:`_l2_prefetch`'s layout (``[NW, 1]``: one page id per warp, its
-    block-table index clamped to ``last``, the range's last checked page)."""
-    LP: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
-    return gl.load(bt_row + gl.minimum((n0 + _iota(NW, LP, 2, 0) * KW) >> page_shift, last))
+    """``L2_AHEAD``: :func:`_warp_page` in :func:`_l2_prefetch`'s layout (``[NW, 1]``)."""
+    return _warp_page(n0, last, bt_row, page_shift, _lanes_layout(NW), 2, NW, KW)
 
 
 @gluon.jit
@@ -802,7 +815,7 @@ def _l2_prefetch(
     ``l``'s K row (64 bytes: its first and last byte, so both lines where a row straddles two) and K scale row, lane
     ``KW + l`` key ``l``'s V rows. Every address lies in a checked page."""
     gl.static_assert(KW == 16, "L2_AHEAD takes 16 keys per warp: one lane each for a key's K and its V rows")
-    LP: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
+    LP: gl.constexpr = _lanes_layout(NW)
     lane = _iota(32, LP, 2, 1)
     key = lane % KW
     is_v = lane >= KW
