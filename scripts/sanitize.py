@@ -196,7 +196,7 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
                                      (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.lean and c.kt_logits), None),
                                      (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.skew_logits), None),
                                      *((sp, c, None) for sp, c in zip((3, 1, 3, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1,
-                                                                       3, 1, 3, 1, 3, 1, 3, 3, 1, 3, 1, 3, 1, 3, 1, 3, 3, 1, 3, 1, 3, 3, 1, 3), [
+                                                                       3, 1, 3, 1, 3, 1, 3, 3, 1, 3, 1, 3, 1, 3, 1, 3, 3, 1, 3, 1, 3, 3, 1, 3, 1, 3, 1), [
                                          c for c in att.GLUON_DECODE_CONFIGS if c.page_tile], strict=True))):
                 for sname, t, s, kw, exc in (
                     ("valid", bt, sl, {}, None),
@@ -245,6 +245,7 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
                           + (f" l2 fetch {cfg.l2_fetch}" if cfg.l2_fetch else "")
                           + (" l2 scales" if cfg.l2_scales else "")
                           + (f" l2 ahead {cfg.l2_ahead}" if cfg.l2_ahead else "")
+                          + (f" l2 bulk {cfg.l2_bulk}" if cfg.l2_bulk else "")
                           + (f" cap {cfg.maxnreg}" if cfg.maxnreg and cfg.maxnreg < 104 and not cfg.tma_loader else "")
                           if cfg.page_tile
                           else " gluon skewed logits" if cfg.skew_logits

@@ -1139,6 +1139,36 @@ def test_l2_prefetch_configs_are_checked_and_reach_the_launch():
         == (0, 0)
 
 
+def test_l2_bulk_configs_are_checked_and_reach_sm90_launches_only():
+    """DecodeConfig.l2_bulk (bulk prefetches of the tile n ahead, SM90+) takes the Gluon kernel's page-tiled one-tile
+    loop: a distance of 1 or below 0, no page_tile, a ring, tile pairs, l2_ahead or the plain kernel are refused with
+    what was found and the way out. The launch and the AOT build pass it only where the launch runs that loop on an
+    SM90+ target; elsewhere (an sm_80 / sm_89 build, a window, pages that are not 2^n keys) the config runs without."""
+    from dataclasses import replace
+
+    from nvfp4compat.kernels.triton import attention as att
+
+    base = att._DECODE_CONFIGS_GLUON[128]
+    for bad in ({"l2_bulk": 1}, {"l2_bulk": -3}, {"l2_bulk": 3, "page_tile": False}, {"l2_bulk": 3, "tile_pairs": True},
+                {"l2_bulk": 3, "ring": 3, "ptx_ring": True}, {"l2_bulk": 3, "l2_ahead": 3},
+                {"l2_bulk": 2, "gluon": False, "l2_fetch": 0}):
+        with pytest.raises(ValueError, match=r"l2_bulk is 0 or a tile distance of 2 or more, for the Gluon kernel's "
+                                              r"page-tiled loop .*; use l2_bulk=0 or such a config"):
+            replace(base, **bad)
+    cfg = replace(base, l2_bulk=3)
+    assert att.GLUON_DECODE_CONFIGS.count(cfg) == 1 and base.l2_bulk == 0
+    assert att._gluon_l2_bulk(cfg, 0, True, 90) == 3 and att._gluon_l2_bulk(cfg, 0, True, 120) == 3
+    assert att._gluon_l2_bulk(cfg, 0, True, 89) == 0 and att._gluon_l2_bulk(cfg, 0, True, 80) == 0
+    assert att._gluon_l2_bulk(cfg, 0, False, 90) == 0  # no PAGE_TILE
+    assert att._gluon_l2_bulk(base, 0, True, 90) == 0
+    assert att._cc(torch.device("cpu")) == 0
+    gluon = {v.label: v for v in att.aot_variants()["attention_decode_gluon"]}
+    v = gluon[f"bf16-d128-sweep{att.GLUON_DECODE_CONFIGS.index(cfg)}"]
+    assert v.constexprs_for(90)["L2_BULK"] == 3 and v.constexprs_for(100)["L2_BULK"] == 3
+    assert v.constexprs_for(89)["L2_BULK"] == 0 and v.constexprs_for(80)["L2_BULK"] == 0
+    assert all(gluon[k].constexprs_for(90)["L2_BULK"] == 0 for k in ("bf16-d128", "bf16-d128-page-any"))
+
+
 @pytest.mark.parametrize("exc", [RuntimeError("Triton Error [CUDA]: out of memory"),
                                  torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 18.00 MiB")])
 def test_gluon_out_of_memory_is_raised_not_a_fallback(monkeypatch, exc):

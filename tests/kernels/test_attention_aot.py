@@ -123,6 +123,8 @@ def test_attention_is_an_aot_provider():
     assert {v.constexprs["L2_FETCH"] for v in gluon} == {0, 128, 256}
     assert {v.constexprs["L2_AHEAD"] for v in gluon} == {0, 3, 6}
     assert {v.constexprs["L2_SCALES"] for v in gluon} == {True, False}
+    assert {v.constexprs_for(90)["L2_BULK"] for v in gluon} == {0, 2, 3, 5}
+    assert {v.constexprs_for(89)["L2_BULK"] for v in gluon} == {0}
     for k, vs in variants.items():
         assert len({v.label for v in vs}) == len(vs), k
 
@@ -248,7 +250,7 @@ def test_ptx_ring_lives_outside_tritons_shared_allocation():
 
 
 def test_l2_prefetch_variants_carry_their_hints(tmp_path):
-    """``DecodeConfig.l2_fetch`` and ``l2_ahead`` in the sm_90 SASS of their sweep variants (triton's ``cuobjdump``):
+    """``DecodeConfig.l2_fetch``, ``l2_ahead`` and ``l2_bulk`` in the sm_90 SASS of their sweep variants (triton's ``cuobjdump``):
     ``l2_fetch`` turns the K and V word loads into ``LDG.E.LTC<n>B`` (``l2_scales``: the block-scale loads too; with the
     inline-PTX ring, its ``LDGSTS`` copies) (the L2 prefetch size; config 11, run O's default,
     has none), with
@@ -265,6 +267,8 @@ def test_l2_prefetch_variants_carry_their_hints(tmp_path):
         ("f128", {"l2_fetch": 128}), ("f256", {"l2_fetch": 256}), ("a3", {"l2_ahead": 3}), ("a6", {"l2_ahead": 6}),
         ("s128", {"l2_fetch": 128, "l2_scales": True}), ("pring", {"ring": 3, "ptx_ring": True, "l2_fetch": 128}))}
     idx["pring0"] = att.GLUON_DECODE_CONFIGS.index(dataclasses.replace(base, ring=3, ptx_ring=True))
+    for n in (2, 3, 5):
+        idx[f"b{n}"] = att.GLUON_DECODE_CONFIGS.index(dataclasses.replace(att._DECODE_CONFIGS_GLUON[128], l2_bulk=n))
     idx["default"] = att.GLUON_DECODE_CONFIGS.index(base)
     assert att.GLUON_DECODE_CONFIGS[idx["f128"]] == att._DECODE_CONFIGS_GLUON[128]
     rep = aot.compile_all([90], kernels=["attention_decode_gluon"],
@@ -294,3 +298,9 @@ def test_l2_prefetch_variants_carry_their_hints(tmp_path):
     copies = r"LDGSTS\.E(?:\.[A-Z0-9]+)*"
     assert count("pring", r"LDGSTS\.E(?:\.[A-Z0-9]+)*\.LTC128B") > 0 and count("pring0", r"LTC128B") == 0
     assert count("pring", copies) == count("pring0", copies) > 0
+    # l2_bulk: one bulk prefetch (UBLKPF.L2, uniform operands: ptxas loops over the lanes' four) in the loop and one for
+    # each tile 2 .. n - 1 the prologue asks for; the loads keep the default's hint, and no CCTL prefetch
+    assert count("f128", r"UBLKPF") == 0
+    for n in (2, 3, 5):
+        assert count(f"b{n}", r"UBLKPF\.L2\b") == n - 1, n
+        assert count(f"b{n}", r"CCTL") == 0 and count(f"b{n}", wide) == count("f128", wide), n

@@ -43,13 +43,13 @@ def _id(c: att.DecodeConfig) -> str:
             f"{'-defer' if c.defer_sum else ''}{'-pairs' if c.tile_pairs else ''}{'-tma' if c.tma_loader else ''}"
             f"{'-sa2' if c.scales_ahead == 2 else ''}{'-pring' if c.ptx_ring else ''}"
             f"{f'-l2f{c.l2_fetch}' if c.l2_fetch else ''}{f'-l2a{c.l2_ahead}' if c.l2_ahead else ''}"
-            f"{'-l2s' if c.l2_scales else ''}")
+            f"{'-l2s' if c.l2_scales else ''}{f'-l2b{c.l2_bulk}' if c.l2_bulk else ''}")
 
 
 _NAMED = {
     "default": DEFAULT,
     "n32-w2": _G[2],
-    "placed": _G[-1],  # the bit placement (SM80/86)
+    "placed": att.GLUON_PLACED_CONFIG,  # the bit placement (SM80/86)
     "kt": next(c for c in _G if c.kt_logits),
     "fp32-scales": att.GLUON_FP32_SCALES_CONFIG,
     "lean-kt": next(c for c in _G if c.lean and c.kt_logits),

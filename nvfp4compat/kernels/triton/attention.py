@@ -1425,8 +1425,24 @@ class DecodeConfig:
     # uses 8 bytes of a 32-byte sector: run V's ncu puts 95% of the default's excess L2 sectors on these loads. Opt-in:
     # on an H100 (run V) within 0.7% of the default on all seven decode shapes
     l2_scales: bool = False
+    # with gluon and page_tile (where a launch takes it), no ring, no tile_pairs and no l2_ahead, n >= 2, on SM90+ (other
+    # GPUs run the config without it): the one-tile loop asks L2 for tile i + n in step i by bulk prefetches (decode_gluon,
+    # L2_BULK: cp.async.bulk.prefetch.L2, the TMA unit's, one instruction per warp and tensor, no register, no L1 miss
+    # slot, never waited for). Each program takes a 1 / num_kv_heads slice of the page span that holds every KV head's
+    # rows of a warp's keys (NHD; the other KV heads' programs of the chunk run beside it and take the other slices), or
+    # its own rows (HND). l2_ahead's per-thread prefetch.global.L2 held the loads back (run V); this one leaves the SM's
+    # load path alone. Opt-in, not yet run on a GPU
+    l2_bulk: int = 0
 
     def __post_init__(self) -> None:
+        if self.l2_bulk < 0 or self.l2_bulk == 1 or (self.l2_bulk and (
+                not self.gluon or not self.page_tile or self.ring or self.tile_pairs or self.l2_ahead)):
+            raise ValueError(
+                f"DecodeConfig(l2_bulk={self.l2_bulk}, gluon={self.gluon}, page_tile={self.page_tile}, ring={self.ring}, "
+                f"tile_pairs={self.tile_pairs}, l2_ahead={self.l2_ahead}): l2_bulk is 0 or a tile distance of 2 or "
+                "more, for the Gluon kernel's page-tiled loop without a ring, tile_pairs or l2_ahead; use l2_bulk=0 or "
+                "such a config"
+            )
         if self.l2_scales and (not self.l2_fetch or self.ring):
             raise ValueError(
                 f"DecodeConfig(l2_scales=True, l2_fetch={self.l2_fetch}, ring={self.ring}): l2_scales gives the block-scale "
@@ -1597,12 +1613,14 @@ _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "
                       "MERGE_CB", "SWAP_AB")
 _GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW", "PAGE_TILE", "IMAD_SHR",
                       "LAZY", "TOK_K", "TOK_V", "TOK_KS", "TOK_VS", "RING", "DEFER_SUM", "PAIR", "k_desc", "v_desc",
-                      "TMA", "SCALE_AHEAD", "PRING", "L2_FETCH", "L2_AHEAD", "L2_SCALES")
+                      "TMA", "SCALE_AHEAD", "PRING", "L2_FETCH", "L2_AHEAD", "L2_SCALES", "L2_BULK")
 # The SASS counts in the comments below are those of the change that added each config. Since the page_tile thread
 # offsets were split into lane and register parts (decode_gluon._thread_offsets, 2026-12-05) the page_tile configs'
 # unmasked loops are shorter (sm_90, triton 3.6.0, per 16 keys and warp): the default 408 instructions and 116
 # registers (430, 122 before), page_tile alone and on one warp uncapped 403 at 128 (410 at 156, 148), the one-warp
 # config 420 at 104 (434), the ring of 3 455 at 116 (474 at 110), its one-warp form 467 at 103 (475).
+# the bit-placement decode (what SM80/86 run; the default of run K), in GLUON_DECODE_CONFIGS as config 48
+GLUON_PLACED_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, gluon=True)
 GLUON_DECODE_CONFIGS = (
     # the lean scales (the default from run N until run O; 9-16 rows still take it)
     _GLUON_LEAN,
@@ -1730,7 +1748,15 @@ GLUON_DECODE_CONFIGS = (
     # the bit-placement decode (what SM80/86 run; the default of run K): compiled for sm_90 (triton 3.6.0, <= 8 rows)
     # 161 registers and 580 instructions in the unmasked loop per 16 keys and warp, against the E4M3 conversion's
     # 152 and 524 (64 F2FP.F16.E4M3 in place of the bit placement)
-    DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_sm=3, gluon=True),
+    GLUON_PLACED_CONFIG,
+    # the default with the tile 2, 3 and 5 ahead asked of L2 by bulk prefetches (l2_bulk, SM90+; elsewhere the default;
+    # one program of a chunk's KV heads in turn asks for the rows of all of them, NHD). sm_90 (triton 3.6.0): 122 / 122
+    # / 121 registers, no spill; the unmasked loop 433 instructions per 16 keys and warp where it is not this program's
+    # turn (the default 408; 17 more of them on the uniform pipe), 25 more in its turn. Candidates for the H200, where
+    # the default is latency-bound (run O: DRAM 57% of peak). Not yet run on a GPU
+    replace(_DECODE_CONFIGS_GLUON[128], l2_bulk=2),
+    replace(_DECODE_CONFIGS_GLUON[128], l2_bulk=3),
+    replace(_DECODE_CONFIGS_GLUON[128], l2_bulk=5),
 )
 # Warps of a decode launch whose config has fewer, when (a) BLOCK_M > 16: at 2 warps the
 # accumulators do not fit (SM90, head_dim 128: BLOCK_M 32 spills 8 bytes, BLOCK_M 64 spills 1.5 KB,
@@ -2230,6 +2256,7 @@ class _DecodeLaunch:
     pdl: int = 0  # the merge kernel as a programmatic dependent launch of the decode kernel (MERGE_PDL, SM90+)
     balance: int = 0  # SPLIT_BALANCE_STEPS: the kernels' BALANCE (decode and merge must agree)
     tma: bool = False  # the Gluon ring filled by a TMA loader warp (cfg.tma_loader, _gluon_tma), where the bases allow
+    l2_bulk: int = 0  # the Gluon kernel's L2_BULK (_gluon_l2_bulk)
 
 
 def _balance_steps(batch: int, programs: int) -> int:
@@ -2290,7 +2317,16 @@ def _decode_launch(
         pdl=_merge_pdl(device),
         balance=_balance_steps(batch, programs),
         tma=gluon and cfg.gluon and _gluon_tma(cfg, _gluon_ring(cfg, tok[0] > 0), device, cl),
+        l2_bulk=_gluon_l2_bulk(cfg, _gluon_ring(cfg, tok[0] > 0), tok[0] > 0, _cc(device)) if gluon and cfg.gluon else 0,
     )  # fmt: skip
+
+
+def _cc(device: torch.device) -> int:
+    """``device``'s compute capability as ``major * 10 + minor`` (0 off CUDA or under the interpreter)."""
+    if device.type != "cuda" or interpreting():
+        return 0
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor
 
 
 def _pdl_by_cc(cc: int, level: int = 1) -> dict[str, Any]:
@@ -2368,6 +2404,14 @@ def _gluon_l2(cfg: DecodeConfig, ring: int, page_tile: bool, pring: bool = False
     if ring:
         return cfg.l2_fetch, 0, False
     return cfg.l2_fetch, cfg.l2_ahead, cfg.l2_scales
+
+
+def _gluon_l2_bulk(cfg: DecodeConfig, ring: int, page_tile: bool, cc: int) -> int:
+    """The Gluon kernel's ``L2_BULK`` for a launch with ``cfg``, ``RING`` ``ring`` (:func:`_gluon_ring`) and
+    ``PAGE_TILE`` ``page_tile`` on a device of compute capability ``cc`` (``major * 10 + minor``): the config's
+    ``l2_bulk`` where the launch runs the page-tiled loop without a ring on SM90+ (the bulk prefetch is Hopper's), else
+    0."""
+    return cfg.l2_bulk if page_tile and not ring and cc >= 90 else 0
 
 
 def _gluon_pring(cfg: DecodeConfig, ring: int, rows: int) -> bool:
@@ -2586,7 +2630,7 @@ def _run_decode(
                 TOK_K=tok[0], TOK_V=tok[1], TOK_KS=tok[2], TOK_VS=tok[3], RING=ring,
                 DEFER_SUM=d.cfg.defer_sum, PAIR=d.cfg.tile_pairs,
                 SCALE_AHEAD=_gluon_scale_ahead(d.cfg, ring), PRING=_gluon_pring(d.cfg, ring, d.group * qmax),
-                L2_FETCH=l2[0], L2_AHEAD=l2[1], L2_SCALES=l2[2],
+                L2_FETCH=l2[0], L2_AHEAD=l2[1], L2_SCALES=l2[2], L2_BULK=d.l2_bulk,
                 k_desc=descs[0] if descs else None, v_desc=descs[1] if descs else None, TMA=descs is not None,
             )  # fmt: skip
             launched = True
@@ -3091,9 +3135,13 @@ def aot_variants() -> dict[str, list[Any]]:
             sig.update(dict.fromkeys(("k_desc", "v_desc"), _TMA_DESC_TYPE))
         else:
             c.update(k_desc=None, v_desc=None)
+        # the bulk L2 prefetch where the launcher takes it: SM90+
+        bulk = _gluon_l2_bulk(cfg, c["RING"], c["PAGE_TILE"], 90)
+        c["L2_BULK"] = 0
         # the E4M3 conversion where the launcher takes it: SM89+
         by_cc = (lambda cc: {"CVT8": cc >= 89, "LEAN": cfg.lean and cc >= 89, "IMAD_SHR": cfg.imad_shr and cc >= 89,
-                             **(_pdl_by_cc(cc, pdl) if pdl else {}), **({"TMA": cc >= 90} if tma else {})}
+                             **(_pdl_by_cc(cc, pdl) if pdl else {}), **({"TMA": cc >= 90} if tma else {}),
+                             **({"L2_BULK": bulk if cc >= 90 else 0} if bulk else {})}
                  ) if cfg.e4m3_cvt else (functools.partial(_pdl_by_cc, level=pdl) if pdl else None)
         glu.append(AotVariant(label, sig, c, cfg.num_warps, 1, _pointer_attrs(sig), maxnreg=cfg.maxnreg, by_cc=by_cc))
 
@@ -3136,7 +3184,7 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-lazy-q2-sinks-softcap-lse", lazy, qmax=2, HAS_SOFTCAP=True, HAS_SINKS=True, RETURN_LSE=True)
     add_gluon("fp16-d128-lazy-g16-window-page-any", lazy, dtype="fp16", group=16, pow2=False, even=False,
               HAS_WINDOW=True)
-    placed = GLUON_DECODE_CONFIGS[-1]  # the bit placement on every target
+    placed = GLUON_PLACED_CONFIG  # the bit placement on every target
     add_gluon("bf16-d128-placed-q2-all", placed, qmax=2, **_FEATURES_ON)
     add_gluon("fp16-d128-placed-g16", placed, dtype="fp16", group=16)
     # the ring declared in inline PTX (ptx_ring) at 16 rows (built without it) and at 8 and 4 rows with features

@@ -833,6 +833,71 @@ def _l2_prefetch(
     )
 
 
+# ``L2_BULK``: one bulk prefetch into L2 (the TMA unit's ``cp.async.bulk.prefetch.L2``, SM90+: no register, no L1
+# miss slot, never waited for) of ``$2`` bytes (a multiple of 16; 0: none) at the 16-byte aligned address ``$1``
+_BULK_PREFETCH_TEXT = gl.constexpr(
+    "{\n\t.reg .pred bp;\n\tsetp.ne.s32 bp, $2, 0;\n\t@bp cp.async.bulk.prefetch.L2.global [$1], $2;\n\t"
+    "mov.b32 $0, 0;\n\t}"
+)
+
+
+@gluon.jit
+def _bulk_span(base, s_p, hs, kvh, num_kv_heads, TOK: gl.constexpr, ROW: gl.constexpr, KW: gl.constexpr):
+    """``L2_BULK``: the bytes of one cache tensor under a warp's ``KW`` keys of a page that :func:`_l2_bulk` asks
+    for, as an offset from the tensor's row of KV head 0 and the warp's first key (int64) and a length (int32; 0: no
+    prefetch). With the KV heads inside a token's row (NHD: head stride ``hs`` below the token stride ``TOK``), the
+    span from KV head 0's row of the first key to the end of the last KV head's row of the last key: every KV head's
+    rows of the keys, which the chunk's programs of all KV heads (adjacent program ids, running side by side) read.
+    Otherwise (HND: a KV head's rows of a page are contiguous), this KV head's own rows. Every byte lies between two
+    rows of the cache, inside its storage. The length is cut to a multiple of 16 bytes, and is 0 where the span's start
+    cannot be 16-byte aligned (the tensor's base, page stride or head offset is not a multiple of 16: the bulk copy's
+    rule; the warp's first key is a multiple of ``KW`` >= 16, so the key offset keeps the alignment)."""
+    nhd = hs < TOK
+    head_off = gl.where(nhd, 0, kvh.to(gl.int64) * hs)
+    span = gl.where(nhd, (num_kv_heads - 1) * hs, 0) + ((KW - 1) * TOK + ROW)
+    aligned = ((base.to(gl.int64, bitcast=True) + head_off) % 16 == 0) & (s_p % 16 == 0)
+    return head_off, gl.where(aligned, span // 16 * 16, 0).to(gl.int32)
+
+
+@gluon.jit
+def _bulk_lanes(
+    kvh, num_kv_heads, k_ptr, v_ptr, ks_ptr, vs_ptr, s_kp, s_vp, s_ksp, s_vsp, hs_k, hs_v, hs_ks, hs_vs,
+    TOK_K: gl.constexpr, TOK_V: gl.constexpr, TOK_KS: gl.constexpr, TOK_VS: gl.constexpr, NW: gl.constexpr,
+    KW: gl.constexpr,
+):
+    """``L2_BULK``: the loop-invariant part of :func:`_l2_bulk`'s prefetches, one per lane in :func:`_lanes_layout`:
+    lane 0 the K words, 1 the V words, 2 the K scales, 3 the V scales (:func:`_bulk_span`); the other lanes none.
+    Returns each lane's address at page 0 and key 0 (int64), page stride (int64), token stride and length (int32),
+    and how many programs take turns (the KV heads where the K words' span holds them all, NHD; else 1)."""
+    LP: gl.constexpr = _lanes_layout(NW)
+    lane = _iota(32, LP, 2, 1) + _iota(NW, LP, 2, 0) * 0
+    ok, nk = _bulk_span(k_ptr, s_kp, hs_k, kvh, num_kv_heads, TOK_K, 64, KW)
+    ov, nv = _bulk_span(v_ptr, s_vp, hs_v, kvh, num_kv_heads, TOK_V, 64, KW)
+    oks, nks = _bulk_span(ks_ptr, s_ksp, hs_ks, kvh, num_kv_heads, TOK_KS, 8, KW)
+    ovs, nvs = _bulk_span(vs_ptr, s_vsp, hs_vs, kvh, num_kv_heads, TOK_VS, 8, KW)
+    at = gl.where(lane == 0, k_ptr.to(gl.int64, bitcast=True) + ok,
+                  gl.where(lane == 1, v_ptr.to(gl.int64, bitcast=True) + ov,
+                           gl.where(lane == 2, ks_ptr.to(gl.int64, bitcast=True) + oks,
+                                    vs_ptr.to(gl.int64, bitcast=True) + ovs)))
+    sp = gl.where(lane == 0, s_kp.to(gl.int64),
+                  gl.where(lane == 1, s_vp.to(gl.int64), gl.where(lane == 2, s_ksp.to(gl.int64), s_vsp.to(gl.int64))))
+    tok = gl.where(lane == 0, TOK_K, gl.where(lane == 1, TOK_V, gl.where(lane == 2, TOK_KS, TOK_VS)))
+    n = gl.where(lane == 0, nk, gl.where(lane == 1, nv, gl.where(lane == 2, nks, gl.where(lane == 3, nvs, 0))))
+    turns = gl.where(hs_k < TOK_K, num_kv_heads, 1)
+    return at, sp, tok, n, turns
+
+
+@gluon.jit
+def _l2_bulk(n0, p, page_size, at, sp, tok, n, NW: gl.constexpr, KW: gl.constexpr):
+    """``L2_BULK``: the tile at ``n0``'s spans (:func:`_bulk_lanes`) asked of L2 by bulk prefetches
+    (:data:`_BULK_PREFETCH_TEXT`), one per tensor and warp, at the warps' checked page ids ``p``
+    (:func:`_prefetch_pages`). The operands differ between the warps, so ptxas issues the four lanes' prefetches
+    one after another (``R2UR``, ``UBLKPF.L2``, ``BRA.U.ANY``)."""
+    slot = (n0 + _iota(NW, _lanes_layout(NW), 2, 0) * KW) & (page_size - 1)
+    addr = at + p.to(gl.int64) * sp + (slot * tok).to(gl.int64)
+    gl.inline_asm_elementwise(_BULK_PREFETCH_TEXT, "=r,l,r", [addr, n], dtype=gl.int32, is_pure=False, pack=1)
+
+
 @gluon.jit
 def _ring_copy(n0, pk, pv, page_size, k_base, v_base, s_kp, s_vp, off_k, off_va, off_vb, k_ring, va_ring, vb_ring,
                stage, TOK_K: gl.constexpr, TOK_V: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, NW: gl.constexpr,
@@ -1403,7 +1468,7 @@ def gluon_decode_kernel(
     TOK_VS: gl.constexpr = 0, RING: gl.constexpr = 0, DEFER_SUM: gl.constexpr = False, PDL: gl.constexpr = False,
     PAIR: gl.constexpr = False, k_desc=None, v_desc=None, TMA: gl.constexpr = False, SCALE_AHEAD: gl.constexpr = 1,
     PRING: gl.constexpr = False, BALANCE: gl.constexpr = 0, L2_FETCH: gl.constexpr = 0, L2_AHEAD: gl.constexpr = 0,
-    L2_SCALES: gl.constexpr = False,
+    L2_SCALES: gl.constexpr = False, L2_BULK: gl.constexpr = 0,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation,
     no fused merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
@@ -1438,7 +1503,10 @@ def gluon_decode_kernel(
     aligned block around a missed row, the other KV heads' rows of the token beside it); ``L2_AHEAD`` (``n >= 2``; with ``PAGE_TILE``, no ``RING`` or ``PAIR``,
     16 keys per warp): the one-tile loop asks L2 for tile ``i + n``'s K and V rows and block scales in step ``i``
     (:func:`_l2_prefetch`; page ids one step before, clamped to the checked range), on top of tile ``i + 1``'s loads
-    to registers."""
+    to registers; ``L2_BULK`` (``n >= 2``, SM90+; with ``PAGE_TILE``, no ``RING``, ``PAIR`` or ``L2_AHEAD``): the
+    same distance by bulk prefetches (:func:`_l2_bulk`: one ``cp.async.bulk.prefetch.L2`` per warp and tensor, of
+    this program's 1 / ``num_kv_heads`` slice of the page span that holds every KV head's rows of the warp's keys
+    (NHD), or of its own rows (HND))."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
     gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
     gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
@@ -1460,6 +1528,8 @@ def gluon_decode_kernel(
     SF_FETCH: gl.constexpr = L2_FETCH if L2_SCALES else 0
     gl.static_assert(L2_AHEAD == 0 or (L2_AHEAD >= 2 and PAGE_TILE and RING == 0 and not PAIR),
                      "L2_AHEAD is 0 or >= 2, and takes PAGE_TILE, no RING, no PAIR")
+    gl.static_assert(L2_BULK == 0 or (L2_BULK >= 2 and PAGE_TILE and RING == 0 and not PAIR and L2_AHEAD == 0),
+                     "L2_BULK is 0 or >= 2, and takes PAGE_TILE, no RING, no PAIR, no L2_AHEAD")
     gl.static_assert(not PAGE_TILE or (TOK_K > 0 and TOK_V > 0 and TOK_KS > 0 and TOK_VS > 0),
                      "PAGE_TILE takes the token strides as constexprs (TOK_K, TOK_V, TOK_KS, TOK_VS)")
     # PAGE_TILE's next V words are loaded, in source, after the P V of the current ones: on sm_90 (triton 3.6.0, when
@@ -1726,6 +1796,24 @@ def gluon_decode_kernel(
                                      page_size, k_base, v_base, ks_base, vs_base, s_kp, s_vp, s_ksp, s_vsp, TOK_K, TOK_V,
                                      TOK_KS, TOK_VS, NW, KW, IT)
                     pq = _prefetch_pages(n0 + L2_AHEAD * BLOCK_N, last, bt_row, page_shift, NW, KW)
+                if L2_BULK > 0:
+                    # this program's shares of tiles 2 .. L2_BULK - 1 asked of L2 now, and the page ids of tile L2_BULK
+                    b_at, b_sp, b_tok, b_n, b_turns = _bulk_lanes(
+                        kvh, num_kv_heads, k_ptr, v_ptr, ks_ptr, vs_ptr, s_kp, s_vp, s_ksp, s_vsp,
+                        gl.to_tensor(stride_kh).to(gl.int64) * DATA_ALIGN, gl.to_tensor(stride_vh).to(gl.int64) * DATA_ALIGN,
+                        gl.to_tensor(stride_ksh).to(gl.int64) * SF_ALIGN, gl.to_tensor(stride_vsh).to(gl.int64) * SF_ALIGN,
+                        TOK_K, TOK_V, TOK_KS, TOK_VS, NW, KW,
+                    )
+                    # the programs of a chunk's KV heads take turns where one span holds all their rows (NHD): this
+                    # one asks for the tiles j with j - b_begin = kvh (mod turns) in step j - L2_BULK (b_turn counts
+                    # down to the next); with HND every program asks for its own rows of every tile
+                    b_turn = kvh % b_turns
+                    for r in gl.static_range(2, L2_BULK):
+                        if (r - b_turn) % b_turns == 0:
+                            _l2_bulk(n0 + r * BLOCK_N, _prefetch_pages(n0 + r * BLOCK_N, last, bt_row, page_shift, NW, KW),
+                                     page_size, b_at, b_sp, b_tok, b_n, NW, KW)
+                    b_turn = (b_turn - L2_BULK % b_turns + b_turns) % b_turns
+                    pq = _prefetch_pages(n0 + L2_BULK * BLOCK_N, last, bt_row, page_shift, NW, KW)
             pk, pa = _warp_pages(n0 + (2 if RING_PAIRS or SCALES2 else 1) * BLOCK_N, last, bt_row, page_shift, LK, LV,
                                  NW, KW)
         else:
@@ -1854,6 +1942,11 @@ def gluon_decode_kernel(
                             _l2_prefetch(n0 + L2_AHEAD * BLOCK_N, pq, page_size, k_base, v_base, ks_base, vs_base, s_kp,
                                          s_vp, s_ksp, s_vsp, TOK_K, TOK_V, TOK_KS, TOK_VS, NW, KW, IT)
                             pq = _prefetch_pages(n0 + (L2_AHEAD + 1) * BLOCK_N, last, bt_row, page_shift, NW, KW)
+                        if L2_BULK > 0:  # tile i + L2_BULK where it is this program's turn; the page ids of the next
+                            if b_turn == 0:
+                                _l2_bulk(n0 + L2_BULK * BLOCK_N, pq, page_size, b_at, b_sp, b_tok, b_n, NW, KW)
+                            b_turn = gl.where(b_turn == 0, b_turns, b_turn) - 1
+                            pq = _prefetch_pages(n0 + (L2_BULK + 1) * BLOCK_N, last, bt_row, page_shift, NW, KW)
                         # the next tile's K words here, its V words here or (V_LATE) after this tile's P V (below)
                         kw_n, ks_n = _k_words_paged(n0 + BLOCK_N, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k,
                                                     off_ks, TOK_K, TOK_KS, LK, NW, KW, IT, L2_FETCH, SF_FETCH)
