@@ -1431,7 +1431,9 @@ class DecodeConfig:
     # slot, never waited for). Each program takes a 1 / num_kv_heads slice of the page span that holds every KV head's
     # rows of a warp's keys (NHD; the other KV heads' programs of the chunk run beside it and take the other slices), or
     # its own rows (HND). l2_ahead's per-thread prefetch.global.L2 held the loads back (run V); this one leaves the SM's
-    # load path alone. Opt-in, not yet run on a GPU
+    # load path alone. Opt-in: on an H100 (run W) slower on six decode shapes, the more so the further ahead (2: +0.9% to
+    # +6.4%, 3: up to +13.5%, 5: up to +32.5%; ncu with 3: 11% more DRAM bytes); GPU tests and memcheck pass. Kept for
+    # the H200, where the default reads less of DRAM's peak (run O: 57%, the H100 77%)
     l2_bulk: int = 0
 
     def __post_init__(self) -> None:
@@ -1753,7 +1755,8 @@ GLUON_DECODE_CONFIGS = (
     # one program of a chunk's KV heads in turn asks for the rows of all of them, NHD). sm_90 (triton 3.6.0): 122 / 122
     # / 121 registers, no spill; the unmasked loop 433 instructions per 16 keys and warp where it is not this program's
     # turn (the default 408; 17 more of them on the uniform pipe), 25 more in its turn. Candidates for the H200, where
-    # the default is latency-bound (run O: DRAM 57% of peak). Not yet run on a GPU
+    # the default is latency-bound (run O: DRAM 57% of peak). H100 (run W, six decode shapes against the default):
+    # +0.9-6.4% (2), +2.6-13.5% (3), +3.4-32.5% (5); GPU tests and memcheck pass
     replace(_DECODE_CONFIGS_GLUON[128], l2_bulk=2),
     replace(_DECODE_CONFIGS_GLUON[128], l2_bulk=3),
     replace(_DECODE_CONFIGS_GLUON[128], l2_bulk=5),
