@@ -1504,9 +1504,9 @@ def gluon_decode_kernel(
     16 keys per warp): the one-tile loop asks L2 for tile ``i + n``'s K and V rows and block scales in step ``i``
     (:func:`_l2_prefetch`; page ids one step before, clamped to the checked range), on top of tile ``i + 1``'s loads
     to registers; ``L2_BULK`` (``n >= 2``, SM90+; with ``PAGE_TILE``, no ``RING``, ``PAIR`` or ``L2_AHEAD``): the
-    same distance by bulk prefetches (:func:`_l2_bulk`: one ``cp.async.bulk.prefetch.L2`` per warp and tensor, of
-    this program's 1 / ``num_kv_heads`` slice of the page span that holds every KV head's rows of the warp's keys
-    (NHD), or of its own rows (HND))."""
+    same distance by bulk prefetches (:func:`_l2_bulk`: one ``cp.async.bulk.prefetch.L2`` per warp and tensor, of the
+    page span that holds every KV head's rows of the warp's keys, asked for by the chunk's KV head programs in turn
+    (NHD), or of the program's own rows, every tile (HND))."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
     gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
     gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
@@ -1797,7 +1797,8 @@ def gluon_decode_kernel(
                                      TOK_KS, TOK_VS, NW, KW, IT)
                     pq = _prefetch_pages(n0 + L2_AHEAD * BLOCK_N, last, bt_row, page_shift, NW, KW)
                 if L2_BULK > 0:
-                    # this program's shares of tiles 2 .. L2_BULK - 1 asked of L2 now, and the page ids of tile L2_BULK
+                    # the tiles 2 .. L2_BULK - 1 of this program's turns asked of L2 now, and the page ids of tile
+                    # L2_BULK
                     b_at, b_sp, b_tok, b_n, b_turns = _bulk_lanes(
                         kvh, num_kv_heads, k_ptr, v_ptr, ks_ptr, vs_ptr, s_kp, s_vp, s_ksp, s_vsp,
                         gl.to_tensor(stride_kh).to(gl.int64) * DATA_ALIGN, gl.to_tensor(stride_vh).to(gl.int64) * DATA_ALIGN,
