@@ -1428,9 +1428,9 @@ class DecodeConfig:
     # with gluon and page_tile (where a launch takes it), no ring, no tile_pairs and no l2_ahead, n >= 2, on SM90+ (other
     # GPUs run the config without it): the one-tile loop asks L2 for tile i + n in step i by bulk prefetches (decode_gluon,
     # L2_BULK: cp.async.bulk.prefetch.L2, the TMA unit's, one instruction per warp and tensor, no register, no L1 miss
-    # slot, never waited for). Each program takes a 1 / num_kv_heads slice of the page span that holds every KV head's
-    # rows of a warp's keys (NHD; the other KV heads' programs of the chunk run beside it and take the other slices), or
-    # its own rows (HND). l2_ahead's per-thread prefetch.global.L2 held the loads back (run V); this one leaves the SM's
+    # slot, never waited for). In NHD one page span holds every KV head's rows of a warp's keys, and the programs of a
+    # chunk's KV heads (running side by side) take turns asking for it; in HND each program asks for its own rows every
+    # tile. l2_ahead's per-thread prefetch.global.L2 held the loads back (run V); this one leaves the SM's
     # load path alone. Opt-in: on an H100 (run W) slower on six decode shapes, the more so the further ahead (2: +0.9% to
     # +6.4%, 3: up to +13.5%, 5: up to +32.5%; ncu with 3: 11% more DRAM bytes); GPU tests and memcheck pass. Kept for
     # the H200, where the default reads less of DRAM's peak (run O: 57%, the H100 77%)
@@ -2299,6 +2299,7 @@ def _decode_launch(
     merge_block_h, merge_chunk_block = merge_blocks(a.num_qo_heads, views.head_dim)
     cfg = decode_config(views.head_dim, block_m, chunks * views.num_kv_heads, num_sms, rotate, gluon, rows)
     tok = _gluon_page_tile_tok(cfg, views.page_size, a.window, cl) if gluon and cfg.gluon else (0, 0, 0, 0)
+    ring = _gluon_ring(cfg, tok[0] > 0)
     return _DecodeLaunch(
         num_kv_heads=views.num_kv_heads, head_dim=views.head_dim, page_size=views.page_size,
         num_qo_heads=a.num_qo_heads, group=a.group, qmax=qmax, block_m=block_m, programs=programs,
@@ -2319,8 +2320,8 @@ def _decode_launch(
         page_tile_tok=tok,
         pdl=_merge_pdl(device),
         balance=_balance_steps(batch, programs),
-        tma=gluon and cfg.gluon and _gluon_tma(cfg, _gluon_ring(cfg, tok[0] > 0), device, cl),
-        l2_bulk=_gluon_l2_bulk(cfg, _gluon_ring(cfg, tok[0] > 0), tok[0] > 0, _cc(device)) if gluon and cfg.gluon else 0,
+        tma=gluon and cfg.gluon and _gluon_tma(cfg, ring, device, cl),
+        l2_bulk=_gluon_l2_bulk(cfg, ring, tok[0] > 0, _cc(device)) if gluon and cfg.gluon else 0,
     )  # fmt: skip
 
 
@@ -3138,13 +3139,12 @@ def aot_variants() -> dict[str, list[Any]]:
             sig.update(dict.fromkeys(("k_desc", "v_desc"), _TMA_DESC_TYPE))
         else:
             c.update(k_desc=None, v_desc=None)
-        # the bulk L2 prefetch where the launcher takes it: SM90+
-        bulk = _gluon_l2_bulk(cfg, c["RING"], c["PAGE_TILE"], 90)
+        # the bulk L2 prefetch where the launcher takes it (SM90+: _gluon_l2_bulk per target in by_cc)
         c["L2_BULK"] = 0
         # the E4M3 conversion where the launcher takes it: SM89+
         by_cc = (lambda cc: {"CVT8": cc >= 89, "LEAN": cfg.lean and cc >= 89, "IMAD_SHR": cfg.imad_shr and cc >= 89,
                              **(_pdl_by_cc(cc, pdl) if pdl else {}), **({"TMA": cc >= 90} if tma else {}),
-                             **({"L2_BULK": bulk if cc >= 90 else 0} if bulk else {})}
+                             **({"L2_BULK": _gluon_l2_bulk(cfg, c["RING"], c["PAGE_TILE"], cc)} if cfg.l2_bulk else {})}
                  ) if cfg.e4m3_cvt else (functools.partial(_pdl_by_cc, level=pdl) if pdl else None)
         glu.append(AotVariant(label, sig, c, cfg.num_warps, 1, _pointer_attrs(sig), maxnreg=cfg.maxnreg, by_cc=by_cc))
 
