@@ -33,6 +33,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import sys
 import time
 import warnings
@@ -98,6 +99,71 @@ def _full_shapes() -> list[Shape]:
         Shape("mixed 2 x 2K chunks + 100 decodes @4K", "prefill", (4096,) * 102, (2048,) * 2 + (1,) * 100,
               target="no regression"),
     ]
+
+
+_DECODE_GOALS = {"uniform": "<= 0.40x FlashInfer bf16 TC decode", "ragged": "<= 0.45x FlashInfer bf16 TC decode",
+                 "single": "<= 1.0x FlashInfer bf16 TC decode"}
+_SPEC_HELP = ("'decode [ragged] B x L' with L in tokens (e.g. 300, 2K, 0.5K) or, for ragged, LO-HI (B lengths spread "
+              "over [LO, HI], fixed), then optionally 'Q/KV heads', 'page P', 'hd D' (one query token a request: FlashInfer's decode "
+              "wrapper); "
+              "e.g. 'decode 1 x 2K', 'decode ragged 64 x 0.1K-8K 32/4 heads page 32'")
+
+
+def _tokens(text: str, spec: str) -> int:
+    """'2K' -> 2048, '0.5K' -> 512, '0.1K' -> 102 (rounded), '300' -> 300 (a length of ``spec``)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kK]?)", text)
+    if not m:
+        raise ValueError(f"--shape {spec!r}: length {text!r} is not a number of tokens such as 300, 2K or 0.5K")
+    n = round(float(m.group(1)) * (1024 if m.group(2) else 1))
+    if n < 1:
+        raise ValueError(f"--shape {spec!r}: length {text!r} is {n} tokens; it needs at least 1")
+    return n
+
+
+def parse_shape(spec: str) -> Shape:
+    """A decode shape from its description (``--shape``): :data:`_SPEC_HELP`. Its name is the description, and its
+    target the issue's goal for its kind (one request, ragged or uniform)."""
+    words = spec.split()
+    m = re.fullmatch(r"decode (ragged )?(\d+) x (\S+)((?: \S+)*)", " ".join(words))
+    if not m:
+        raise ValueError(f"--shape {spec!r}: not a shape description; it needs {_SPEC_HELP}")
+    ragged, batch = bool(m.group(1)), int(m.group(2))
+    if batch < 1:
+        raise ValueError(f"--shape {spec!r}: batch {batch}; it needs at least 1 request")
+    if ragged:
+        lo_hi = m.group(3).split("-")
+        if len(lo_hi) != 2:
+            raise ValueError(f"--shape {spec!r}: a ragged batch needs its lengths as LO-HI (e.g. 0.1K-32K), got "
+                             f"{m.group(3)!r}")
+        lo, hi = (_tokens(x, spec) for x in lo_hi)
+        if lo > hi:
+            raise ValueError(f"--shape {spec!r}: LO {lo} is above HI {hi}; write the shorter length first")
+        # spread by a large prime step over [lo, hi], both ends included where batch >= 2 (fixed: no seed)
+        lens = tuple(lo if i == 0 else hi if i == batch - 1 else lo + (i * 104729) % (hi - lo + 1)
+                     for i in range(batch))
+    else:
+        lens = (_tokens(m.group(3), spec),) * batch
+    opts: dict[str, int] = {}
+    rest = m.group(4).split()
+    i = 0
+    while i < len(rest):
+        hm = re.fullmatch(r"(\d+)/(\d+)", rest[i])
+        if hm and i + 1 < len(rest) and rest[i + 1] == "heads":
+            opts["num_qo_heads"], opts["num_kv_heads"] = int(hm.group(1)), int(hm.group(2))
+            i += 2
+        elif rest[i] in ("page", "hd") and i + 1 < len(rest) and rest[i + 1].isdigit():
+            opts[{"page": "page_size", "hd": "head_dim"}[rest[i]]] = int(rest[i + 1])
+            i += 2
+        else:
+            raise ValueError(f"--shape {spec!r}: cannot read {' '.join(rest[i:])!r}; the options are 'Q/KV heads', "
+                             "'page P' and 'hd D'")
+    qo, kv = opts.get("num_qo_heads", 32), opts.get("num_kv_heads", 8)
+    if kv < 1 or qo < 1 or qo % kv or opts.get("page_size", 16) < 1 or opts.get("head_dim", 128) < 1:
+        raise ValueError(f"--shape {spec!r}: {qo}/{kv} heads, page {opts.get('page_size', 16)}, head_dim "
+                         f"{opts.get('head_dim', 128)}: the query heads must be a multiple of the KV heads, and the "
+                         "page and head_dim at least 1")
+    kind = "single" if batch == 1 else "ragged" if ragged else "uniform"
+    return Shape(" ".join(words), "decode", lens, (1,) * batch, target=_DECODE_GOALS[kind], **opts)
 
 
 def _quick_shapes() -> list[Shape]:
@@ -560,6 +626,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-sweep", action="store_true", help="only the default Triton config per shape")
     ap.add_argument("--no-flashinfer", action="store_true", help="skip the FlashInfer baselines")
     ap.add_argument("--shapes", default=None, help="comma-separated substrings selecting shapes (e.g. 'B=8,prefill')")
+    ap.add_argument("--shape", action="append", default=[], metavar="SPEC",
+                    help="also time a decode shape described as " + _SPEC_HELP + " (repeatable; with --shapes, the "
+                         "selected catalogue shapes and these)")
     ap.add_argument("--json", default=None,
                     help="also write every row to this JSON file, rewritten after each shape ('complete' is false "
                          "until the last shape is done, so a run cut off by a time limit keeps its finished shapes)")
@@ -607,6 +676,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.shapes:
         keys = [k.strip() for k in args.shapes.split(",") if k.strip()]
         shapes = [s for s in shapes if any(k in s.name for k in keys)]
+    try:
+        extra = [parse_shape(spec) for spec in args.shape]
+    except ValueError as err:
+        raise SystemExit(f"bench_attention: {err}") from None
+    if extra:
+        if not args.shapes:  # only the described shapes
+            shapes = []
+        shapes += extra
     env = f"torch {torch.__version__}, triton {triton.__version__}"
     if device.type == "cuda":
         env = f"{torch.cuda.get_device_name(device)} ({torch.cuda.get_device_properties(device).multi_processor_count} SMs), " + env

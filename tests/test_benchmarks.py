@@ -304,3 +304,28 @@ def test_bench_serving_summarizes_the_scheduler_per_batch_from_vllms_stat_lines(
                              "kv_usage_max_pct": 99.5, "lines": 2}  # fmt: skip
     assert bs._sched_cell(by) == "5-7 / 4 / 5"
     assert bs._sched_cell({"warmup": by["before"]}) == bs._sched_cell(None) == "no stat line"
+
+
+def test_bench_attention_reads_shape_descriptions(monkeypatch):
+    """``--shape``: a decode shape from its description, with the issue's goal for its kind; bad ones say why."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    bench = importlib.import_module("bench_attention")
+    one = bench.parse_shape("decode 1 x 2K")
+    assert (one.seq_lens, one.q_lens, one.num_qo_heads, one.num_kv_heads, one.page_size, one.head_dim) == (
+        (2048,), (1,), 32, 8, 16, 128)
+    assert one.target.startswith("<= 1.0x") and one.name == "decode 1 x 2K"
+    rag = bench.parse_shape("decode  ragged 64 x 0.1K-8K 32/4 heads page 32")
+    assert rag.name == "decode ragged 64 x 0.1K-8K 32/4 heads page 32" and rag.target.startswith("<= 0.45x")
+    assert len(rag.seq_lens) == 64 and min(rag.seq_lens) == 102 and max(rag.seq_lens) == 8192
+    assert len(set(rag.seq_lens)) > 32 and (rag.num_qo_heads, rag.num_kv_heads, rag.page_size) == (32, 4, 32)
+    assert bench.parse_shape("decode ragged 64 x 0.1K-8K").seq_lens == rag.seq_lens  # fixed, no seed
+    uni = bench.parse_shape("decode 256 x 300 hd 64")
+    assert uni.seq_lens == (300,) * 256 and uni.head_dim == 64 and uni.target.startswith("<= 0.40x")
+    for bad, says in [("prefill 1 x 2K", "not a shape description"), ("decode 1 x 2Q", "not a number of tokens"),
+                      ("decode ragged 4 x 8K", "LO-HI"), ("decode ragged 4 x 8K-1K", "shorter length first"),
+                      ("decode 0 x 1K", "at least 1 request"), ("decode 1 x 1K 30/8 heads", "multiple of the KV"),
+                      ("decode 1 x 1K page", "cannot read 'page'"), ("decode 1 x 0", "at least 1")]:
+        with pytest.raises(ValueError, match=says):
+            bench.parse_shape(bad)

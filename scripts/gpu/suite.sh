@@ -22,7 +22,9 @@
 #   variants    decode against FlashInfer 0.7.2.post1 on SHAPES (default: the six decode shapes), the sweep rows
 #               VARIANTS selects (bench_attention.py --variants; unset or empty: --no-sweep) and KNOBS (default
 #               "--knob MERGE_PDL=0,1": the plain merge launch and the early trigger against the default's late one),
-#               within LIMIT s (default 585) less the ncu runs; the ratio table
+#               within LIMIT s (default 585) less the ncu runs; SPECS: ';'-separated shape descriptions
+#               (bench_attention.py --shape, e.g. "decode 1 x 2K;decode ragged 64 x 0.1K-8K"), timed alone unless SHAPES is
+#               also set; the ratio table
 #               (scripts/gpu/table.py); ncu of each Gluon config index in NCU (default: the default's) at 16 x 16K with the
 #               stall reasons and SourceCounters, NCU_S s each (default 45); NCU_SOURCE=1: also each SASS line's
 #               counters (ncu --page source --csv), ranked by scripts/gpu/ncu_source.py. TAG: a suffix for its files
@@ -195,9 +197,15 @@ print(a.GLUON_DECODE_CONFIGS.index(a._DECODE_CONFIGS_GLUON[128]))" 2>/dev/null)}
       sel=(--no-sweep); [ -n "${VARIANTS:-}" ] && sel=(--variants "$VARIANTS")
       read -ra knobs <<<"${KNOBS---knob MERGE_PDL=0,1}"
       per=1; [ -n "${NCU_SOURCE:-}" ] && per=2  # ncu runs per profiled config
+      shape_args=(--shapes "${SHAPES:-$DECODE_SHAPES}")
+      if [ -n "${SPECS:-}" ]; then  # described shapes (bench_attention.py --shape); alone unless SHAPES is set
+        [ -z "${SHAPES+x}" ] && shape_args=()
+        IFS=';' read -ra specs <<<"$SPECS"
+        for spec in "${specs[@]}"; do [ -n "${spec// /}" ] && shape_args+=(--shape "$spec"); done
+      fi
       step "$tag" timeout "$(seconds_left "$t0" "${LIMIT:-585}" $(( $(wc -w <<<"$gluons") * per * ${NCU_S:-45} )))" \
         python3 benchmarks/bench_attention.py "${sel[@]}" "${knobs[@]}" --watchdog-s "${WATCHDOG:-150}" \
-        --shapes "${SHAPES:-$DECODE_SHAPES}" --json "$OUT/$tag.json"
+        "${shape_args[@]}" --json "$OUT/$tag.json"
       echo "=== $tag-table: python3 scripts/gpu/table.py $OUT/$tag.json"
       python3 scripts/gpu/table.py "$OUT/$tag.json" 2>&1 | tee "$OUT/$tag-table.txt"
       for g in $gluons; do
