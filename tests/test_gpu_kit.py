@@ -377,3 +377,37 @@ def test_ncu_source_reads_a_real_export():
     assert "50.0%" in out[i + 1] and "LDG.E.U16" in out[i + 1]
     i = out.index("== L1 Wavefronts Shared Excessive: total 14,336 over 6 instructions")
     assert "100.0%" in out[i + 1] and "STS" in out[i + 1]
+
+
+@needs_bash
+def test_suite_passes_shape_descriptions_to_the_bench():
+    """suite.sh's ``bench_shapes``: ``--shapes`` (the issue's six by default) unless only SPECS is given; each non-blank
+    ';'-separated description of SPECS as one ``--shape``; ``SPECS=general`` the GENERAL_SPECS set, which
+    bench_attention.py reads."""
+    text = SUITE.read_text()
+    func = re.search(r"^bench_shapes\(\) \{.*?^\}\n", text, re.M | re.S)
+    assert func, "suite.sh defines bench_shapes"
+    consts = "".join(re.findall(r"^(?:DECODE_SHAPES|GENERAL_SPECS)\+?=.*\n", text, re.M))
+
+    def args(**env: str) -> list[str]:
+        base = {k: v for k, v in os.environ.items() if k not in ("SHAPES", "SPECS")}
+        proc = subprocess.run(["bash", "-c", consts + func.group(0) + "bench_shapes"], capture_output=True, text=True,
+                              check=True, env={**base, **env})
+        return proc.stdout.splitlines()
+
+    six = args()
+    assert six[0] == "--shapes" and len(six) == 2 and six[1].count(",") == 5
+    assert args(SHAPES="decode 1 x 8K") == ["--shapes", "decode 1 x 8K"]
+    assert args(SPECS=" decode 1 x 2K; ;decode 2 x 4K") == ["--shape", " decode 1 x 2K", "--shape", "decode 2 x 4K"]
+    assert args(SPECS="decode 1 x 2K", SHAPES="decode 1 x 8K") == ["--shapes", "decode 1 x 8K", "--shape", "decode 1 x 2K"]
+    general = args(SPECS="general")
+    specs = general[1::2]
+    assert general[::2] == ["--shape"] * len(specs) and len(specs) == 12
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_attention
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    shapes = [bench_attention.parse_shape(s) for s in specs]
+    assert any(len(s.seq_lens) == 1 and s.seq_lens[0] <= 1024 for s in shapes)  # one short request
+    assert any(len(set(s.seq_lens)) > 1 for s in shapes) and any(s.page_size == 32 for s in shapes)

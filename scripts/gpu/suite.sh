@@ -23,8 +23,8 @@
 #               VARIANTS selects (bench_attention.py --variants; unset or empty: --no-sweep) and KNOBS (default
 #               "--knob MERGE_PDL=0,1": the plain merge launch and the early trigger against the default's late one),
 #               within LIMIT s (default 585) less the ncu runs; SPECS: ';'-separated shape descriptions
-#               (bench_attention.py --shape, e.g. "decode 1 x 2K;decode ragged 64 x 0.1K-8K"), timed alone unless SHAPES is
-#               also set; the ratio table
+#               (bench_attention.py --shape, e.g. "decode 1 x 2K;decode ragged 64 x 0.1K-8K"; "general": GENERAL_SPECS),
+#               timed alone unless SHAPES is also set; the ratio table
 #               (scripts/gpu/table.py); ncu of each Gluon config index in NCU (default: the default's) at 16 x 16K with the
 #               stall reasons and SourceCounters, NCU_S s each (default 45); NCU_SOURCE=1: also each SASS line's
 #               counters (ncu --page source --csv), ranked by scripts/gpu/ncu_source.py. TAG: a suffix for its files
@@ -71,6 +71,12 @@ ROOT=$PWD
 KIT_MTIME=1700000000  # tools/gpu_bundle/build.py's MTIME: the date of every file in .gpu/fi-*.tar.xz
 DECODE_SHAPES="decode 16 x 16K,decode 128 x 2K,decode ragged 8 x 1K-30K,decode 1 x 8K,decode 4 x 32K,decode 32 x 8K"
 GPU_SUITE=(tests/kernels/test_gpu_attention.py tests/kernels/test_gpu_decode_gluon.py)
+# SPECS=general: decode shapes outside the issue's table (bench_attention.py --shape descriptions; docs/validation.md
+# open check 5): short and long single requests, small and wide uniform batches, ragged mixes, GQA 8 on 4 KV heads,
+# pages of 32
+GENERAL_SPECS="decode 1 x 1K;decode 1 x 2K;decode 2 x 4K;decode ragged 32 x 0.1K-16K;decode ragged 16 x 1K-64K;decode 1 x 32K"
+GENERAL_SPECS+=";decode 256 x 1K;decode ragged 64 x 0.5K-4K;decode 64 x 4K 32/4 heads;decode 8 x 8K page 32;decode 1 x 128K"
+GENERAL_SPECS+=";decode ragged 4 x 0.2K-60K"
 
 use_fi() {  # use_fi VERSION: unpack once, then put it first on PYTHONPATH
   local v=$1 d=$SCRATCH/fi-$1
@@ -107,6 +113,17 @@ result_ids() {  # result_ids IDS LOG failed|notrun|unpassed: the ids listed in f
         if (pick) print id
       }
     }' "$1" "$2"
+}
+
+bench_shapes() {  # bench_attention.py's shape arguments, one a line: --shapes SHAPES (default the issue's six) unless
+  # only SPECS is set, then --shape for each ';'-separated description in SPECS ("general": GENERAL_SPECS)
+  if [ -z "${SPECS:-}" ] || [ -n "${SHAPES+x}" ]; then printf '%s\n' --shapes "${SHAPES:-$DECODE_SHAPES}"; fi
+  [ -n "${SPECS:-}" ] || return 0
+  local text=$SPECS spec specs
+  [ "$SPECS" = general ] && text=$GENERAL_SPECS
+  IFS=';' read -ra specs <<<"$text"
+  for spec in "${specs[@]}"; do [ -n "${spec//[[:space:]]/}" ] && printf '%s\n' --shape "$spec"; done
+  return 0
 }
 
 seconds_left() {  # seconds_left T0 LIMIT RESERVE: what LIMIT leaves after T0 and RESERVE (at least 30: timeout 0 never stops)
@@ -197,12 +214,7 @@ print(a.GLUON_DECODE_CONFIGS.index(a._DECODE_CONFIGS_GLUON[128]))" 2>/dev/null)}
       sel=(--no-sweep); [ -n "${VARIANTS:-}" ] && sel=(--variants "$VARIANTS")
       read -ra knobs <<<"${KNOBS---knob MERGE_PDL=0,1}"
       per=1; [ -n "${NCU_SOURCE:-}" ] && per=2  # ncu runs per profiled config
-      shape_args=(--shapes "${SHAPES:-$DECODE_SHAPES}")
-      if [ -n "${SPECS:-}" ]; then  # described shapes (bench_attention.py --shape); alone unless SHAPES is set
-        [ -z "${SHAPES+x}" ] && shape_args=()
-        IFS=';' read -ra specs <<<"$SPECS"
-        for spec in "${specs[@]}"; do [ -n "${spec// /}" ] && shape_args+=(--shape "$spec"); done
-      fi
+      mapfile -t shape_args < <(bench_shapes)
       step "$tag" timeout "$(seconds_left "$t0" "${LIMIT:-585}" $(( $(wc -w <<<"$gluons") * per * ${NCU_S:-45} )))" \
         python3 benchmarks/bench_attention.py "${sel[@]}" "${knobs[@]}" --watchdog-s "${WATCHDOG:-150}" \
         "${shape_args[@]}" --json "$OUT/$tag.json"
