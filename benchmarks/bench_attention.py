@@ -71,6 +71,11 @@ class Shape:
     target: str = ""
 
 
+# the issue's decode goals by kind of batch (the catalogue's and --shape's targets)
+_DECODE_GOALS = {"uniform": "<= 0.40x FlashInfer bf16 TC decode", "ragged": "<= 0.45x FlashInfer bf16 TC decode",
+                 "single": "<= 1.0x FlashInfer bf16 TC decode"}
+
+
 def _full_shapes() -> list[Shape]:
     # The decode and prefill tables of the performance issues: uniform, ragged and single-request
     # decode batches, GQA 4/5/8, pages of 16 and 32; prompt prefill, chunked prefill, a mixed batch.
@@ -79,12 +84,12 @@ def _full_shapes() -> list[Shape]:
     # spread 0.1K-32K, fixed: a mix whose shares round down badly (on 132 SMs the floor split's longest chunk is 90 tiles, twice the
     # mean; SPLIT_BALANCE_STEPS's 50)
     ragged24 = tuple(128 + (i * 104729) % 32640 for i in range(24))
-    dec = "<= 0.40x FlashInfer bf16 TC decode"
+    dec, rag, one = _DECODE_GOALS["uniform"], _DECODE_GOALS["ragged"], _DECODE_GOALS["single"]
     return [
         Shape("decode 16 x 16K", "decode", (16384,) * 16, (1,) * 16, target=dec),
         Shape("decode 128 x 2K", "decode", (2048,) * 128, (1,) * 128, target=dec),
-        Shape("decode ragged 8 x 1K-30K", "decode", ragged, (1,) * 8, target="<= 0.45x FlashInfer bf16 TC decode"),
-        Shape("decode 1 x 8K", "decode", (8192,), (1,), target="<= 1.0x FlashInfer bf16 TC decode"),
+        Shape("decode ragged 8 x 1K-30K", "decode", ragged, (1,) * 8, target=rag),
+        Shape("decode 1 x 8K", "decode", (8192,), (1,), target=one),
         Shape("decode 4 x 32K 40/8 heads page 32", "decode", (32768,) * 4, (1,) * 4, num_qo_heads=40,
               page_size=32, target=dec),
         Shape("decode 32 x 8K 64/8 heads", "decode", (8192,) * 32, (1,) * 32, num_qo_heads=64, target=dec),
@@ -92,7 +97,7 @@ def _full_shapes() -> list[Shape]:
         Shape("decode 64 x 8K", "decode", (8192,) * 64, (1,) * 64, target=dec),
         Shape("decode 48 x 4K 64/8 heads", "decode", (4096,) * 48, (1,) * 48, num_qo_heads=64, target=dec),
         Shape("decode ragged 40 x 0.5K-16K", "decode", ragged40, (1,) * 40, target=dec),
-        Shape("decode ragged 24 x 0.1K-32K", "decode", ragged24, (1,) * 24, target="<= 0.45x FlashInfer bf16 TC decode"),
+        Shape("decode ragged 24 x 0.1K-32K", "decode", ragged24, (1,) * 24, target=rag),
         Shape("prefill 2 x 8K causal", "prefill", (8192,) * 2, (8192,) * 2, target="<= 0.90x FlashInfer bf16 FA3"),
         Shape("prefill 6 x 1K chunks on 16K", "prefill", (17408,) * 6, (1024,) * 6,
               target="<= 0.90x FlashInfer bf16 FA3"),
@@ -101,12 +106,9 @@ def _full_shapes() -> list[Shape]:
     ]
 
 
-_DECODE_GOALS = {"uniform": "<= 0.40x FlashInfer bf16 TC decode", "ragged": "<= 0.45x FlashInfer bf16 TC decode",
-                 "single": "<= 1.0x FlashInfer bf16 TC decode"}
 _SPEC_HELP = ("'decode [ragged] B x L' with L in tokens (e.g. 300, 2K, 0.5K) or, for ragged, LO-HI (B lengths spread "
-              "over [LO, HI], fixed), then optionally 'Q/KV heads', 'page P', 'hd D' (one query token a request: FlashInfer's decode "
-              "wrapper); "
-              "e.g. 'decode 1 x 2K', 'decode ragged 64 x 0.1K-8K 32/4 heads page 32'")
+              "over [LO, HI], fixed), then optionally 'Q/KV heads', 'page P', 'hd D' (one query token a request: "
+              "FlashInfer's decode wrapper); e.g. 'decode 1 x 2K', 'decode ragged 64 x 0.1K-8K 32/4 heads page 32'")
 
 
 def _tokens(text: str, spec: str) -> int:
@@ -157,13 +159,14 @@ def parse_shape(spec: str) -> Shape:
         else:
             raise ValueError(f"--shape {spec!r}: cannot read {' '.join(rest[i:])!r}; the options are 'Q/KV heads', "
                              "'page P' and 'hd D'")
-    qo, kv = opts.get("num_qo_heads", 32), opts.get("num_kv_heads", 8)
-    if kv < 1 or qo < 1 or qo % kv or opts.get("page_size", 16) < 1 or opts.get("head_dim", 128) < 1:
-        raise ValueError(f"--shape {spec!r}: {qo}/{kv} heads, page {opts.get('page_size', 16)}, head_dim "
-                         f"{opts.get('head_dim', 128)}: the query heads must be a multiple of the KV heads, and the "
-                         "page and head_dim at least 1")
     kind = "single" if batch == 1 else "ragged" if ragged else "uniform"
-    return Shape(" ".join(words), "decode", lens, (1,) * batch, target=_DECODE_GOALS[kind], **opts)
+    shape = Shape(" ".join(words), "decode", lens, (1,) * batch, target=_DECODE_GOALS[kind], **opts)
+    if (shape.num_kv_heads < 1 or shape.num_qo_heads < 1 or shape.num_qo_heads % shape.num_kv_heads
+            or shape.page_size < 1 or shape.head_dim < 1):
+        raise ValueError(f"--shape {spec!r}: {shape.num_qo_heads}/{shape.num_kv_heads} heads, page {shape.page_size}, "
+                         f"head_dim {shape.head_dim}: the query heads must be a multiple of the KV heads, and the page "
+                         "and head_dim at least 1")
+    return shape
 
 
 def _quick_shapes() -> list[Shape]:
