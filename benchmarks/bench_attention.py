@@ -411,7 +411,8 @@ def _triton_rows(case: Case, quick: bool, sweep: bool, ref_nv, att: Any = None,
                 split = att.decode_split(len(s.seq_lens), s.num_kv_heads, s.head_dim, s.page_size,
                                          case.block_table.shape[1], sms)
                 base = att.decode_config(s.head_dim, 16, split.chunks * s.num_kv_heads, sms)
-            default_label = f"default {base} programs/head={split.programs} waves={split.waves}"
+            default_label = (f"default {base} programs/head={split.programs} waves={split.waves}"
+                             + (f" spread={split.spread}" if getattr(split, "spread", 0) else ""))
         else:  # a baseline module (--baseline): its own heuristics, not swept
             base, default_label, sweep = None, "default", False
         variants: list[tuple[str, dict[str, Any]]] = [(default_label, {})]

@@ -7,8 +7,11 @@ and DRAM figures)::
         --section SpeedOfLight --section Occupancy --section LaunchStats \\
         python3 benchmarks/profile_attention.py --shape "decode 16 x 16K"
 
-``--decode-config BLOCK_N,WARPS,STAGES[,MAXNREG]``, ``--byte-scales I`` (config I of
-``BYTE_SCALE_DECODE_CONFIGS``) and ``--programs-per-sm W`` select a variant of the Triton decode; ``--impl baseline --baseline FILE`` runs an earlier attention.py instead.
+``--shape`` is a catalogue name (a substring of one) or a description of ``bench_attention.py --shape`` (e.g.
+``"decode 1 x 1K"``). ``--decode-config BLOCK_N,WARPS,STAGES[,MAXNREG]``, ``--byte-scales I`` (config I of
+``BYTE_SCALE_DECODE_CONFIGS``), ``--programs-per-sm W`` and ``--knob NAME=V`` (a module constant, as the bench's
+``--knob`` with one value) select a variant of the Triton decode; ``--baseline FILE`` runs an earlier attention.py
+instead.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import bench_attention as ba  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", required=True, help="a shape name of bench_attention.py (substring)")
+    ap.add_argument("--shape", required=True,
+                    help="a shape name of bench_attention.py (substring), or a description (decode 1 x 1K)")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--decode-config", default=None)
     ap.add_argument("--byte-scales", type=int, default=None, metavar="I",
@@ -35,11 +39,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gluon", type=int, default=None, metavar="I",
                     help="run config I of GLUON_DECODE_CONFIGS (the Gluon decode kernel)")
     ap.add_argument("--programs-per-sm", type=int, default=None)
+    ap.add_argument("--knob", action="append", default=[], metavar="NAME=V",
+                    help="set an integer constant of the attention module for the run (repeatable)")
     ap.add_argument("--baseline", default=None, help="an earlier attention.py to run instead")
     args = ap.parse_args(argv)
     import torch
 
     shapes = [s for s in ba._full_shapes() if args.shape in s.name]
+    if not shapes and args.shape.startswith("decode "):
+        try:
+            shapes = [ba.parse_shape(args.shape)]
+        except ValueError as exc:
+            sys.stderr.write(f"profile_attention: {exc}\n")
+            return 2
     if len(shapes) != 1:
         sys.stderr.write(f"profile_attention: {args.shape!r} matches {[s.name for s in shapes]}; need exactly one\n")
         return 2
@@ -67,8 +79,11 @@ def main(argv: list[str] | None = None) -> int:
                              "and no other decode config\n")
             return 2
         over["decode"] = configs[index]
+    knobs = dict(ba._parse_knobs(args.knob))
     if args.programs_per_sm:
-        over["knobs"] = {"SPLIT_TARGET_PROGRAMS_PER_SM": args.programs_per_sm}
+        knobs["SPLIT_TARGET_PROGRAMS_PER_SM"] = args.programs_per_sm
+    if knobs:
+        over["knobs"] = knobs
     case = ba.Case(shape, torch.device("cuda"), 0, fp8=False)
     args_ = (case.nv_data, case.nv_sf, case.block_table, case.seq_lens)
     ks, vs = case.nv_scales

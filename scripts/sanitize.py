@@ -189,14 +189,14 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
             for splits, cfg, rot in ((1, None, None), (3, None, None), (3, att.PREFETCH_DECODE_CONFIG, None),
                                      (3, att.BYTE_SCALE_DECODE_CONFIGS[0], None), (3, None, "hadamard"),
                                      (3, "fused merge", None), (3, "merge pdl", None), (3, "merge pdl late", None),
-                                     (3, "balanced split", None),
+                                     (3, "balanced split", None), (None, "spread split", None),
                                      (1, att.GLUON_DECODE_CONFIGS[2], None),
                                      (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.kt_logits), None),
                                      (3, att.GLUON_FP32_SCALES_CONFIG, None),
                                      (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.lean and c.kt_logits), None),
                                      (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.skew_logits), None),
                                      *((sp, c, None) for sp, c in zip((3, 1, 3, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1,
-                                                                       3, 1, 3, 1, 3, 1, 3, 3, 1, 3, 1, 3, 1, 3, 1, 3, 3, 1, 3, 1, 3, 3, 1, 3, 1, 3, 1), [
+                                                                       3, 1, 3, 1, 3, 1, 3, 3, 1, 3, 1, 3, 1, 3, 1, 3, 3, 1, 3, 1, 3, 3, 1, 3, 1, 3, 1, 1), [
                                          c for c in att.GLUON_DECODE_CONFIGS if c.page_tile], strict=True))):
                 for sname, t, s, kw, exc in (
                     ("valid", bt, sl, {}, None),
@@ -210,23 +210,24 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
                     a.update(kw)
 
                     def dec(out, t=t, s=s, a=a, q=q, q_len=q_len, splits=splits, cfg=cfg, rot=rot):
-                        # "fused merge" / "merge pdl" (late) / "balanced split": the module constant set for the call,
-                        # the default config
-                        knob, value = {"fused merge": ("FUSED_MERGE", True), "merge pdl": ("MERGE_PDL", 1),
-                                       "merge pdl late": ("MERGE_PDL", 2),
-                                       "balanced split": ("SPLIT_BALANCE_STEPS", 4)}.get(
-                            cfg if isinstance(cfg, str) else "", (None, None))
-                        before = getattr(att, knob) if knob else None
-                        if knob:
-                            setattr(att, knob, value)
+                        # "fused merge" / "merge pdl" (late) / "balanced split" / "spread split": the module constants
+                        # set for the call, the default config ("spread split": the device's own split, chunks of 4
+                        # tiles at least, so that these requests of up to 2 tiles take the spread's 1-tile chunks)
+                        knobs = {"fused merge": {"FUSED_MERGE": True}, "merge pdl": {"MERGE_PDL": 1},
+                                 "merge pdl late": {"MERGE_PDL": 2}, "balanced split": {"SPLIT_BALANCE_STEPS": 4},
+                                 "spread split": {"SPLIT_MIN_CHUNK_TOKENS": 256, "SPLIT_SPREAD_PROGRAMS_PER_SM": 1}}.get(
+                            cfg if isinstance(cfg, str) else "", {})
+                        before = {k: getattr(att, k) for k in knobs}
+                        for k, v in knobs.items():
+                            setattr(att, k, v)
                         try:
-                            with att.override_configs(num_splits=splits, decode=None if knob else cfg):
+                            with att.override_configs(num_splits=splits, decode=None if knobs else cfg):
                                 return att.decode(q, cache, sf, t, s, a["k_scale"], a["v_scale"],
                                                   sm_scale=a["sm_scale"], q_len_per_req=q_len, out=out,
                                                   return_lse=True, kv_rotation=rot)
                         finally:
-                            if knob:
-                                setattr(att, knob, before)
+                            for k, v in before.items():
+                                setattr(att, k, v)
 
                     pf = ("" if cfg is None else f" {cfg}" if isinstance(cfg, str)
                           else " prefetch" if cfg.prefetch
@@ -246,6 +247,7 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
                           + (" l2 scales" if cfg.l2_scales else "")
                           + (f" l2 ahead {cfg.l2_ahead}" if cfg.l2_ahead else "")
                           + (f" l2 bulk {cfg.l2_bulk}" if cfg.l2_bulk else "")
+                          + (" early check" if cfg.early_check else "")
                           + (f" cap {cfg.maxnreg}" if cfg.maxnreg and cfg.maxnreg < 104 and not cfg.tma_loader else "")
                           if cfg.page_tile
                           else " gluon skewed logits" if cfg.skew_logits

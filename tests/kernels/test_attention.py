@@ -552,6 +552,57 @@ def test_decode_work_split_sizes():
     assert att.decode_grid(3, 1, 1, 0) == (3, 1)
 
 
+def test_decode_spreads_a_batch_of_few_tiles(monkeypatch):
+    """``SPLIT_SPREAD_PROGRAMS_PER_SM``: one short request is cut into up to one chunk per SM (16 a KV head for 8 KV
+    heads on 132 SMs) of at least 2 tiles, where chunks of ``min_tiles`` gave it 2; a batch of ``spread * min_tiles``
+    tiles or more keeps the chunks it had (the issue's shapes, 8K keys and up)."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    assert att.decode_spread(8, 132) == 16
+    assert att.decode_spread(1, 132) == 132
+    assert att.decode_spread(64, 16) == 1
+    # one request over 8 KV heads, 64-key tiles, chunks of >= 8 tiles, 66 programs a head: 1K, 2K, 8K, 32K keys
+    for tiles, before, after in ((16, 2, 8), (32, 4, 16), (128, 16, 16), (512, 64, 64), (3, 1, 1), (1, 1, 1)):
+        assert len(_chunk_plan([tiles], 66, 8, 0)) == before, tiles
+        assert len(_chunk_plan([tiles], 66, 8, 16)) == after, tiles
+    # two requests share the spread by their tiles: 1K + 3K keys -> 4 + 12 chunks (>= 2 tiles each)
+    assert [sum(1 for b, _ in _chunk_plan([16, 48], 66, 8, 16) if b == i) for i in (0, 1)] == [4, 12]
+    rng = np.random.default_rng(3)
+    for _ in range(300):  # 128 tiles or more in all: the plan does not change
+        tiles = [int(x) for x in rng.integers(0, 400, size=int(rng.integers(1, 20)))]
+        if sum(tiles) >= 16 * 8:
+            assert _chunk_plan(tiles, 66, 8, 16) == _chunk_plan(tiles, 66, 8, 0), tiles
+    # the host's bounds for the grid: one request of up to 1K keys may take 8 chunks
+    assert att.decode_grid(1, 66, 8, 16, 16) == (8, 8)
+    assert att.decode_grid(1, 66, 8, 16, 0) == (2, 2)
+    cfg = att.DecodeConfig(64, 4, 1, programs_per_sm=4)
+    assert att.decode_split(1, 8, 128, 16, 64, 132, cfg).chunks == 8
+    monkeypatch.setattr(att, "SPLIT_SPREAD_PROGRAMS_PER_SM", 0)
+    assert att.decode_split(1, 8, 128, 16, 64, 132, cfg).chunks == 2
+    monkeypatch.setattr(att, "SPLIT_SPREAD_PROGRAMS_PER_SM", -1)
+    with pytest.raises(ValueError, match="SPLIT_SPREAD_PROGRAMS_PER_SM is -1.*set it to 1"):
+        att.decode_spread(8, 132)
+
+
+@pytest.mark.parametrize("per_sm", [0, 1, 8])
+def test_decode_spread_matches_the_reference(monkeypatch, per_sm):
+    """The decode and merge kernels agree on the spread chunks (4 SMs under the interpreter, 2 KV heads: spread 0, 2
+    and 16): short batches, one request, an empty one, sinks and LSE, q_len 2 with a window, the balanced split."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    monkeypatch.setattr(att, "SPLIT_SPREAD_PROGRAMS_PER_SM", per_sm)
+    monkeypatch.setattr(att, "SPLIT_MIN_CHUNK_TOKENS", 64)
+    with att.override_configs(decode=att.DecodeConfig(16, 4, 1)):
+        for lens in ([200], [60, 0, 33], [130, 7]):
+            run_case("triton", "decode", seq_lens=lens, num_qo_heads=4, num_kv_heads=2, head_dim=64, dtype=fp16,
+                     return_lse=True, use_sinks=True, seed=per_sm).check()
+        run_case("triton", "decode", seq_lens=[90, 150], q_len_per_req=2, sliding_window=70, num_qo_heads=4,
+                 num_kv_heads=2, head_dim=64, dtype=fp16, seed=per_sm).check()
+        monkeypatch.setattr(att, "SPLIT_BALANCE_STEPS", 2)
+        run_case("triton", "decode", seq_lens=[200, 17, 64], num_qo_heads=4, num_kv_heads=2, head_dim=64,
+                 dtype=fp16, return_lse=True, seed=per_sm).check()
+
+
 def test_decode_waves_fill_the_last_wave(monkeypatch):
     """decode_waves: more waves only where the batch size leaves one wave's last programs empty."""
     from nvfp4compat.kernels.triton import attention as att
@@ -588,12 +639,18 @@ def test_decode_forced_waves_match_the_reference(monkeypatch, waves):
     r.check()
 
 
-def _chunk_plan(tiles: list[int], programs: int, min_tiles: int) -> list[tuple[int, int]]:
+def _cap(t: int, total: int, min_tiles: int, spread: int) -> int:
+    """The kernels' chunk cap (_chunk_cap), in Python: ``t // min_tiles`` chunks, or in a batch of few tiles the
+    request's part of ``spread`` chunks of at least a quarter of ``min_tiles``."""
+    return max(t // min_tiles, min(t // max(min_tiles // 4, 1), t * spread // total), 1)
+
+
+def _chunk_plan(tiles: list[int], programs: int, min_tiles: int, spread: int = 0) -> list[tuple[int, int]]:
     """The kernel's chunking (_request_chunks), in Python: (request, chunk index) per chunk, in order."""
     total = max(1, sum(tiles))
     plan = []
     for b, t in enumerate(tiles):
-        n = 0 if t == 0 else min(max(t * programs // total, 1), max(t // min_tiles, 1))
+        n = 0 if t == 0 else min(max(t * programs // total, 1), _cap(t, total, min_tiles, spread))
         plan += [(b, j) for j in range(n)]
     return plan
 
@@ -609,7 +666,8 @@ def test_decode_chunking_balances_uniform_batches():
 
 @pytest.mark.parametrize("programs", [1, 2, 5, 64])
 def test_decode_chunking_never_exceeds_its_grid(programs):
-    """Random length mixes: the Python model of the kernel's chunking stays inside decode_grid's bounds."""
+    """Random length mixes: the Python model of the kernel's chunking stays inside decode_grid's bounds, with and
+    without the spread of batches of few tiles."""
     from nvfp4compat.kernels.triton import attention as att
 
     rng = np.random.default_rng(programs)
@@ -617,26 +675,27 @@ def test_decode_chunking_never_exceeds_its_grid(programs):
         batch = int(rng.integers(1, 40))
         max_tiles = int(rng.integers(1, 300))
         tiles = [int(x) for x in rng.integers(0, max_tiles + 1, size=batch)]
-        for min_tiles in (1, 2, 3):
-            chunks, slots = att.decode_grid(batch, programs, min_tiles, max_tiles)
-            plan = _chunk_plan(tiles, programs, min_tiles)
+        spread = int(rng.choice([0, 1, 16, 132]))
+        for min_tiles in (1, 2, 3, 8):
+            chunks, slots = att.decode_grid(batch, programs, min_tiles, max_tiles, spread)
+            plan = _chunk_plan(tiles, programs, min_tiles, spread)
             assert len(plan) <= chunks
             multi = [b for b in set(b for b, _ in plan) if sum(1 for x, _ in plan if x == b) > 1]
             assert sum(1 for b, _ in plan if b in multi) <= slots
 
 
-def _balanced_target(tiles: list[int], programs: int, min_tiles: int, steps: int) -> int:
+def _balanced_target(tiles: list[int], programs: int, min_tiles: int, steps: int, spread: int = 0) -> int:
     """The kernels' balanced chunk length (``SPLIT_BALANCE_STEPS``: _balance_target), in Python; 0: the floor rule."""
     total = max(1, sum(tiles))
     live = sum(t > 0 for t in tiles)
-    cap = [max(t // min_tiles, 1) for t in tiles]
+    cap = [_cap(t, total, min_tiles, spread) for t in tiles]
     hi = max(1, max(tiles, default=0))
     least = min((t for t in tiles if t > 0), default=2**62)
     lo = max(-(-total // programs), 1)
     if live > programs:
         return 0
     if least >= hi:
-        n = min(max(programs // max(live, 1), 1), max(hi // min_tiles, 1))
+        n = min(max(programs // max(live, 1), 1), _cap(hi, total, min_tiles, spread))
         return -(-hi // n)
     hi = min(hi, -(-total // max(programs - live, 1)))
     for _ in range(steps):
@@ -646,12 +705,14 @@ def _balanced_target(tiles: list[int], programs: int, min_tiles: int, steps: int
     return hi
 
 
-def _balanced_plan(tiles: list[int], programs: int, min_tiles: int, steps: int) -> list[tuple[int, int]]:
+def _balanced_plan(tiles: list[int], programs: int, min_tiles: int, steps: int,
+                   spread: int = 0) -> list[tuple[int, int]]:
     """The kernels' balanced chunking (``SPLIT_BALANCE_STEPS``: _balance_target, _request_chunks), in Python."""
-    cap = [max(t // min_tiles, 1) for t in tiles]
-    target = _balanced_target(tiles, programs, min_tiles, steps)
+    total = max(1, sum(tiles))
+    cap = [_cap(t, total, min_tiles, spread) for t in tiles]
+    target = _balanced_target(tiles, programs, min_tiles, steps, spread)
     if target == 0:
-        return _chunk_plan(tiles, programs, min_tiles)
+        return _chunk_plan(tiles, programs, min_tiles, spread)
     plan = []
     for b, t in enumerate(tiles):
         n = 0 if t == 0 else min(max(-(-t // target), 1), cap[b])
@@ -679,15 +740,16 @@ def test_balanced_chunking_fits_the_grid(steps):
         tiles = [int(x) for x in rng.integers(0, max_tiles + 1, size=batch)]
         if rng.random() < 0.2:
             tiles = [max_tiles] * batch
+        spread = int(rng.choice([0, 16, 132]))
         for min_tiles in (1, 2, 8):
-            chunks, slots = att.decode_grid(batch, programs, min_tiles, max_tiles)
-            plan = _balanced_plan(tiles, programs, min_tiles, steps)
+            chunks, slots = att.decode_grid(batch, programs, min_tiles, max_tiles, spread)
+            plan = _balanced_plan(tiles, programs, min_tiles, steps, spread)
             assert len(plan) <= chunks
             multi = [b for b in set(b for b, _ in plan) if sum(1 for x, _ in plan if x == b) > 1]
             assert sum(1 for b, _ in plan if b in multi) <= slots
             if sum(t > 0 for t in tiles) <= programs:
                 assert len(plan) <= programs
-                floor = _chunk_plan(tiles, programs, min_tiles)
+                floor = _chunk_plan(tiles, programs, min_tiles, spread)
                 if plan and len(floor) <= programs and steps == 8:
                     assert _longest_chunk(tiles, plan) <= _longest_chunk(tiles, floor), (tiles, programs)
 
@@ -701,23 +763,23 @@ def test_balanced_chunking_shortens_the_ragged_bench_batch():
     assert _longest_chunk(tiles, plan) == 26 and len(plan) <= 66
 
 
-@triton.jit(do_not_specialize=("batch", "programs", "min_tiles"))  # as the decode and merge kernels
-def _split_probe_kernel(seq_lens_ptr, out_ptr, batch, programs, min_tiles, BATCH_BLOCK: tl.constexpr,
+@triton.jit(do_not_specialize=("batch", "programs", "min_tiles", "spread"))  # as the decode and merge kernels
+def _split_probe_kernel(seq_lens_ptr, out_ptr, batch, programs, min_tiles, spread, BATCH_BLOCK: tl.constexpr,
                         BALANCE: tl.constexpr):
     """The kernels' split arithmetic on lengths of one-key tiles: out = [target, total, chunks of each request]."""
     bs0 = tl.arange(0, BATCH_BLOCK)
     max_kv = tl.full((), 2**40, tl.int64)
     t0 = _att._request_tiles(bs0, bs0 < batch, seq_lens_ptr, seq_lens_ptr, 0, max_kv, 0, 1, 1, False, False)
     total = _att._total_tiles(t0, batch, seq_lens_ptr, seq_lens_ptr, 0, max_kv, 0, 1, 1, False, False, BATCH_BLOCK)
-    target = _att._balance_target(t0, batch, total, programs, min_tiles, seq_lens_ptr, seq_lens_ptr, 0, max_kv, 0,
-                                  1, 1, False, False, BATCH_BLOCK, BALANCE)
+    target = _att._balance_target(t0, batch, total, programs, min_tiles, spread, seq_lens_ptr, seq_lens_ptr, 0,
+                                  max_kv, 0, 1, 1, False, False, BATCH_BLOCK, BALANCE)
     tl.store(out_ptr, target)
     tl.store(out_ptr + 1, total)
-    tl.store(out_ptr + 2 + bs0, _att._tiles_chunks(t0, total, programs, min_tiles, False, target, BALANCE).to(tl.int64),
-             mask=bs0 < batch)
+    ch0 = _att._tiles_chunks(t0, total, programs, min_tiles, spread, False, target, BALANCE)
+    tl.store(out_ptr + 2 + bs0, ch0.to(tl.int64), mask=bs0 < batch)
     for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
-        bs, ch = _att._block_chunks(b0, batch, total, programs, min_tiles, seq_lens_ptr, seq_lens_ptr, 0, max_kv, 0,
-                                    1, 1, False, False, BATCH_BLOCK, False, target, BALANCE)
+        bs, ch = _att._block_chunks(b0, batch, total, programs, min_tiles, spread, seq_lens_ptr, seq_lens_ptr, 0,
+                                    max_kv, 0, 1, 1, False, False, BATCH_BLOCK, False, target, BALANCE)
         tl.store(out_ptr + 2 + bs, ch.to(tl.int64), mask=bs < batch)
 
 
@@ -765,21 +827,25 @@ def test_split_arithmetic_matches_the_model(steps):
     requests a block, batches to 40), with empty, equal and long requests: the division-free quotients
     (``_cdiv_small``, ``_cdiv_wide``) included."""
     rng = np.random.default_rng(100 + steps)
-    cases = [([5], 7, 1), ([0, 0], 3, 1), ([9, 9, 9], 4, 2), ([2**25 - 1, 1, 3], 2**20, 1), ([2**25 - 1] * 3, 7, 5)]
+    cases = [([5], 7, 1, 0), ([0, 0], 3, 1, 0), ([9, 9, 9], 4, 2, 0), ([2**25 - 1, 1, 3], 2**20, 1, 0),
+             ([2**25 - 1] * 3, 7, 5, 0), ([16], 66, 8, 16), ([32], 66, 8, 16), ([7, 9, 0, 3], 66, 8, 132),
+             ([5, 5, 5], 66, 8, 16), ([2**25 - 1, 2], 198, 8, 132)]
     for _ in range(12):
         batch = int(rng.integers(1, 41))
         tiles = [int(x) for x in rng.integers(0, int(rng.choice([4, 300, 2**25])), size=batch)]
         if rng.random() < 0.25:
             tiles = [tiles[0]] * batch
-        cases.append((tiles, int(rng.choice([1, 3, 66, 198, 2**20])), int(rng.choice([1, 2, 8]))))
-    for tiles, programs, min_tiles in cases:
+        cases.append((tiles, int(rng.choice([1, 3, 66, 198, 2**20])), int(rng.choice([1, 2, 8])),
+                      int(rng.choice([0, 16, 132]))))
+    for tiles, programs, min_tiles, spread in cases:
         lens = torch.tensor(tiles, dtype=torch.int32, device=DEVICE)
         out = torch.full((2 + len(tiles),), -7, dtype=torch.int64, device=DEVICE)
-        _split_probe_kernel[(1,)](lens, out, len(tiles), programs, min_tiles, BATCH_BLOCK=16, BALANCE=steps)
-        target = _balanced_target(tiles, programs, min_tiles, steps) if steps else 0
-        plan = _balanced_plan(tiles, programs, min_tiles, steps) if steps else _chunk_plan(tiles, programs, min_tiles)
+        _split_probe_kernel[(1,)](lens, out, len(tiles), programs, min_tiles, spread, BATCH_BLOCK=16, BALANCE=steps)
+        target = _balanced_target(tiles, programs, min_tiles, steps, spread) if steps else 0
+        plan = (_balanced_plan(tiles, programs, min_tiles, steps, spread) if steps
+                else _chunk_plan(tiles, programs, min_tiles, spread))
         want = [target, max(1, sum(tiles))] + [sum(1 for b, _ in plan if b == i) for i in range(len(tiles))]
-        assert out.tolist() == want, (tiles, programs, min_tiles)
+        assert out.tolist() == want, (tiles, programs, min_tiles, spread)
 
 
 @pytest.mark.parametrize("steps", [1, 4])
@@ -1167,6 +1233,58 @@ def test_l2_bulk_configs_are_checked_and_reach_sm90_launches_only():
     assert v.constexprs_for(90)["L2_BULK"] == 3 and v.constexprs_for(100)["L2_BULK"] == 3
     assert v.constexprs_for(89)["L2_BULK"] == 0 and v.constexprs_for(80)["L2_BULK"] == 0
     assert all(gluon[k].constexprs_for(90)["L2_BULK"] == 0 for k in ("bf16-d128", "bf16-d128-page-any"))
+
+
+def test_early_check_configs_are_checked_and_reach_page_tiled_launches_only(tmp_path):
+    """DecodeConfig.early_check (the unmasked range's page check after its first tile's loads) takes the Gluon kernel's
+    page-tiled one-tile loop: the plain kernel, no page_tile, a ring, tile pairs, l2_ahead or l2_bulk are refused with
+    what was found and the way out. The launch and the AOT build pass ``EARLY`` only where the launch runs that loop
+    and the cache has a page (an empty cache has none to clamp the unchecked ids into). Compiled for sm_90 it spills
+    nothing, stays under the default's register cap, and loads what the default loads: the first tile's K / V words
+    (``LDG.E.LTC128B``) come before the check's cross-warp reduction (its ``STS``), where the default has them after."""
+    import re
+    from dataclasses import replace
+
+    from nvfp4compat.kernels import aot
+    from nvfp4compat.kernels.triton import attention as att
+
+    base = att._DECODE_CONFIGS_GLUON[128]
+    for bad in ({"page_tile": False}, {"ring": 3}, {"tile_pairs": True}, {"l2_ahead": 3}, {"l2_bulk": 2},
+                {"gluon": False, "l2_fetch": 0}):
+        with pytest.raises(ValueError, match=r"early_check is for the Gluon kernel's page-tiled loop without a ring, "
+                                              r"tile_pairs, l2_ahead or l2_bulk; use early_check=False or such a config"):
+            replace(base, early_check=True, **bad)
+    cfg = replace(base, early_check=True)
+    assert att.GLUON_DECODE_CONFIGS.count(cfg) == 1 and not base.early_check
+    assert att._gluon_early(cfg, 0, True, 10) and not att._gluon_early(cfg, 0, True, 0)
+    assert not att._gluon_early(cfg, 0, False, 10) and not att._gluon_early(cfg, 3, True, 10)
+    assert not att._gluon_early(base, 0, True, 10)
+    gluon = {v.label: v for v in att.aot_variants()["attention_decode_gluon"]}
+    i = att.GLUON_DECODE_CONFIGS.index(cfg)
+    assert gluon[f"bf16-d128-sweep{i}"].constexprs["EARLY"] is True
+    assert all(gluon[k].constexprs["EARLY"] is False for k in ("bf16-d128", "bf16-d128-page-any"))
+    d = att.GLUON_DECODE_CONFIGS.index(base)
+    rep = aot.compile_all([90], kernels=["attention_decode_gluon"],
+                          only=[f"attention_decode_gluon/bf16-d128-sweep{k}$" for k in (i, d)],
+                          resources=True, sass_dir=str(tmp_path))
+    assert rep.ok and len(rep.results) == 2, str(rep)
+    res = {r.variant: r.resources for r in rep.results}
+    early, default = res[f"bf16-d128-sweep{i}"], res[f"bf16-d128-sweep{d}"]
+    assert early["local_bytes"] == 0 and early["registers"] <= (base.maxnreg or 255), early
+    assert early["global_loads"] == default["global_loads"], (early, default)
+
+    def check_side(k: int) -> tuple[bool, bool]:
+        """Whether the page check's cross-warp reduction (a plain ``STS``) lies within 2 KB of code before / after the
+        first K / V word load (``LDG.E.LTC128B``) in variant ``k``'s SASS."""
+        text = (tmp_path / f"attention_decode_gluon-bf16-d128-sweep{k}-sm90.sass").read_text()
+        ops = [(int(m.group(1), 16), m.group(2))
+               for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?(\S+)", text)]
+        word = next(o for o, op in ops if op.startswith("LDG.E.LTC128B"))
+        sts = [o for o, op in ops if op == "STS"]
+        return any(word - 0x800 < o < word for o in sts), any(word < o < word + 0x800 for o in sts)
+
+    assert check_side(i) == (False, True)
+    assert check_side(d) == (True, False)
 
 
 @pytest.mark.parametrize("exc", [RuntimeError("Triton Error [CUDA]: out of memory"),

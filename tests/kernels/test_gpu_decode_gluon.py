@@ -43,7 +43,8 @@ def _id(c: att.DecodeConfig) -> str:
             f"{'-defer' if c.defer_sum else ''}{'-pairs' if c.tile_pairs else ''}{'-tma' if c.tma_loader else ''}"
             f"{'-sa2' if c.scales_ahead == 2 else ''}{'-pring' if c.ptx_ring else ''}"
             f"{f'-l2f{c.l2_fetch}' if c.l2_fetch else ''}{f'-l2a{c.l2_ahead}' if c.l2_ahead else ''}"
-            f"{'-l2s' if c.l2_scales else ''}{f'-l2b{c.l2_bulk}' if c.l2_bulk else ''}")
+            f"{'-l2s' if c.l2_scales else ''}{f'-l2b{c.l2_bulk}' if c.l2_bulk else ''}"
+            f"{'-early' if c.early_check else ''}")
 
 
 _NAMED = {
@@ -296,6 +297,20 @@ def test_merge_as_a_dependent_launch(monkeypatch, kernel, case_kw, level):
             assert ra.relative_l2(out, ref) <= 1e-6, lens
 
 
+def _default_against_plain(kw: dict):
+    """The default Gluon config on ``run_case(**kw)``, checked against the reference and within 5e-3 of the plain
+    kernel's output on the same case; returns the Gluon result."""
+    with att.override_configs(decode=DEFAULT):
+        res = run_case("triton", "decode", **kw)
+        assert _ran_gluon(), f"the Gluon kernel did not run: {att.LAST_KERNELS.get('decode')}"
+    res.check()
+    with att.override_configs(decode=att.DecodeConfig(64, 4, 1)):
+        plain = run_case("triton", "decode", **kw)
+        assert not _ran_gluon()
+    assert ra.relative_l2(res.out, plain.out) <= 5e-3
+    return res
+
+
 @pytest.mark.parametrize("steps", [1, 4], ids=["balance1", "balance4"])
 @pytest.mark.parametrize("case_kw", [
     dict(seq_lens=[1024, 30720, 4096, 16384, 2048, 24576, 8192, 12288]),
@@ -309,15 +324,8 @@ def test_gluon_decode_balanced_split(monkeypatch, steps, case_kw):
     agree on the balanced chunks: the reference's output and LSE, the plain kernel's output, and a CUDA graph captured
     once and replayed with other lengths (more than 128 requests: the 1024-request scan blocks)."""
     monkeypatch.setattr(att, "SPLIT_BALANCE_STEPS", steps)
-    kw = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, dtype=bf16, return_lse=True, device="cuda", **case_kw)
-    with att.override_configs(decode=DEFAULT):
-        res = run_case("triton", "decode", **kw)
-        assert _ran_gluon(), f"the Gluon kernel did not run: {att.LAST_KERNELS.get('decode')}"
-    res.check()
-    with att.override_configs(decode=att.DecodeConfig(64, 4, 1)):
-        plain = run_case("triton", "decode", **kw)
-        assert not _ran_gluon()
-    assert ra.relative_l2(res.out, plain.out) <= 5e-3
+    _default_against_plain(dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, dtype=bf16, return_lse=True,
+                                device="cuda", **case_kw))
     g, out, args, case = _captured(DEFAULT, 5)
     with att.override_configs(decode=DEFAULT):
         for lens in ([100, 8192, 3000, 1], [0, 5, 7000, 4096], [8192, 64, 8192, 2048]):
@@ -326,6 +334,58 @@ def test_gluon_decode_balanced_split(monkeypatch, steps, case_kw):
             torch.cuda.synchronize()
             ref = att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout)
             assert ra.relative_l2(out, ref) <= 1e-6, lens
+
+
+@pytest.mark.parametrize("lens", [[1024], [2048], [8192], [3000], [700, 2300, 0], [100, 64, 1]],
+                         ids=["1K", "2K", "8K", "3K", "three-empty", "tiny"])
+def test_gluon_decode_spread_split(monkeypatch, lens):
+    """``SPLIT_SPREAD_PROGRAMS_PER_SM``: a batch of few tiles spread over about one program per SM (one 1K request:
+    8 chunks a KV head where it had 2); the Gluon decode (its fp32 ``_part_of``) and the merge kernel agree: the
+    reference's output and LSE, the plain kernel's output, and the spread off gives the same output."""
+    kw = dict(seq_lens=lens, num_qo_heads=32, num_kv_heads=8, head_dim=128, dtype=bf16, return_lse=True,
+              use_sinks=True, device="cuda")
+    split = att.decode_split(len(lens), 8, 128, 16, -(-max(lens) // 16), att._sm_count(torch.device("cuda")),
+                             DEFAULT)
+    assert split.spread == att._sm_count(torch.device("cuda")) // 8
+    res = _default_against_plain(kw)
+    monkeypatch.setattr(att, "SPLIT_SPREAD_PROGRAMS_PER_SM", 0)
+    with att.override_configs(decode=DEFAULT):
+        off = run_case("triton", "decode", **kw)
+    assert ra.relative_l2(res.out, off.out) <= 5e-3
+
+
+@gluon.jit
+def _probe_part(t_ptr, total_ptr, n_ptr, out_ptr, count, BLOCK: gl.constexpr):
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    i = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=lay)
+    t = gl.load(t_ptr + i, mask=i < count, other=0)
+    total = gl.load(total_ptr + i, mask=i < count, other=1)
+    n = gl.load(n_ptr + i, mask=i < count, other=0)
+    gl.store(out_ptr + i, dg._part_of(t, total, n), mask=i < count)
+
+
+def test_part_of_is_exact_on_the_gpu():
+    """The Gluon split's ``floor(tiles * n / total)`` (an fp32 estimate and two corrections, for the share of the
+    programs and of the spread) is exact on the hardware over its range: int32 ``tiles <= total``, ``n < 2^21``,
+    with quotients near an integer (the estimate's hard cases) among them."""
+    rng = np.random.default_rng(12)
+    n = rng.integers(0, 2**21, 200_000)
+    total = rng.integers(1, 2**31, n.size)
+    t = (rng.random(n.size) * (total + 1)).astype(np.int64).clip(0, total)
+    # near-integer quotients: t * n within one of a multiple of total
+    k = rng.integers(0, n[:2000] + 1)
+    t[:2000] = np.clip(k * total[:2000] // np.maximum(n[:2000], 1) + rng.integers(-1, 2, 2000), 0, total[:2000])
+    t = np.concatenate([[0, 1, 2**26 - 1, 16, 32, 2**31 - 1], t])
+    total = np.concatenate([[1, 1, 2**26 - 1, 16, 64, 2**31 - 1], total])
+    n = np.concatenate([[5, 2**21 - 1, 2**21 - 1, 16, 16, 2**21 - 1], n])
+    want = [a * c // b for a, b, c in zip(t.tolist(), total.tolist(), n.tolist(), strict=True)]
+    out = torch.zeros(t.size, dtype=torch.int64, device="cuda")
+    _probe_part[(triton.cdiv(t.size, 128),)](
+        torch.tensor(t, dtype=torch.int32, device="cuda"), torch.tensor(total, dtype=torch.int64, device="cuda"),
+        torch.tensor(n, dtype=torch.int32, device="cuda"), out, t.size, BLOCK=128, num_warps=4,
+    )
+    torch.cuda.synchronize()
+    assert out.cpu().tolist() == want
 
 
 @gluon.jit

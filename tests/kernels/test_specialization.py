@@ -20,11 +20,11 @@ import sys
 PER_STEP = {
     "nvfp4compat.kernels.triton.write:_write_kernel": ["n_rows"],
     "nvfp4compat.kernels.triton.dequant:_dequant_kernel": ["max_seq_len", "tiles_per_req"],
-    "nvfp4compat.kernels.triton.attention:_decode_kernel": ["batch", "programs", "min_tiles", "max_pages", "num_tokens"],
-    "nvfp4compat.kernels.triton.attention:_decode_reduce_kernel": ["batch", "programs", "min_tiles", "max_pages", "num_tokens"],
+    "nvfp4compat.kernels.triton.attention:_decode_kernel": ["batch", "programs", "min_tiles", "spread", "max_pages", "num_tokens"],
+    "nvfp4compat.kernels.triton.attention:_decode_reduce_kernel": ["batch", "programs", "min_tiles", "spread", "max_pages", "num_tokens"],
     "nvfp4compat.kernels.triton.attention:_prefill_kernel": ["batch", "min_q_len", "max_kv", "num_tokens"],
     "nvfp4compat.kernels.triton.attention:_qsl_guard_kernel": ["batch", "num_tokens", "max_kv"],
-    "nvfp4compat.kernels.triton.decode_gluon:gluon_decode_kernel": ["batch", "programs", "min_tiles", "max_pages", "num_tokens"],
+    "nvfp4compat.kernels.triton.decode_gluon:gluon_decode_kernel": ["batch", "programs", "min_tiles", "spread", "max_pages", "num_tokens"],
 }  # fmt: skip
 
 PROBE = """

@@ -66,6 +66,7 @@ __all__ = [
     "decode_programs",
     "decode_waves",
     "decode_split",
+    "decode_spread",
     "DecodeSplit",
     "decode_grid",
     "override_configs",
@@ -639,7 +640,7 @@ def _total_tiles(
 
 @triton.jit
 def _block_chunks(
-    b0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+    b0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
     BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BATCH_BLOCK: tl.constexpr, EMPTY_CHUNK: tl.constexpr = False, target=0, BALANCE: tl.constexpr = 0,
 ):
@@ -649,36 +650,47 @@ def _block_chunks(
     bs = b0 + tl.arange(0, BATCH_BLOCK)
     tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                            BLOCK_N, QMAX, VARLEN, HAS_WINDOW, EMPTY_CHUNK)
-    return bs, _tiles_chunks(tiles, total, programs, min_tiles, EMPTY_CHUNK, target, BALANCE)
+    return bs, _tiles_chunks(tiles, total, programs, min_tiles, spread, EMPTY_CHUNK, target, BALANCE)
 
 
 @triton.jit
-def _tiles_chunks(tiles, total, programs, min_tiles, EMPTY_CHUNK: tl.constexpr = False, target=0,
+def _tiles_chunks(tiles, total, programs, min_tiles, spread, EMPTY_CHUNK: tl.constexpr = False, target=0,
                   BALANCE: tl.constexpr = 0):
     """Chunk counts of requests with ``tiles`` (:func:`_request_chunks`). ``EMPTY_CHUNK`` (the decode kernel's fused
     merge, no merge kernel; ``tiles`` from ``MARK_EMPTY``): a request the decode kernel serves that has no visible key
     gets one chunk too, whose program writes its zero rows (the sinks alone in the LSE), as the merge kernel does for it
     otherwise."""
     if EMPTY_CHUNK:
-        return tl.where(tiles < 0, 1, _request_chunks(tl.maximum(tiles, 0), total, programs, min_tiles, target,
-                                                      BALANCE))
-    return _request_chunks(tiles, total, programs, min_tiles, target, BALANCE)
+        return tl.where(tiles < 0, 1, _request_chunks(tl.maximum(tiles, 0), total, programs, min_tiles, spread,
+                                                      target, BALANCE))
+    return _request_chunks(tiles, total, programs, min_tiles, spread, target, BALANCE)
 
 
 @triton.jit
-def _request_chunks(tiles, total, programs, min_tiles, target, BALANCE: tl.constexpr = 0):
+def _request_chunks(tiles, total, programs, min_tiles, spread, target, BALANCE: tl.constexpr = 0):
     """Chunks of requests with ``tiles`` KV tiles: their share of ``programs`` rounded down,
     ``floor(tiles * programs / total)`` (never more chunks than ``programs``: rounding up left a
     last, mostly idle wave; the host picks how many waves ``programs`` spans), at least 1 (0 for no tiles) and at most
-    ``tiles // min_tiles``. A request's chunks split its tiles evenly. ``BALANCE`` (``SPLIT_BALANCE_STEPS``):
+    :func:`_chunk_cap`. A request's chunks split its tiles evenly. ``BALANCE`` (``SPLIT_BALANCE_STEPS``):
     ``cdiv(tiles, target)`` (:func:`_cdiv_small`) in place of the share where ``target`` (:func:`_balance_target`) is
     not 0."""
     t64 = tiles.to(tl.int64)
     share = (t64 * programs) // total
     if BALANCE:  # (target 0: more requests than programs, the floor rule)
         share = tl.where(target > 0, _cdiv_small(t64, tl.maximum(target, 1)), share)
-    n = tl.minimum(tl.maximum(share, 1), tl.maximum(tiles // min_tiles, 1).to(tl.int64))
+    n = tl.minimum(tl.maximum(share, 1), _chunk_cap(tiles, total, min_tiles, spread))
     return tl.where(tiles > 0, n, 0).to(tl.int32)
+
+
+@triton.jit
+def _chunk_cap(tiles, total, min_tiles, spread):
+    """The most chunks a request of ``tiles`` KV tiles (>= 0) takes, int64: ``tiles // min_tiles``, or, where the
+    batch's ``total`` tiles are few (``SPLIT_SPREAD_PROGRAMS_PER_SM``), its part of ``spread`` chunks,
+    ``floor(spread * tiles / total)``, in chunks of at least ``max(min_tiles // 4, 1)`` tiles; at least 1. The second
+    term passes the first only where ``total < spread * min_tiles`` (one request of 1K keys: 8 chunks of 2 tiles
+    in place of 2 of 8), so a batch of more tiles keeps the chunks of at least ``min_tiles``."""
+    few = tl.minimum((tiles // tl.maximum(min_tiles // 4, 1)).to(tl.int64), (tiles.to(tl.int64) * spread) // total)
+    return tl.maximum(tl.maximum((tiles // min_tiles).to(tl.int64), few), 1)
 
 
 @triton.jit
@@ -711,7 +723,7 @@ def _chunks_within(t, cap, mid):
 
 @triton.jit
 def _balance_target(
-    t0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+    t0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
     BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BATCH_BLOCK: tl.constexpr, BALANCE: tl.constexpr,
 ):
@@ -728,7 +740,7 @@ def _balance_target(
     if BALANCE == 0:
         return tl.zeros((), tl.int64)
     t0 = tl.maximum(t0, 0)
-    cap0 = tl.maximum(t0 // min_tiles, 1).to(tl.int64)
+    cap0 = _chunk_cap(t0, total, min_tiles, spread)
     t0 = t0.to(tl.int64)
     hi = tl.max(t0, 0)
     least = tl.min(tl.where(t0 > 0, t0, 2**62), 0)
@@ -746,7 +758,10 @@ def _balance_target(
     elif least >= hi:  # equal requests (or none): the floor rule's chunks
         # (int32: live <= batch, hi < 2^26; inline divisions)
         h32 = hi.to(tl.int32)
-        n = tl.minimum(tl.maximum(programs // tl.maximum(live.to(tl.int32), 1), 1), tl.maximum(h32 // min_tiles, 1))
+        # (_chunk_cap of hi with total = live * hi: floor(spread * hi / total) = spread // live)
+        few = tl.minimum(h32 // tl.maximum(min_tiles // 4, 1), spread // tl.maximum(live.to(tl.int32), 1))
+        cap = tl.maximum(tl.maximum(h32 // min_tiles, few), 1)
+        n = tl.minimum(tl.maximum(programs // tl.maximum(live.to(tl.int32), 1), 1), cap)
         hi = ((h32 + n - 1) // n).to(tl.int64)
     else:
         rest = tl.maximum(programs - live, 1)
@@ -759,7 +774,7 @@ def _balance_target(
                 bs = b0 + tl.arange(0, BATCH_BLOCK)
                 t = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                                    BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
-                used += _chunks_within(t.to(tl.int64), tl.maximum(t // min_tiles, 1).to(tl.int64), mid)
+                used += _chunks_within(t.to(tl.int64), _chunk_cap(t, total, min_tiles, spread), mid)
             fits = used <= programs
             hi = tl.where(fits, mid, hi)
             lo = tl.where(fits, lo, mid + 1)
@@ -787,7 +802,7 @@ def _decode_kernel(
     q_ptr, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
     k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,
     k_scale, v_scale, sm_scale_log2, softcap, window,
-    batch, programs, min_tiles, group, num_qo_heads, page_size, page_shift, max_pages, num_tokens,
+    batch, programs, min_tiles, spread, group, num_qo_heads, page_size, page_shift, max_pages, num_tokens,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_lt,
     stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
@@ -852,16 +867,16 @@ def _decode_kernel(
                         BLOCK_N, QMAX, VARLEN, HAS_WINDOW, FUSED_MERGE)
     total = _total_tiles(t0, batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                          BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
-    target = _balance_target(t0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv,
+    target = _balance_target(t0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv,
                              num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, BALANCE)
     # Find this chunk's request b, its index j within b, b's chunk count and b's first partial slot.
     zero = tl.zeros((), tl.int32)
     base, base_m, b, j, n_chunks, slot0 = _scan_block(
-        c, bs0, _tiles_chunks(t0, total, programs, min_tiles, FUSED_MERGE, target, BALANCE),
+        c, bs0, _tiles_chunks(t0, total, programs, min_tiles, spread, FUSED_MERGE, target, BALANCE),
         zero, zero, zero - 1, zero, zero, zero,
     )
     for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
-        bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv,
+        bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv,
                                num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, FUSED_MERGE, target,
                                BALANCE)
         base, base_m, b, j, n_chunks, slot0 = _scan_block(c, bs, ch, base, base_m, b, j, n_chunks, slot0)
@@ -1040,7 +1055,7 @@ def _merge_rows(
 @triton.jit(do_not_specialize=fp4.DECODE_PER_STEP)
 def _decode_reduce_kernel(
     part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,
-    batch, programs, min_tiles, window, max_pages, page_size, num_tokens,
+    batch, programs, min_tiles, spread, window, max_pages, page_size, num_tokens,
     num_qo_heads, stride_ot, stride_oh, stride_lt,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
@@ -1078,13 +1093,13 @@ def _decode_reduce_kernel(
                         BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
     total = _total_tiles(t0, batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                          BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
-    target = _balance_target(t0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv,
+    target = _balance_target(t0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv,
                              num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, BALANCE)
-    ch = _tiles_chunks(t0, total, programs, min_tiles, False, target, BALANCE)
+    ch = _tiles_chunks(t0, total, programs, min_tiles, spread, False, target, BALANCE)
     slot0 = tl.sum(tl.where((bs0 < b) & (ch > 1), ch, 0), 0)
     n_chunks = tl.sum(tl.where(bs0 == b, ch, 0), 0)
     for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
-        bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv,
+        bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv,
                                num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, False, target, BALANCE)
         slot0 += tl.sum(tl.where((bs < b) & (ch > 1), ch, 0), 0)
         n_chunks += tl.sum(tl.where(bs == b, ch, 0), 0)
@@ -1435,8 +1450,23 @@ class DecodeConfig:
     # +6.4%, 3: up to +13.5%, 5: up to +32.5%; ncu with 3: 11% more DRAM bytes); GPU tests and memcheck pass. Kept for
     # the H200, where the default reads less of DRAM's peak (run O: 57%, the H100 77%)
     l2_bulk: int = 0
+    # with gluon and page_tile (where a launch takes it), no ring, no tile_pairs, no l2_ahead and no l2_bulk: the unmasked
+    # range's page ids are checked after its first tile's K and V words are asked for (at those ids clamped into the
+    # cache; dropped where an id is bad, and the masked loop takes the range), not before (decode_gluon, EARLY). The
+    # check's block-table reads then hit the lines that the first tile's page ids brought to L1, and its round trip
+    # overlaps the words' in place of coming before it: one dependent memory round trip less before each program's
+    # first tile, which a short chunk (one request of 1K keys: 2 tiles a program) feels most. Opt-in, not yet run on a GPU
+    early_check: bool = False
 
     def __post_init__(self) -> None:
+        if self.early_check and (not self.gluon or not self.page_tile or self.ring or self.tile_pairs or self.l2_ahead
+                                 or self.l2_bulk):
+            raise ValueError(
+                f"DecodeConfig(early_check=True, gluon={self.gluon}, page_tile={self.page_tile}, ring={self.ring}, "
+                f"tile_pairs={self.tile_pairs}, l2_ahead={self.l2_ahead}, l2_bulk={self.l2_bulk}): early_check is for "
+                "the Gluon kernel's page-tiled loop without a ring, tile_pairs, l2_ahead or l2_bulk; use "
+                "early_check=False or such a config"
+            )
         if self.l2_bulk < 0 or self.l2_bulk == 1 or (self.l2_bulk and (
                 not self.gluon or not self.page_tile or self.ring or self.tile_pairs or self.l2_ahead)):
             raise ValueError(
@@ -1615,7 +1645,7 @@ _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "
                       "MERGE_CB", "SWAP_AB")
 _GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW", "PAGE_TILE", "IMAD_SHR",
                       "LAZY", "TOK_K", "TOK_V", "TOK_KS", "TOK_VS", "RING", "DEFER_SUM", "PAIR", "k_desc", "v_desc",
-                      "TMA", "SCALE_AHEAD", "PRING", "L2_FETCH", "L2_AHEAD", "L2_SCALES", "L2_BULK")
+                      "TMA", "SCALE_AHEAD", "PRING", "L2_FETCH", "L2_AHEAD", "L2_SCALES", "L2_BULK", "EARLY")
 # The SASS counts in the comments below are those of the change that added each config. Since the page_tile thread
 # offsets were split into lane and register parts (decode_gluon._thread_offsets, 2026-12-05) the page_tile configs'
 # unmasked loops are shorter (sm_90, triton 3.6.0, per 16 keys and warp): the default 408 instructions and 116
@@ -1760,6 +1790,9 @@ GLUON_DECODE_CONFIGS = (
     replace(_DECODE_CONFIGS_GLUON[128], l2_bulk=2),
     replace(_DECODE_CONFIGS_GLUON[128], l2_bulk=3),
     replace(_DECODE_CONFIGS_GLUON[128], l2_bulk=5),
+    # the default with the unmasked range's page check after its first tile's loads (early_check): one dependent round
+    # trip less before each program's first tile. Not yet run on a GPU
+    replace(_DECODE_CONFIGS_GLUON[128], early_check=True),
 )
 # Warps of a decode launch whose config has fewer, when (a) BLOCK_M > 16: at 2 warps the
 # accumulators do not fit (SM90, head_dim 128: BLOCK_M 32 spills 8 bytes, BLOCK_M 64 spills 1.5 KB,
@@ -1779,6 +1812,14 @@ _PREFILL_CONFIGS: dict[int, PrefillConfig] = {
 # does not say), in chunks of at least SPLIT_MIN_CHUNK_TOKENS keys.
 SPLIT_TARGET_PROGRAMS_PER_SM = 4
 SPLIT_MIN_CHUNK_TOKENS = 512
+# A batch of few KV tiles (one short request) is spread over up to this many programs per SM, in chunks shorter than
+# SPLIT_MIN_CHUNK_TOKENS (down to a quarter of it): the kernels' `spread` argument, SPLIT_SPREAD_PROGRAMS_PER_SM *
+# num_sms // num_kv_heads chunks a KV head for the batch, each request its part by its tiles (_chunk_cap); 0: off.
+# It changes only batches of fewer than spread * min_tiles tiles (16 x 8 tiles, 8K keys, for 8 KV heads on 132 SMs).
+# On an H100 (run X) one request of 1K / 2K keys took 1.43x / 1.32x FlashInfer's bf16 time in chunks of 512 keys
+# (2 / 4 of them) and 1.11x / 1.06x in chunks of 128 keys (8 / 16); at 8K keys, 16 chunks of 512 were the fastest
+# (32 of 256: +28%, 64 of 128: +62%): about one program per SM, as the rule gives.
+SPLIT_SPREAD_PROGRAMS_PER_SM = 1
 # Waves of resident programs the batch's tiles are shared out over (decode_waves): 0 picks 1 to
 # SPLIT_MAX_WAVES per launch from the batch size; n > 0 forces n (benchmark sweeps).
 SPLIT_WAVES = 0
@@ -1919,7 +1960,18 @@ def decode_programs(cfg: DecodeConfig, num_kv_heads: int, num_sms: int, waves: i
     return max(1, -(-wave // max(1, num_kv_heads))), max(1, min_tiles)
 
 
-def decode_waves(batch: int, programs: int, min_tiles: int, max_tiles: int) -> int:
+def decode_spread(num_kv_heads: int, num_sms: int) -> int:
+    """The kernels' ``spread``: ``SPLIT_SPREAD_PROGRAMS_PER_SM * num_sms // num_kv_heads`` chunks a KV head (at least
+    1) that a batch of few KV tiles is spread over (:func:`_chunk_cap`); 0 when the knob is 0. Refused when the knob
+    is no count."""
+    per_sm = SPLIT_SPREAD_PROGRAMS_PER_SM
+    if isinstance(per_sm, bool) or not isinstance(per_sm, int) or not 0 <= per_sm <= 64:
+        raise ValueError(f"attention.SPLIT_SPREAD_PROGRAMS_PER_SM is {per_sm!r}; it needs an int from 0 (off) to 64 "
+                         "(programs per SM a batch of few KV tiles is spread over); set it to 1, the default")
+    return max(1, per_sm * max(1, num_sms) // max(1, num_kv_heads)) if per_sm else 0
+
+
+def decode_waves(batch: int, programs: int, min_tiles: int, max_tiles: int, spread: int = 0) -> int:
     """Waves of ``programs`` (one wave's programs per KV head) a launch shares the tiles out over.
 
     Each request's share of the programs is rounded down (:func:`_request_chunks`), so when the
@@ -1937,7 +1989,7 @@ def decode_waves(batch: int, programs: int, min_tiles: int, max_tiles: int) -> i
     if SPLIT_WAVES > 0:
         return SPLIT_WAVES
     batch, programs = max(1, batch), max(1, programs)
-    cap = max(1, max(1, max_tiles) // max(1, min_tiles))  # chunks of one request at most
+    cap = _chunk_cap_host(max(1, max_tiles), batch * max(1, max_tiles), min_tiles, spread)  # chunks a request
     best, best_fill = 1, -1.0
     for waves in range(1, max(1, SPLIT_MAX_WAVES) + 1):
         chunks = batch * min(max(1, waves * programs // batch), cap)
@@ -1947,15 +1999,25 @@ def decode_waves(batch: int, programs: int, min_tiles: int, max_tiles: int) -> i
     return best
 
 
-def decode_grid(batch: int, programs: int, min_tiles: int, max_tiles: int) -> tuple[int, int]:
+def _chunk_cap_host(tiles: int, total: int, min_tiles: int, spread: int) -> int:
+    """The kernels' :func:`_chunk_cap` for ``tiles >= 0`` and ``total >= 1``: the most chunks a request takes."""
+    min_tiles = max(1, min_tiles)
+    few = min(tiles // max(min_tiles // 4, 1), tiles * max(0, spread) // max(1, total))
+    return max(tiles // min_tiles, few, 1)
+
+
+def decode_grid(batch: int, programs: int, min_tiles: int, max_tiles: int, spread: int = 0) -> tuple[int, int]:
     """``(chunks, partial slots)``: the decode grid's chunk count and the merge buffer's slot count.
 
     Request ``b`` gets ``max(1, floor(x_b))`` chunks with ``sum(x_b) = programs``, so chunks never
-    exceed ``programs + batch``, nor ``batch * cdiv(max_tiles, min_tiles)``. Only requests of two
-    or more chunks write partials; they have ``floor(x_b) <= x_b``, so their chunks number at most
-    ``programs``.
+    exceed ``programs + batch``, nor ``batch`` times the most one request of ``max_tiles`` can take
+    (:func:`_chunk_cap`: ``cdiv(max_tiles, min_tiles)``, or up to ``spread`` chunks of a quarter of that length).
+    Only requests of two or more chunks write partials; they have ``floor(x_b) <= x_b``, so their chunks number at
+    most ``programs``.
     """
-    per_request = -(-max(1, max_tiles) // min_tiles)
+    min_tiles = max(1, min_tiles)
+    per_request = max(-(-max(1, max_tiles) // min_tiles), _chunk_cap_host(max(1, max_tiles), max(1, max_tiles), min_tiles,
+                                                                              spread))
     chunks = max(1, min(programs + batch, batch * per_request))
     return chunks, max(1, min(chunks, programs))
 
@@ -1970,6 +2032,7 @@ class DecodeSplit:
     waves: int
     chunks: int
     slots: int
+    spread: int = 0  # the kernels' spread (SPLIT_SPREAD_PROGRAMS_PER_SM): chunks a KV head for a batch of few tiles
 
 
 def decode_split(
@@ -1983,11 +2046,12 @@ def decode_split(
     cfg = cfg or decode_config(head_dim)
     programs, min_tiles = decode_programs(cfg, num_kv_heads, num_sms)
     max_tiles = -(-max_pages * page_size // cfg.block_n)
-    waves = 1 if "num_splits" in _overrides else decode_waves(batch, programs, min_tiles, max_tiles)
+    spread = 0 if "num_splits" in _overrides else decode_spread(num_kv_heads, num_sms)
+    waves = 1 if "num_splits" in _overrides else decode_waves(batch, programs, min_tiles, max_tiles, spread)
     if waves > 1:
         programs = decode_programs(cfg, num_kv_heads, num_sms, waves)[0]
-    chunks, slots = decode_grid(batch, programs, min_tiles, max_tiles)
-    return DecodeSplit(programs, min_tiles, waves, chunks, slots)
+    chunks, slots = decode_grid(batch, programs, min_tiles, max_tiles, spread)
+    return DecodeSplit(programs, min_tiles, waves, chunks, slots, spread)
 
 
 def merge_blocks(num_qo_heads: int, head_dim: int) -> tuple[int, int]:
@@ -2228,6 +2292,7 @@ class _DecodeLaunch:
     block_m: int
     programs: int
     min_tiles: int
+    spread: int
     chunks: int
     slots: int
     batch_block: int
@@ -2303,7 +2368,7 @@ def _decode_launch(
     return _DecodeLaunch(
         num_kv_heads=views.num_kv_heads, head_dim=views.head_dim, page_size=views.page_size,
         num_qo_heads=a.num_qo_heads, group=a.group, qmax=qmax, block_m=block_m, programs=programs,
-        min_tiles=min_tiles, chunks=chunks, slots=slots,
+        min_tiles=min_tiles, spread=split.spread, chunks=chunks, slots=slots,
         batch_block=BATCH_BLOCK_SMALL if batch <= BATCH_BLOCK_SMALL else BATCH_BLOCK_MAX,
         max_pages=block_table.shape[1],
         cfg=cfg,
@@ -2408,6 +2473,13 @@ def _gluon_l2(cfg: DecodeConfig, ring: int, page_tile: bool, pring: bool = False
     if ring:
         return cfg.l2_fetch, 0, False
     return cfg.l2_fetch, cfg.l2_ahead, cfg.l2_scales
+
+
+def _gluon_early(cfg: DecodeConfig, ring: int, page_tile: bool, num_pages: int = 1) -> bool:
+    """The Gluon kernel's ``EARLY`` for a launch with ``cfg``, ``RING`` ``ring`` (:func:`_gluon_ring`), ``PAGE_TILE``
+    ``page_tile`` and a cache of ``num_pages`` pages: the config's ``early_check`` where the launch runs the page-tiled
+    loop without a ring and the cache has a page to clamp the unchecked ids into, else False."""
+    return cfg.early_check and page_tile and not ring and num_pages > 0
 
 
 def _gluon_l2_bulk(cfg: DecodeConfig, ring: int, page_tile: bool, cc: int) -> int:
@@ -2604,7 +2676,7 @@ def _run_decode(
         query, out, lse_arg, part_o, part_lse,
         *cache, block_table, seq_lens, qsl_arg, sinks_arg,
         k_scale, v_scale, d.sm_scale_log2, softcap, d.window,
-        batch, d.programs, d.min_tiles, d.group, d.num_qo_heads, d.page_size, page_shift, d.max_pages,
+        batch, d.programs, d.min_tiles, d.spread, d.group, d.num_qo_heads, d.page_size, page_shift, d.max_pages,
         num_tokens,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), d.num_qo_heads,
         *d.strides, block_table.stride(0),
@@ -2635,6 +2707,7 @@ def _run_decode(
                 DEFER_SUM=d.cfg.defer_sum, PAIR=d.cfg.tile_pairs,
                 SCALE_AHEAD=_gluon_scale_ahead(d.cfg, ring), PRING=_gluon_pring(d.cfg, ring, d.group * qmax),
                 L2_FETCH=l2[0], L2_AHEAD=l2[1], L2_SCALES=l2[2], L2_BULK=d.l2_bulk,
+                EARLY=_gluon_early(d.cfg, ring, tok[0] > 0, d.num_pages),
                 k_desc=descs[0] if descs else None, v_desc=descs[1] if descs else None, TMA=descs is not None,
             )  # fmt: skip
             launched = True
@@ -2650,7 +2723,7 @@ def _run_decode(
         return
     _decode_reduce_kernel[(batch * qmax, triton.cdiv(d.num_qo_heads, d.merge_block_h))](
         part_o, part_lse, out, lse_arg, seq_lens, qsl_arg, sinks_arg,
-        batch, d.programs, d.min_tiles, d.window, d.max_pages, d.page_size, query.shape[0],
+        batch, d.programs, d.min_tiles, d.spread, d.window, d.max_pages, d.page_size, query.shape[0],
         d.num_qo_heads, out.stride(0), out.stride(1), d.num_qo_heads,
         HEAD_DIM=d.head_dim, BLOCK_N=d.cfg.block_n, QMAX=qmax, VARLEN=qsl is not None,
         HAS_WINDOW=d.window > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse, BLOCK_H=d.merge_block_h,
@@ -2945,7 +3018,7 @@ def _decode_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
     sig.update(_cache_sig())
     sig.update({"k_scale": "*fp32" if k_ptr else "fp32", "v_scale": "*fp32" if v_ptr else "fp32",
                 "sm_scale_log2": "fp32", "softcap": "fp32", "window": "i32",
-                "batch": "i32", "programs": "i32", "min_tiles": "i32", "group": "i32",
+                "batch": "i32", "programs": "i32", "min_tiles": "i32", "spread": "i32", "group": "i32",
                 "num_qo_heads": "i32", "page_size": "i32", "page_shift": "i32", "max_pages": "i32",
                 "num_tokens": "i32"})
     for name in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_lt",
@@ -3133,6 +3206,7 @@ def aot_variants() -> dict[str, list[Any]]:
         c["SCALE_AHEAD"] = _gluon_scale_ahead(cfg, c["RING"])
         c["PRING"] = _gluon_pring(cfg, c["RING"], group * qmax)
         c["L2_FETCH"], c["L2_AHEAD"], c["L2_SCALES"] = _gluon_l2(cfg, c["RING"], c["PAGE_TILE"], c["PRING"])
+        c["EARLY"] = _gluon_early(cfg, c["RING"], c["PAGE_TILE"])
         # the ring filled by TMA (tma_loader) where the launcher takes it: SM90+, the descriptors of a uint8 cache
         tma = _tma_ring(cfg, c["RING"])
         if tma:
@@ -3203,7 +3277,7 @@ def aot_variants() -> dict[str, list[Any]]:
 
     red_sig_base = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "o_ptr": "*bf16", "lse_ptr": "*fp32",
                     "seq_lens_ptr": "*i32", "qsl_ptr": "*i32", "sinks_ptr": "*fp32", "batch": "i32",
-                    "programs": "i32", "min_tiles": "i32", "window": "i32", "max_pages": "i32",
+                    "programs": "i32", "min_tiles": "i32", "spread": "i32", "window": "i32", "max_pages": "i32",
                     "page_size": "i32", "num_tokens": "i32", "num_qo_heads": "i32", "stride_ot": "i32",
                     "stride_oh": "i32", "stride_lt": "i32"}
     for name in ("HEAD_DIM", "BLOCK_N", "QMAX", "VARLEN", "HAS_WINDOW", "HAS_SINKS", "RETURN_LSE", "BLOCK_H",

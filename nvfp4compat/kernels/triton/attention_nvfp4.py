@@ -158,10 +158,11 @@ _ASM_BF16_BITWISE = tl.constexpr(_ASM_BF16_BITWISE_TEXT)
 _INTERPRETED = tl.constexpr(interpreting())
 
 # The decode kernels' integer arguments that change from one serving step to the next (batch, work
-# split, block-table bound, token count). Triton would otherwise compile a variant for each value that
+# split, block-table bound, token count), and the split's spread (fixed per GPU and model, 16 for 8 KV heads on
+# 132 SMs, so that it does not build again for each). Triton would otherwise compile a variant for each value that
 # is 1 or a multiple of 16, in the middle of serving (vLLM's JIT monitor flags it); none of them gates
 # a vectorized access, so one compile covers them all.
-DECODE_PER_STEP = ("batch", "programs", "min_tiles", "max_pages", "num_tokens")
+DECODE_PER_STEP = ("batch", "programs", "min_tiles", "spread", "max_pages", "num_tokens")
 
 
 @triton.jit

@@ -339,23 +339,38 @@ def _cdiv_wide(a, d):
 
 
 @gluon.jit
-def _request_chunks(tiles, total, programs, min_tiles, target, BALANCE: gl.constexpr = 0):
-    """attention._request_chunks: the same integers without a 64-bit division (a call of about a hundred instructions
-    per request on sm_90). ``floor(tiles * programs / total)`` is at most ``programs`` (``tiles <= total``), so an
-    fp32 estimate is within 2 of it while ``programs < 2^21`` (the launcher keeps it below
-    ``attention._GLUON_MAX_PROGRAMS``), and two exact integer corrections make it the quotient. ``tiles // min_tiles``
-    divides two non-negative int32 (inline). ``BALANCE``: ``cdiv(tiles, target)`` (:func:`_cdiv_small`: both below
-    2^26, the quotient at most ``programs``) where the target from :func:`_balance_target` is not 0."""
-    t64 = tiles.to(gl.int64)
-    prod = t64 * programs
-    ratio = gl.to_tensor(programs).to(gl.float32) / total.to(gl.float32)
-    share = (tiles.to(gl.float32) * ratio).to(gl.int64)
+def _part_of(tiles, total, n):
+    """``floor(tiles * n / total)`` (int64) for ``0 <= tiles <= total`` and ``0 <= n < 2^21`` without a 64-bit
+    division (a call of about a hundred instructions per request on sm_90): the quotient is at most ``n``, so an fp32
+    estimate is within 2 of it, and two exact integer corrections make it the quotient."""
+    prod = tiles.to(gl.int64) * n
+    ratio = gl.to_tensor(n).to(gl.float32) / total.to(gl.float32)
+    q = (tiles.to(gl.float32) * ratio).to(gl.int64)
     for _ in gl.static_range(2):
-        rem = prod - share * total
-        share = gl.where(rem < 0, share - 1, gl.where(rem >= total, share + 1, share))
+        rem = prod - q * total
+        q = gl.where(rem < 0, q - 1, gl.where(rem >= total, q + 1, q))
+    return q
+
+
+@gluon.jit
+def _chunk_cap(tiles, total, min_tiles, spread):
+    """attention._chunk_cap (int32 ``tiles >= 0``): ``tiles // min_tiles`` or, in a batch of few tiles, its part of
+    ``spread`` chunks of at least ``max(min_tiles // 4, 1)`` tiles (:func:`_part_of`; int32 divisions inline)."""
+    few = gl.minimum((tiles // gl.maximum(min_tiles // 4, 1)).to(gl.int64), _part_of(tiles, total, spread))
+    return gl.maximum(gl.maximum((tiles // min_tiles).to(gl.int64), few), 1)
+
+
+@gluon.jit
+def _request_chunks(tiles, total, programs, min_tiles, spread, target, BALANCE: gl.constexpr = 0):
+    """attention._request_chunks: the same integers without a 64-bit division. The share
+    ``floor(tiles * programs / total)`` by :func:`_part_of` (the launcher keeps ``programs`` below
+    ``attention._GLUON_MAX_PROGRAMS``, 2^21), capped by :func:`_chunk_cap`. ``BALANCE``: ``cdiv(tiles, target)``
+    (:func:`_cdiv_small`: both below 2^26, the quotient at most ``programs``) where the target from
+    :func:`_balance_target` is not 0."""
+    share = _part_of(tiles, total, programs)
     if BALANCE:  # (target 0: more requests than programs, the floor rule)
         share = gl.where(target > 0, _cdiv_small(tiles, gl.maximum(target, 1)).to(gl.int64), share)
-    n = gl.minimum(gl.maximum(share, 1), gl.maximum(tiles // min_tiles, 1).to(gl.int64))
+    n = gl.minimum(gl.maximum(share, 1), _chunk_cap(tiles, total, min_tiles, spread))
     return gl.where(tiles > 0, n, 0).to(gl.int32)
 
 
@@ -368,7 +383,7 @@ def _chunks_within(t, cap, mid):
 
 @gluon.jit
 def _balance_target(
-    t0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+    t0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
     BLOCK_N: gl.constexpr, QMAX: gl.constexpr, VARLEN: gl.constexpr, HAS_WINDOW: gl.constexpr,
     BATCH_BLOCK: gl.constexpr, NW: gl.constexpr, BALANCE: gl.constexpr,
 ):
@@ -377,7 +392,7 @@ def _balance_target(
     layout. ``t0``: the first ``BATCH_BLOCK`` requests' tiles, which :func:`_find_chunk` loaded once."""
     LB: gl.constexpr = gl.BlockedLayout([_scan_per_thread(BATCH_BLOCK)], [32], [NW], [0])
     zero = gl.program_id(0) * 0
-    cap0 = gl.maximum(t0 // min_tiles, 1)
+    cap0 = _chunk_cap(t0, total, min_tiles, spread).to(gl.int32)
     hi = zero + gl.max(t0, 0)
     least = zero + gl.min(gl.where(t0 > 0, t0, 2**30), 0)
     live = zero + gl.sum((t0 > 0).to(gl.int32), 0)
@@ -392,7 +407,10 @@ def _balance_target(
     if live > programs:
         hi = zero
     elif least >= hi:  # equal requests (or none): the floor rule's chunks
-        n = gl.minimum(gl.maximum(programs // gl.maximum(live, 1), 1), gl.maximum(hi // min_tiles, 1))
+        # (_chunk_cap of hi with total = live * hi: floor(spread * hi / total) = spread // live)
+        few = gl.minimum(hi // gl.maximum(min_tiles // 4, 1), spread // gl.maximum(live, 1))
+        cap = gl.maximum(gl.maximum(hi // min_tiles, few), 1)
+        n = gl.minimum(gl.maximum(programs // gl.maximum(live, 1), 1), cap)
         hi = (hi + n - 1) // n
     else:
         rest = gl.maximum(programs - live, 1)
@@ -405,7 +423,7 @@ def _balance_target(
                 bs = b0 + gl.arange(0, BATCH_BLOCK, layout=LB)
                 t = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                                    BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
-                used += _chunks_within(t, gl.maximum(t // min_tiles, 1), mid)
+                used += _chunks_within(t, _chunk_cap(t, total, min_tiles, spread).to(gl.int32), mid)
             fits = used <= programs
             hi = gl.where(fits, mid, hi)
             lo = gl.where(fits, lo, mid + 1)
@@ -448,7 +466,7 @@ def _scan_block(c, bs, ch, base, base_m, b, j, n_chunks, slot0):
 
 @gluon.jit
 def _find_chunk(
-    c, batch, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+    c, batch, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
     BLOCK_N: gl.constexpr, QMAX: gl.constexpr, VARLEN: gl.constexpr, HAS_WINDOW: gl.constexpr,
     BATCH_BLOCK: gl.constexpr, NW: gl.constexpr, BALANCE: gl.constexpr = 0,
 ):
@@ -474,10 +492,10 @@ def _find_chunk(
     total = gl.maximum(total, 1)
     target = zero
     if BALANCE:
-        target = _balance_target(t0, batch, total, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv,
+        target = _balance_target(t0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv,
                                  num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, NW, BALANCE)
     base, base_m, b, j, n_chunks, slot0 = _scan_block(
-        c, bs0, _request_chunks(t0, total, programs, min_tiles, target, BALANCE), zero, zero, zero - 1, zero, zero,
+        c, bs0, _request_chunks(t0, total, programs, min_tiles, spread, target, BALANCE), zero, zero, zero - 1, zero, zero,
         zero,
     )
     for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
@@ -485,7 +503,7 @@ def _find_chunk(
         tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                                BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
         base, base_m, b, j, n_chunks, slot0 = _scan_block(
-            c, bs, _request_chunks(tiles, total, programs, min_tiles, target, BALANCE), base, base_m, b, j, n_chunks,
+            c, bs, _request_chunks(tiles, total, programs, min_tiles, spread, target, BALANCE), base, base_m, b, j, n_chunks,
             slot0,
         )
     return b, j, n_chunks, slot0
@@ -1451,7 +1469,7 @@ def gluon_decode_kernel(
     q_ptr, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
     k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,
     k_scale, v_scale, sm_scale_log2, softcap, window,
-    batch, programs, min_tiles, group, num_qo_heads, page_size, page_shift, max_pages, num_tokens,
+    batch, programs, min_tiles, spread, group, num_qo_heads, page_size, page_shift, max_pages, num_tokens,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_lt,
     stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
@@ -1468,7 +1486,7 @@ def gluon_decode_kernel(
     TOK_VS: gl.constexpr = 0, RING: gl.constexpr = 0, DEFER_SUM: gl.constexpr = False, PDL: gl.constexpr = False,
     PAIR: gl.constexpr = False, k_desc=None, v_desc=None, TMA: gl.constexpr = False, SCALE_AHEAD: gl.constexpr = 1,
     PRING: gl.constexpr = False, BALANCE: gl.constexpr = 0, L2_FETCH: gl.constexpr = 0, L2_AHEAD: gl.constexpr = 0,
-    L2_SCALES: gl.constexpr = False, L2_BULK: gl.constexpr = 0,
+    L2_SCALES: gl.constexpr = False, L2_BULK: gl.constexpr = 0, EARLY: gl.constexpr = False,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation,
     no fused merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
@@ -1506,7 +1524,11 @@ def gluon_decode_kernel(
     to registers; ``L2_BULK`` (``n >= 2``, SM90+; with ``PAGE_TILE``, no ``RING``, ``PAIR`` or ``L2_AHEAD``): the
     same distance by bulk prefetches (:func:`_l2_bulk`: one ``cp.async.bulk.prefetch.L2`` per warp and tensor, of the
     page span that holds every KV head's rows of the warp's keys, asked for by the chunk's KV head programs in turn
-    (NHD), or of the program's own rows, every tile (HND))."""
+    (NHD), or of the program's own rows, every tile (HND)); ``EARLY`` (with ``PAGE_TILE``, no ``RING``, ``PAIR``,
+    ``L2_AHEAD`` or ``L2_BULK``): the unmasked range's page ids are checked (:func:`_bad_pages`) after its first tile's
+    words are asked for, at those page ids clamped into the cache, not before: the check's block-table reads then hit
+    the lines that tile's page ids brought to L1, and its round trip overlaps the words'. Where a page id is bad the
+    words go unused and the masked loop takes the range, as without it."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
     gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
     gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
@@ -1530,6 +1552,8 @@ def gluon_decode_kernel(
                      "L2_AHEAD is 0 or >= 2, and takes PAGE_TILE, no RING, no PAIR")
     gl.static_assert(L2_BULK == 0 or (L2_BULK >= 2 and PAGE_TILE and RING == 0 and not PAIR and L2_AHEAD == 0),
                      "L2_BULK is 0 or >= 2, and takes PAGE_TILE, no RING, no PAIR, no L2_AHEAD")
+    gl.static_assert(not EARLY or (PAGE_TILE and RING == 0 and not PAIR and L2_AHEAD == 0 and L2_BULK == 0),
+                     "EARLY takes PAGE_TILE, no RING, no PAIR, no L2_AHEAD, no L2_BULK")
     gl.static_assert(not PAGE_TILE or (TOK_K > 0 and TOK_V > 0 and TOK_KS > 0 and TOK_VS > 0),
                      "PAGE_TILE takes the token strides as constexprs (TOK_K, TOK_V, TOK_KS, TOK_VS)")
     # PAGE_TILE's next V words are loaded, in source, after the P V of the current ones: on sm_90 (triton 3.6.0, when
@@ -1562,7 +1586,7 @@ def gluon_decode_kernel(
     # (gl.to_tensor: an int argument equal to 1 arrives as the constant 1, which has no .to)
     max_kv = gl.to_tensor(max_pages).to(gl.int64) * page_size
     b, j, n_chunks, slot0 = _find_chunk(
-        c, batch, programs, min_tiles, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+        c, batch, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
         BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, NW, BALANCE,
     )
     if b < 0:
@@ -1711,7 +1735,7 @@ def gluon_decode_kernel(
     # are masked, or with PAGE_TILE read the last checked page)
     b_begin = gl.maximum(t_begin, n_mask_lo)
     b_end = gl.minimum(t_end, n_full_end)
-    if b_end > b_begin:
+    if not EARLY and b_end > b_begin:  # (EARLY: after the range's first loads, below)
         if PAGE_POW2:
             p_lo = (kv_lo + b_begin * BLOCK_N) >> page_shift
             p_last = (kv_lo + b_end * BLOCK_N - 1) >> page_shift
@@ -1784,6 +1808,9 @@ def gluon_decode_kernel(
                                    off_vb, k_ring, va_ring, vb_ring, r, TOK_K, TOK_V, LK, LV, NW, KW, IT)
                 pk_c, pa_c = _warp_pages(n0 + (RING - 1) * BLOCK_N, last, bt_row, page_shift, LK, LV, NW, KW)
             else:
+                if EARLY:  # not yet checked: read inside the cache whatever the ids (the words are dropped if bad)
+                    pk = gl.minimum(gl.maximum(pk, 0), num_pages - 1)
+                    pa = gl.minimum(gl.maximum(pa, 0), num_pages - 1)
                 kw, ks = _k_words_paged(n0, pk, page_size, k_base, ks_base, s_kp, s_ksp, off_k, off_ks, TOK_K, TOK_KS,
                                         LK, NW, KW, IT, L2_FETCH, SF_FETCH)
                 va, vb, vsa, vsb = _v_words_paged(n0, pa, page_size, v_base, vs_base, s_vp, s_vsp, off_va, off_vb,
@@ -1826,6 +1853,11 @@ def gluon_decode_kernel(
             pk, pa, pb = _tile_pages(
                 n0 + BLOCK_N, end_key, bt_row, page_size, page_shift, LK, LV, NW, KW, PAGE_POW2, PAGE_EVEN
             )
+        # EARLY: the range's page ids, now that its first tile's words are on their way (PAGE_TILE: pages of 2^n; a
+        # constexpr, so the check exists only in EARLY builds)
+        if EARLY:  # noqa: SIM102
+            if _bad_pages(bt_row, n0 >> page_shift, last + 1, num_pages, NW) > 0:
+                b_end = b_begin
         if SKEW:  # tile i's logits are computed in step i - 1 (the first before the loop)
             s_cur = _logits(q_op, kw, ks, MMA, LK, NW, KW, ROWS8, CVT8, KT, LEAN, IMAD_SHR)
         b_one = b_begin  # the first tile of the one-tile loop below
