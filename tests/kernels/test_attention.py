@@ -8,6 +8,7 @@ Each feature is checked alone and once all together; relative L2 of the output <
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 
 import numpy as np
@@ -1414,6 +1415,23 @@ def test_decode_signature_cache_serves_new_data(monkeypatch, features):
     assert ra.relative_l2(second.out, second.ref) <= 1e-2
     if features.get("return_lse"):
         assert float((second.lse - second.ref_lse).abs().max()) <= 1e-2
+
+
+def test_every_split_and_merge_constant_keys_the_launch_cache(monkeypatch):
+    """The decode host path's cache key (``_knobs``) changes with every work-split and merge constant, so a benchmark's
+    ``--knob`` (or a user) that changes one between calls gets a launch built for it, not the cached one. (Stop 49:
+    ``SPLIT_SPREAD_PROGRAMS_PER_SM`` was missing, and its knob rows timed the default's launch.)"""
+    from nvfp4compat.kernels.triton import attention as att
+
+    names = [k for k, v in vars(att).items() if re.fullmatch(r"(SPLIT|MERGE|BATCH_BLOCK)_[A-Z_]+", k)
+             and type(v) in (int, float, bool) and k != "MERGE_COUNTERS_MIN"]  # (a buffer's size, read as it is made)
+    assert "SPLIT_SPREAD_PROGRAMS_PER_SM" in names and "MERGE_PDL" in names
+    for name in names:
+        before = att._knobs()
+        value = getattr(att, name)
+        monkeypatch.setattr(att, name, (not value) if type(value) is bool else value + 1)
+        assert att._knobs() != before, name
+        monkeypatch.setattr(att, name, value)
 
 
 def test_prefill_rejects_bad_query_start_loc():

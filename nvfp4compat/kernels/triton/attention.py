@@ -2765,7 +2765,8 @@ def _opt_meta(t) -> object:
 def _knobs() -> tuple:
     """Everything besides the arguments that a launch depends on (tuning constants, overrides)."""
     return (
-        SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, SPLIT_WAVES, SPLIT_MAX_WAVES, SPLIT_WAVE_GAIN,
+        SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, SPLIT_SPREAD_PROGRAMS_PER_SM, SPLIT_WAVES, SPLIT_MAX_WAVES,
+        SPLIT_WAVE_GAIN,
         SPLIT_BALANCE_STEPS, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
         MERGE_STEP_ELEMENTS, MERGE_CHUNK_BLOCK, FUSED_MERGE, MERGE_PDL, tuple(_DECODE_CONFIGS.items()), tuple(_DECODE_CONFIGS_BYTE_SCALES.items()), tuple(sorted(_overrides.items())), interpreting(),
         _gluon_failed, tuple(_DECODE_CONFIGS_GLUON.items()), tuple(_DECODE_CONFIGS_GLUON_ROWS16.items()),
