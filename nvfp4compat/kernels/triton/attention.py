@@ -688,9 +688,13 @@ def _chunk_cap(tiles, total, min_tiles, spread):
     batch's ``total`` tiles are few (``SPLIT_SPREAD_PROGRAMS_PER_SM``), its part of ``spread`` chunks,
     ``floor(spread * tiles / total)``, in chunks of at least ``max(min_tiles // 4, 1)`` tiles; at least 1. The second
     term passes the first only where ``total < spread * min_tiles`` (one request of 1K keys: 8 chunks of 2 tiles
-    in place of 2 of 8), so a batch of more tiles keeps the chunks of at least ``min_tiles``."""
-    few = tl.minimum((tiles // tl.maximum(min_tiles // 4, 1)).to(tl.int64), (tiles.to(tl.int64) * spread) // total)
-    return tl.maximum(tl.maximum((tiles // min_tiles).to(tl.int64), few), 1)
+    in place of 2 of 8), so a batch of more tiles keeps the chunks of at least ``min_tiles``; it is worked out only
+    there (a branch every program takes alike: a larger batch's scan pays one comparison for it)."""
+    cap = tl.maximum(tiles // min_tiles, 1).to(tl.int64)
+    if total < spread * min_tiles:
+        few = tl.minimum((tiles // tl.maximum(min_tiles // 4, 1)).to(tl.int64), (tiles.to(tl.int64) * spread) // total)
+        cap = tl.maximum(cap, few)
+    return cap
 
 
 @triton.jit

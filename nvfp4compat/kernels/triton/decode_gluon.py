@@ -355,9 +355,14 @@ def _part_of(tiles, total, n):
 @gluon.jit
 def _chunk_cap(tiles, total, min_tiles, spread):
     """attention._chunk_cap (int32 ``tiles >= 0``): ``tiles // min_tiles`` or, in a batch of few tiles, its part of
-    ``spread`` chunks of at least ``max(min_tiles // 4, 1)`` tiles (:func:`_part_of`; int32 divisions inline)."""
-    few = gl.minimum((tiles // gl.maximum(min_tiles // 4, 1)).to(gl.int64), _part_of(tiles, total, spread))
-    return gl.maximum(gl.maximum((tiles // min_tiles).to(gl.int64), few), 1)
+    ``spread`` chunks of at least ``max(min_tiles // 4, 1)`` tiles (:func:`_part_of`; int32 divisions inline). The
+    second term is worked out only where it can pass the first (``total < spread * min_tiles``, a branch the whole
+    program takes alike), so a larger batch's scan pays one comparison for it."""
+    cap = gl.maximum(tiles // min_tiles, 1).to(gl.int64)
+    if total < spread * min_tiles:
+        few = gl.minimum((tiles // gl.maximum(min_tiles // 4, 1)).to(gl.int64), _part_of(tiles, total, spread))
+        cap = gl.maximum(cap, few)
+    return cap
 
 
 @gluon.jit
