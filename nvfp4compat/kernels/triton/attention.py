@@ -762,10 +762,8 @@ def _balance_target(
     elif least >= hi:  # equal requests (or none): the floor rule's chunks
         # (int32: live <= batch, hi < 2^26; inline divisions)
         h32 = hi.to(tl.int32)
-        # (_chunk_cap of hi with total = live * hi: floor(spread * hi / total) = spread // live)
-        few = tl.minimum(h32 // tl.maximum(min_tiles // 4, 1), spread // tl.maximum(live.to(tl.int32), 1))
-        cap = tl.maximum(tl.maximum(h32 // min_tiles, few), 1)
-        n = tl.minimum(tl.maximum(programs // tl.maximum(live.to(tl.int32), 1), 1), cap)
+        n = tl.minimum(tl.maximum(programs // tl.maximum(live.to(tl.int32), 1), 1),
+                       _chunk_cap(h32, total, min_tiles, spread).to(tl.int32))
         hi = ((h32 + n - 1) // n).to(tl.int64)
     else:
         rest = tl.maximum(programs - live, 1)

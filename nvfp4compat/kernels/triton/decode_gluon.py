@@ -412,10 +412,7 @@ def _balance_target(
     if live > programs:
         hi = zero
     elif least >= hi:  # equal requests (or none): the floor rule's chunks
-        # (_chunk_cap of hi with total = live * hi: floor(spread * hi / total) = spread // live)
-        few = gl.minimum(hi // gl.maximum(min_tiles // 4, 1), spread // gl.maximum(live, 1))
-        cap = gl.maximum(gl.maximum(hi // min_tiles, few), 1)
-        n = gl.minimum(gl.maximum(programs // gl.maximum(live, 1), 1), cap)
+        n = gl.minimum(gl.maximum(programs // gl.maximum(live, 1), 1), _chunk_cap(hi, total, min_tiles, spread).to(gl.int32))
         hi = (hi + n - 1) // n
     else:
         rest = gl.maximum(programs - live, 1)
