@@ -1028,23 +1028,22 @@ def test_decode_with_merge_pdl_asked_for_on_the_cpu_matches_reference(monkeypatc
 
 def test_gluon_eligibility():
     """What the Gluon kernel serves: bf16 or fp16, head_dim 128, <= 16 rows, no rotation, 16-byte data rows, 2-byte
-    scale rows, no fused merge (every feature within that: windows, sinks, any page size, varlen rows); on the CPU
+    scale rows (every feature within that: windows, sinks, any page size, varlen rows, the fused merge); on the CPU
     (and under the interpreter) no launch is eligible."""
     from nvfp4compat.kernels.triton import attention as att
 
     if att._gluon is None:
         pytest.skip("this triton has no Gluon")
     ok = att._gluon.gluon_decode_eligible
-    assert ok(128, 16, False, torch.bfloat16, 16, 8, False)
-    assert ok(128, 16, False, torch.float16, 16, 8, False)
-    assert ok(128, 16, False, torch.bfloat16, 16, 2, False)
-    assert not ok(128, 16, False, torch.float32, 16, 8, False)
-    assert not ok(64, 16, False, torch.bfloat16, 16, 8, False)
-    assert not ok(128, 32, False, torch.bfloat16, 16, 8, False)  # more than 16 rows
-    assert not ok(128, 16, True, torch.bfloat16, 16, 8, False)
-    assert not ok(128, 16, False, torch.bfloat16, 8, 8, False)  # cache rows on 8-byte boundaries only
-    assert not ok(128, 16, False, torch.bfloat16, 16, 1, False)
-    assert not ok(128, 16, False, torch.bfloat16, 16, 8, True)
+    assert ok(128, 16, False, torch.bfloat16, 16, 8)
+    assert ok(128, 16, False, torch.float16, 16, 8)
+    assert ok(128, 16, False, torch.bfloat16, 16, 2)
+    assert not ok(128, 16, False, torch.float32, 16, 8)
+    assert not ok(64, 16, False, torch.bfloat16, 16, 8)
+    assert not ok(128, 32, False, torch.bfloat16, 16, 8)  # more than 16 rows
+    assert not ok(128, 16, True, torch.bfloat16, 16, 8)
+    assert not ok(128, 16, False, torch.bfloat16, 8, 8)  # cache rows on 8-byte boundaries only
+    assert not ok(128, 16, False, torch.bfloat16, 16, 1)
     c = _cache(head_dim=128)
     cl = att._cache_launch(att.normalize_cache(c.paged_kv_cache, c.kv_cache_sf, c.kv_layout))
     q = torch.zeros(1, 4, 128, dtype=torch.bfloat16)

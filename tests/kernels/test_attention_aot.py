@@ -304,3 +304,34 @@ def test_l2_prefetch_variants_carry_their_hints(tmp_path):
     for n in (2, 3, 5):
         assert count(f"b{n}", r"UBLKPF\.L2\b") == n - 1, n
         assert count(f"b{n}", r"CCTL") == 0 and count(f"b{n}", wide) == count("f128", wide), n
+
+
+_FUSED_PROBE = r"""
+import json, re, sys
+from nvfp4compat.kernels import aot
+from nvfp4compat.kernels.triton import attention as att
+k = next(k for k in att.aot_kernels() if k.name == "attention_decode_gluon")
+out = {}
+for label, cc in json.loads(sys.argv[1]):
+    v = next(v for v in k.variants if v.label == label)
+    ptx = aot.build(k, v, cc).asm["ptx"]
+    out[f"{label}@{cc}"] = [len(re.findall(r"atom\.global\.gpu\.acq_rel\.add", ptx)),
+                            len(re.findall(r"ld\.global\.cg", ptx))]
+print("FUSED " + json.dumps(out))
+"""
+
+
+def test_gluon_fused_merge_counts_in_with_one_atomic():
+    """``FUSED_MERGE`` in the Gluon decode: its variants count each chunk in with one acquire-release atomic add at GPU
+    scope and load the partials past L1 (``ld.global.cg``); the default variant has neither, on SM80 and SM90. Compiled
+    in a child (this session interprets)."""
+    want = [("bf16-d128", 90), ("bf16-d128-fused-merge", 90), ("bf16-d128-fused-merge", 80),
+            ("fp16-d128-fused-merge-g16-varlen", 90)]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _FUSED_PROBE, json.dumps(want)], env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("FUSED "))[6:])
+    assert got["bf16-d128@90"] == [0, 0], got
+    for key in ("bf16-d128-fused-merge@90", "bf16-d128-fused-merge@80", "fp16-d128-fused-merge-g16-varlen@90"):
+        assert got[key][0] == 1 and got[key][1] > 0, (key, got)

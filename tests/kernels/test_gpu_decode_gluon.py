@@ -354,6 +354,60 @@ def test_gluon_decode_spread_split(monkeypatch, lens):
     assert ra.relative_l2(res.out, off.out) <= 5e-3
 
 
+class _Recorder:
+    """Stands in for the merge kernel: records that it was launched, runs nothing."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def __getitem__(self, grid):
+        return lambda *a, **k: self.calls.append(grid)
+
+
+@pytest.mark.parametrize("cfg_name", ["default", "lean", "lazy-one-warp"])
+@pytest.mark.parametrize("case_kw", [
+    dict(seq_lens=[5000, 1, 17, 12000, 0], use_sinks=True),
+    dict(seq_lens=[1024]),
+    dict(seq_lens=[300, 2048, 64], logits_soft_cap=30.0, sliding_window=700),
+    dict(seq_lens=random_lens(40, 16000, 9), num_qo_heads=64, q_len_per_req=2, dtype=fp16, use_sinks=True),
+    dict(seq_lens=[3000, 9000, 40, 5000, 700], q_lens=[1, 2, 40, 1, 300], use_sinks=True),
+], ids=["mixed-empty-sinks", "one-1K", "window-softcap", "ragged40-q2-fp16", "prefill-rows"])
+def test_gluon_decode_fused_merge(monkeypatch, cfg_name, case_kw):
+    """``FUSED_MERGE`` in the Gluon decode: the last chunk of each request and KV head merges the partials
+    (:func:`decode_gluon._merge_last`) and no merge kernel is launched. The reference's output and LSE, every counter
+    back at 0 afterwards, and a CUDA graph captured once and replayed with other lengths gives the merge kernel's
+    output."""
+    monkeypatch.setattr(att, "FUSED_MERGE", True)
+    cfg = _NAMED[cfg_name]
+    op = "prefill" if "q_lens" in case_kw else "decode"
+    kw = {"num_qo_heads": 32, "num_kv_heads": 8, "head_dim": 128, "dtype": bf16, "return_lse": True, "device": "cuda",
+          **case_kw}
+    launched: list = []
+    real_merge = att._decode_reduce_kernel
+    monkeypatch.setattr(att, "_decode_reduce_kernel", _Recorder(launched))
+    with att.override_configs(decode=cfg):
+        res = run_case("triton", op, **kw)
+        assert _ran_gluon(), f"the Gluon kernel did not run: {att.LAST_KERNELS.get('decode')}"
+    res.check()
+    assert launched == [], "the merge kernel ran although the decode kernel merges"
+    torch.cuda.synchronize()
+    assert att._merge_counter_bufs and all(int(t.abs().sum()) == 0 for t in att._merge_counter_bufs.values())
+    g, out, args, case = _captured(cfg, 6)
+    with att.override_configs(decode=cfg):
+        for lens in ([100, 8192, 3000, 1], [0, 5, 7000, 4096], [1024, 0, 0, 0], [8192] * 4):
+            case.seq_lens.copy_(torch.tensor(lens, dtype=case.seq_lens.dtype))
+            g.replay()
+            torch.cuda.synchronize()
+            monkeypatch.setattr(att, "FUSED_MERGE", False)
+            monkeypatch.setattr(att, "_decode_reduce_kernel", real_merge)
+            ref = att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout)
+            monkeypatch.setattr(att, "FUSED_MERGE", True)
+            monkeypatch.setattr(att, "_decode_reduce_kernel", _Recorder(launched))
+            assert ra.relative_l2(out, ref) <= 1e-5, lens
+    assert launched == []
+    assert all(int(t.abs().sum()) == 0 for t in att._merge_counter_bufs.values())
+
+
 @gluon.jit
 def _probe_part(t_ptr, total_ptr, n_ptr, out_ptr, count, BLOCK: gl.constexpr):
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])

@@ -1645,8 +1645,7 @@ _gluon_failed = False
 # launch has fewer programs per KV head than this (a few thousand at most on today's GPUs; the plain kernel beyond)
 _GLUON_MAX_PROGRAMS = 2**15
 # The decode kernels' arguments beyond the ones they share (_run_decode passes the shared ones to both)
-_PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "counter_ptr", "FUSED_MERGE",
-                      "MERGE_CB", "SWAP_AB")
+_PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "MERGE_CB", "SWAP_AB")
 _GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW", "PAGE_TILE", "IMAD_SHR",
                       "LAZY", "TOK_K", "TOK_V", "TOK_KS", "TOK_VS", "RING", "DEFER_SUM", "PAIR", "k_desc", "v_desc",
                       "TMA", "SCALE_AHEAD", "PRING", "L2_FETCH", "L2_AHEAD", "L2_SCALES", "L2_BULK", "EARLY")
@@ -2452,8 +2451,7 @@ def _gluon_eligible(query: torch.Tensor, head_dim: int, block_m: int, rotate: bo
     (:func:`decode_gluon.gluon_decode_eligible`)."""
     return (
         _gluon is not None and not _gluon_failed and query.is_cuda and not interpreting()
-        and _gluon.gluon_decode_eligible(head_dim, block_m, rotate, query.dtype, cl.data_align, cl.sf_align,
-                                         bool(FUSED_MERGE))
+        and _gluon.gluon_decode_eligible(head_dim, block_m, rotate, query.dtype, cl.data_align, cl.sf_align)
     )
 
 
@@ -2695,10 +2693,11 @@ def _run_decode(
         BATCH_BLOCK=d.batch_block, K_SCALE_PTR=d.k_ptr, V_SCALE_PTR=d.v_ptr,
         DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
         num_pages=d.num_pages, status_ptr=status_arg, PDL=d.pdl, BALANCE=d.balance,
+        counter_ptr=counters if fused else seq_lens, FUSED_MERGE=fused,
         num_warps=d.cfg.num_warps, maxnreg=d.cfg.maxnreg,
     )  # fmt: skip
     launched = False
-    if d.gluon and not fused and not _gluon_failed and d.programs < _GLUON_MAX_PROGRAMS:
+    if d.gluon and not _gluon_failed and d.programs < _GLUON_MAX_PROGRAMS:
         # PAGE_TILE takes the token strides as constexprs (one build per cache layout); elsewhere they stay 0
         tok = d.page_tile_tok
         ring = _gluon_ring(d.cfg, tok[0] > 0)
@@ -2723,8 +2722,7 @@ def _run_decode(
     if not launched:
         LAST_KERNELS["decode"] = _decode_kernel[(d.chunks * d.num_kv_heads,)](
             *args, **common, FAST=d.fast, DOT_FP32=d.dot_fp32, PREFETCH=d.cfg.prefetch, ROTATE=d.rotate,
-            SCALE_WORDS=d.cfg.scale_words, counter_ptr=counters if fused else seq_lens, FUSED_MERGE=fused,
-            MERGE_CB=d.merge_cb if fused else 1, SWAP_AB=d.cfg.swap_ab, num_stages=d.cfg.num_stages,
+            SCALE_WORDS=d.cfg.scale_words, MERGE_CB=d.merge_cb if fused else 1, SWAP_AB=d.cfg.swap_ab, num_stages=d.cfg.num_stages,
         )  # fmt: skip
     if fused:
         return
@@ -3202,7 +3200,7 @@ def aot_variants() -> dict[str, list[Any]]:
                              "ROWS8": group * qmax <= 8, "PAGE_EVEN": even, "OFF32": off32, "CVT8": False,
                              "KT": _gluon_kt(cfg, group * qmax), "LEAN": False, "SKEW": cfg.skew_logits,
                              "IMAD_SHR": False, "LAZY": cfg.lazy_rescale, "DEFER_SUM": cfg.defer_sum, "PDL": False,
-                             "PAIR": cfg.tile_pairs, "TMA": False, "BALANCE": 0}
+                             "PAIR": cfg.tile_pairs, "TMA": False, "BALANCE": 0, "FUSED_MERGE": False}
         c.update(_FEATURES_OFF)
         c.update(features)
         # pages of 16 keys where the variant has pages of 2^n keys
@@ -3243,6 +3241,11 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-pdl-late", gdef, pdl=2)
     add_gluon("bf16-d128-balance", gdef, BALANCE=8)
     add_gluon("bf16-d128-balance-batch1024", gdef, batch_block=1024, BALANCE=3)
+    # the fused merge (FUSED_MERGE): 8 rows with every feature, 16 rows in fp16 with a varlen batch, the one-warp config
+    add_gluon("bf16-d128-fused-merge", gdef, FUSED_MERGE=True)
+    add_gluon("bf16-d128-fused-merge-q2-all", gdef, qmax=2, FUSED_MERGE=True, **_FEATURES_ON)
+    add_gluon("fp16-d128-fused-merge-g16-varlen", g16def, dtype="fp16", group=16, VARLEN=True, FUSED_MERGE=True)
+    add_gluon("bf16-d128-fused-merge-one-warp", _GLUON_ONE_WARP, FUSED_MERGE=True, HAS_SINKS=True, RETURN_LSE=True)
     # two tiles per softmax update (tile_pairs) with q_len 2, sinks, soft-cap and LSE, and with fp16 queries
     add_gluon("bf16-d128-pairs-q2-sinks-softcap-lse", replace(_GLUON_KT_PAGE_TILE, tile_pairs=True), qmax=2, HAS_SOFTCAP=True,
               HAS_SINKS=True, RETURN_LSE=True)

@@ -57,6 +57,9 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 # a shared-memory buffer seen as another type / shape: _reinterpret in triton 3.6, reinterpret from 3.7 on
 _HAS_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+# a barrier of the program's threads (bar.sync): thread_barrier in triton 3.6, barrier from 3.7 on (3.9 removed the old
+# name)
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
 def _with_scale_register(text: str, cvt: str) -> str:
@@ -1466,6 +1469,67 @@ def _attend(
     )
 
 
+@gluon.jit
+def _merge_last(
+    part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, sinks_ptr, slot0, n_chunks, num_qo_heads, kvh, group, q_start, q_len,
+    stride_ot, stride_oh, stride_lt,
+    R: gl.constexpr, QMAX: gl.constexpr, HEAD_DIM: gl.constexpr, NW: gl.constexpr, HAS_SINKS: gl.constexpr,
+    RETURN_LSE: gl.constexpr,
+):
+    """The fused merge (``FUSED_MERGE``): merge the ``n_chunks`` partials of this KV head's ``R`` rows, as
+    :func:`attention._merge_rows` does, and store the output (and LSE). Run by the last of the request's chunks to
+    finish (:func:`gluon_decode_kernel`); the partials are loaded past L1 (``.cg``: this SM may hold a line of them
+    from before their chunks stored them).
+
+    One layout for everything, ``[chunks, rows, head_dim]`` with the lanes on the head dimension and the warps on the
+    rows; the running max and sum keep that rank (``[1, R, 1]``, replicated over the lanes), so nothing changes
+    layout. ``MCB`` chunks per step, loaded at once (one round trip to L2 per step): ``MCB x R <= 8 NW`` keeps each
+    thread's share of a step at 32 floats."""
+    MCB: gl.constexpr = 8 * NW // R if 8 * NW >= R else 1
+    L3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [1, NW, 1], [2, 1, 0])
+    cc = _iota(MCB, L3, 3, 0)
+    rr = _iota(R, L3, 3, 1)
+    dd = _iota(HEAD_DIM, L3, 3, 2)
+    t = rr // group
+    head = kvh * group + rr % group
+    ok = t < q_len
+    row = head.to(gl.int64) * QMAX + t
+    slot_rows = num_qo_heads * QMAX
+    m = gl.full([1, R, 1], float("-inf"), gl.float32, L3)
+    l_sum = gl.zeros([1, R, 1], gl.float32, L3)
+    acc = gl.zeros([1, R, HEAD_DIM], gl.float32, L3)
+    for s0 in range(0, n_chunks, MCB):
+        cs = s0 + cc
+        okc = (cs < n_chunks) & ok
+        prow = (slot0 + cs).to(gl.int64) * slot_rows + row
+        lse_s = gl.load(part_lse_ptr + prow, mask=okc, other=float("-inf"), cache_modifier=".cg")
+        o_s = gl.load(part_o_ptr + prow * HEAD_DIM + dd, mask=okc & (dd >= 0), other=0.0, cache_modifier=".cg")
+        m_new = gl.maximum(m, gl.max(lse_s, 0, keep_dims=True))
+        m_safe = _finite(m_new)
+        alpha = gl.exp2(m - m_safe)
+        w = gl.exp2(lse_s - m_safe)
+        acc = acc * alpha + gl.sum(o_s * w, 0, keep_dims=True)
+        l_sum = l_sum * alpha + gl.sum(w, 0, keep_dims=True)
+        m = m_new
+    if HAS_SINKS:
+        sink2 = gl.load(sinks_ptr + head, mask=ok, other=0.0) * _LOG2E
+        m_fin = gl.maximum(m, sink2)
+        w_fin = gl.exp2(m - m_fin)
+        l_tot = l_sum * w_fin + gl.exp2(sink2 - m_fin)
+    else:
+        m_fin = m
+        w_fin = gl.full([1, R, 1], 1.0, gl.float32, L3)
+        l_tot = l_sum
+    l_safe = gl.where(l_tot > 0.0, l_tot, 1.0)
+    o = acc * (w_fin / l_safe)
+    tok = (q_start + t).to(gl.int64)
+    o_row = o_ptr + tok * stride_ot + head.to(gl.int64) * stride_oh
+    gl.store(o_row + dd, o.to(o_ptr.dtype.element_ty), mask=ok & (dd >= 0))
+    if RETURN_LSE:
+        lse = gl.where(l_tot > 0.0, (m_fin + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+        gl.store(lse_ptr + tok * stride_lt + head, lse, mask=ok)
+
+
 @gluon.jit(do_not_specialize=fp4.DECODE_PER_STEP)
 def gluon_decode_kernel(
     q_ptr, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
@@ -1489,9 +1553,10 @@ def gluon_decode_kernel(
     PAIR: gl.constexpr = False, k_desc=None, v_desc=None, TMA: gl.constexpr = False, SCALE_AHEAD: gl.constexpr = 1,
     PRING: gl.constexpr = False, BALANCE: gl.constexpr = 0, L2_FETCH: gl.constexpr = 0, L2_AHEAD: gl.constexpr = 0,
     L2_SCALES: gl.constexpr = False, L2_BULK: gl.constexpr = 0, EARLY: gl.constexpr = False,
+    counter_ptr=None, FUSED_MERGE: gl.constexpr = False,
 ):
-    """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation,
-    no fused merge), with the key loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
+    """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation), with the key
+    loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
     ``ROWS8``: ``G x q_len <= 8``; ``PAGE_EVEN``: an even page size and no window; ``OFF32``: every cache
     offset fits in int32; ``CVT8``: the E4M3-conversion decode (SM89+); ``KT`` (with ``ROWS8``): the logits
     transposed, ``S^T = K Q^T`` (:func:`_softmax_pv_kt`); ``SKEW``: the unmasked loop computes tile ``i + 1``'s
@@ -2104,22 +2169,35 @@ def gluon_decode_kernel(
         gl.store(part_o_ptr + prow * HEAD_DIM + dim_o, out, mask=ok_o)
         prow1 = ((slot0 + j).to(gl.int64) * num_qo_heads + head1) * QMAX + t1
         gl.store(part_lse_ptr + prow1, lse2, mask=ok1)
+        if FUSED_MERGE:
+            # count this chunk in once every thread's partials are stored (a barrier, then one acquire-release
+            # atomic at GPU scope); the last chunk of the request and KV head sets the counter back to 0 for the next
+            # launch and merges
+            _cta_barrier()
+            cnt = counter_ptr + b.to(gl.int64) * num_kv_heads + kvh
+            done = gl.atomic_add(cnt, 1, sem="acq_rel")
+            if done == n_chunks - 1:
+                gl.store(cnt, 0)
+                _merge_last(
+                    part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, sinks_ptr, slot0, n_chunks, num_qo_heads, kvh, group,
+                    q_start, q_len, stride_ot, stride_oh, stride_lt, R, QMAX, HEAD_DIM, NW, HAS_SINKS, RETURN_LSE,
+                )
 
 
 def gluon_decode_eligible(
-    head_dim: int, block_m: int, rotate: bool, query_dtype, data_align: int, sf_align: int, fused_merge: bool,
+    head_dim: int, block_m: int, rotate: bool, query_dtype, data_align: int, sf_align: int,
 ) -> bool:
     """Whether a decode launch can take :func:`gluon_decode_kernel` (else the plain-Triton kernel).
 
     What the kernel serves: bf16 or fp16 queries, head_dim 128, at most 16 rows (``G x q_len``), no rotation,
-    cache rows on 16-byte boundaries and scale rows on 2-byte ones (vLLM's page at head_dim 128 has both), the split
-    merge kernel (no ``FUSED_MERGE``); every feature of the decode contract within that (sliding windows, soft-cap,
-    sinks, LSE, any page size, NHD/HND, the decode rows of a varlen prefill batch). All of these passed the GPU tier
-    on an H200 (``tests/kernels/test_gpu_decode_gluon.py``, run L).
+    cache rows on 16-byte boundaries and scale rows on 2-byte ones (vLLM's page at head_dim 128 has both); every feature
+    of the decode contract within that (sliding windows, soft-cap, sinks, LSE, any page size, NHD/HND, the decode rows
+    of a varlen prefill batch, the merge kernel or the fused merge). All of these passed the GPU tier on an H200
+    (``tests/kernels/test_gpu_decode_gluon.py``, run L), the fused merge on an H100 (run Z).
     """
     served = (
         head_dim == 128 and block_m == 16 and not rotate and query_dtype in (torch.bfloat16, torch.float16)
-        and data_align >= 16 and sf_align >= 2 and not fused_merge
+        and data_align >= 16 and sf_align >= 2
     )
     return served
 
