@@ -226,6 +226,37 @@ def test_decode_fused_merge_matches_reference(monkeypatch, op, splits, seq_lens,
     assert att._merge_counter_bufs and all(int(t.abs().sum()) == 0 for t in att._merge_counter_bufs.values())
 
 
+def test_fused_merge_counters_for_a_stream_first_seen_in_a_capture(monkeypatch):
+    """``FUSED_MERGE``'s counters: an eager launch makes its stream's zeroed buffer and keeps
+    ``MERGE_COUNTER_SPARES`` zeroed spares of that size, so a stream whose first launch is captured in a CUDA graph
+    (vLLM's capture stream, ``do_bench_cudagraph``'s) takes a spare instead of the merge kernel; once they are gone, or
+    where a capture needs more counters than they hold, the capture gets None (the merge kernel); the next eager launch
+    makes new spares, and a stream keeps the buffer it took."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    for name in ("_merge_counter_bufs", "_merge_counter_spares"):
+        monkeypatch.setattr(att, name, {})
+    monkeypatch.setattr(att, "_merge_counter_kept", [])
+    cpu = torch.device("cpu")
+    assert att._stream_counters(cpu, 7, 100, True) is None  # nothing eager yet
+    eager = att._stream_counters(cpu, 1, 100, False)
+    assert eager.numel() == att.MERGE_COUNTERS_MIN and int(eager.abs().sum()) == 0
+    spares = list(att._merge_counter_spares[cpu])
+    assert len(spares) == att.MERGE_COUNTER_SPARES == 2
+    got = att._stream_counters(cpu, 7, 100, True)
+    assert got is spares[0] and int(got.abs().sum()) == 0
+    assert att._stream_counters(cpu, 7, 100, True) is got  # the captured stream keeps it
+    assert att._stream_counters(cpu, 8, 100, True) is spares[1]
+    assert att._stream_counters(cpu, 9, 100, True) is None  # no spare left: the merge kernel
+    assert att._stream_counters(cpu, 1, 100, False) is eager  # an eager launch makes new spares
+    assert len(att._merge_counter_spares[cpu]) == 2
+    assert att._stream_counters(cpu, 9, 10_000, True) is None  # larger than the spares
+    big = att._stream_counters(cpu, 1, 10_000, False)
+    assert big.numel() == 10_000 and eager in att._merge_counter_kept  # a graph may still point at the old one
+    assert all(sp.numel() == 10_000 for sp in att._merge_counter_spares[cpu])
+    assert att._stream_counters(cpu, 9, 10_000, True).numel() == 10_000
+
+
 class _Recorder:
     """Stands in for a kernel: records that it was launched (``kernel[grid](...)``), runs nothing."""
 
@@ -1423,7 +1454,8 @@ def test_every_split_and_merge_constant_keys_the_launch_cache(monkeypatch):
     from nvfp4compat.kernels.triton import attention as att
 
     names = [k for k, v in vars(att).items() if re.fullmatch(r"(SPLIT|MERGE|BATCH_BLOCK)_[A-Z_]+", k)
-             and type(v) in (int, float, bool) and k != "MERGE_COUNTERS_MIN"]  # (a buffer's size, read as it is made)
+             and type(v) in (int, float, bool)
+             and k not in ("MERGE_COUNTERS_MIN", "MERGE_COUNTER_SPARES")]  # (buffers' sizes, read as they are made)
     assert "SPLIT_SPREAD_PROGRAMS_PER_SM" in names and "MERGE_PDL" in names
     for name in names:
         before = att._knobs()

@@ -2609,7 +2609,12 @@ _zero_statuses: dict[torch.device, torch.Tensor] = {}
 # the old one is kept alive: a captured CUDA graph may still point at it.
 _merge_counter_bufs: dict[tuple[torch.device, int], torch.Tensor] = {}
 _merge_counter_kept: list[torch.Tensor] = []
+# Zeroed buffers made by eager launches, MERGE_COUNTER_SPARES per device, for a stream whose first fused launch is
+# captured in a CUDA graph (nothing can be allocated and zeroed then): vLLM and triton.testing.do_bench_cudagraph
+# capture on a stream that never ran the decode eagerly.
+_merge_counter_spares: dict[torch.device, list[torch.Tensor]] = {}
 MERGE_COUNTERS_MIN = 4096
+MERGE_COUNTER_SPARES = 2
 
 
 def _pow2_floor(n: int) -> int:
@@ -2618,17 +2623,35 @@ def _pow2_floor(n: int) -> int:
 
 def _merge_counters(device: torch.device, n: int) -> torch.Tensor | None:
     """At least ``n`` zeroed int32 counters for a fused-merge launch on the current stream of
-    ``device``; None where none can be made now (a CUDA graph is being captured and the buffer is too
-    small: that launch takes the merge kernel instead)."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    ``device``. A stream captured in a CUDA graph before any eager launch on it takes one of the spares that eager
+    launches keep zeroed (:data:`MERGE_COUNTER_SPARES`); None where none fits (no eager launch of this size came
+    first: that launch takes the merge kernel instead)."""
+    if device.type == "cuda":
+        return _stream_counters(device, torch.cuda.current_stream(device).cuda_stream, n,
+                                torch.cuda.is_current_stream_capturing())
+    return _stream_counters(device, 0, n, False)
+
+
+def _stream_counters(device: torch.device, stream: int, n: int, capturing: bool) -> torch.Tensor | None:
+    """:func:`_merge_counters` for stream handle ``stream`` of ``device``, ``capturing`` a CUDA graph or not."""
     key = (device, stream)
     t = _merge_counter_bufs.get(key)
+    spares = _merge_counter_spares.setdefault(device, [])
     if t is None or t.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
+        if capturing:
+            fit = next((i for i, sp in enumerate(spares) if sp.numel() >= n), None)
+            if fit is None:
+                return None
+            if t is not None:
+                _merge_counter_kept.append(t)
+            t = _merge_counter_bufs[key] = spares.pop(fit)
+            return t
         if t is not None:
             _merge_counter_kept.append(t)
         t = _merge_counter_bufs[key] = torch.zeros(max(n, MERGE_COUNTERS_MIN), dtype=torch.int32, device=device)
+    if not capturing and (len(spares) < MERGE_COUNTER_SPARES or spares[0].numel() < t.numel()):
+        # (made together, so spares[0] is as large as the others; no graph holds an unclaimed spare: they may go)
+        spares[:] = [torch.zeros_like(t) for _ in range(MERGE_COUNTER_SPARES)]
     return t
 
 

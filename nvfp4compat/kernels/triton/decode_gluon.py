@@ -299,8 +299,10 @@ def _query_span(q0, q1, num_tokens):
 def _request_tiles(
     bs, ok, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
     BLOCK_N: gl.constexpr, QMAX: gl.constexpr, VARLEN: gl.constexpr, HAS_WINDOW: gl.constexpr,
+    MARK_EMPTY: gl.constexpr = False,
 ):
-    """attention._request_tiles (same clamps, same arithmetic)."""
+    """attention._request_tiles (same clamps, same arithmetic; ``MARK_EMPTY``: a request the kernel serves that has
+    no visible key counts -1, not 0)."""
     seq_len = gl.load(seq_lens_ptr + bs, mask=ok, other=0).to(gl.int64)
     seq_len = gl.minimum(gl.maximum(seq_len, 0), max_kv)
     if VARLEN:
@@ -317,6 +319,8 @@ def _request_tiles(
     else:
         kv_lo = seq_len * 0
     tiles = (gl.maximum(seq_len - kv_lo, 0) + BLOCK_N - 1) // BLOCK_N
+    if MARK_EMPTY:
+        tiles = gl.where(tiles == 0, -1, tiles)
     return gl.where(live, tiles, 0).to(gl.int32)
 
 
@@ -380,6 +384,17 @@ def _request_chunks(tiles, total, programs, min_tiles, spread, target, BALANCE: 
         share = gl.where(target > 0, _cdiv_small(tiles, gl.maximum(target, 1)).to(gl.int64), share)
     n = gl.minimum(gl.maximum(share, 1), _chunk_cap(tiles, total, min_tiles, spread))
     return gl.where(tiles > 0, n, 0).to(gl.int32)
+
+
+@gluon.jit
+def _tiles_chunks(tiles, total, programs, min_tiles, spread, target, BALANCE: gl.constexpr, EMPTY_CHUNK: gl.constexpr):
+    """attention._tiles_chunks: :func:`_request_chunks`, and with ``EMPTY_CHUNK`` (the fused merge: no merge kernel
+    writes the rows of a request with no visible key; ``tiles`` from ``MARK_EMPTY``) one chunk for such a request,
+    whose program writes its zero rows (the sinks alone in the LSE)."""
+    if EMPTY_CHUNK:
+        return gl.where(tiles < 0, 1, _request_chunks(gl.maximum(tiles, 0), total, programs, min_tiles, spread, target,
+                                                      BALANCE))
+    return _request_chunks(tiles, total, programs, min_tiles, spread, target, BALANCE)
 
 
 @gluon.jit
@@ -473,10 +488,11 @@ def _scan_block(c, bs, ch, base, base_m, b, j, n_chunks, slot0):
 def _find_chunk(
     c, batch, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
     BLOCK_N: gl.constexpr, QMAX: gl.constexpr, VARLEN: gl.constexpr, HAS_WINDOW: gl.constexpr,
-    BATCH_BLOCK: gl.constexpr, NW: gl.constexpr, BALANCE: gl.constexpr = 0,
+    BATCH_BLOCK: gl.constexpr, NW: gl.constexpr, BALANCE: gl.constexpr = 0, EMPTY_CHUNK: gl.constexpr = False,
 ):
     """Chunk ``c``'s request ``b`` (-1: none), its index ``j`` there, the request's chunk count and
-    first partial slot: the plain-Triton kernel's scan over the batch, step for step.
+    first partial slot: the plain-Triton kernel's scan over the batch, step for step (``EMPTY_CHUNK``: the fused
+    merge's, where a request with no visible key has a chunk of its own, :func:`_tiles_chunks`).
 
     Up to 128 requests a block, every warp holds the whole block (``BATCH_BLOCK // 32`` per thread, the warps
     replicated), so the block's sums, maximum and prefix scans stay inside a warp: no shared memory and no barrier
@@ -487,8 +503,11 @@ def _find_chunk(
     zero = gl.program_id(0) * 0  # a run-time int32 (batch may be specialized to the constant 1)
     bs0 = gl.arange(0, BATCH_BLOCK, layout=LB)
     t0 = _request_tiles(bs0, bs0 < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                        BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
-    total = zero.to(gl.int64) + gl.sum(t0.to(gl.int64), 0)
+                        BLOCK_N, QMAX, VARLEN, HAS_WINDOW, EMPTY_CHUNK)
+    p0 = t0
+    if EMPTY_CHUNK:  # (a -1 of MARK_EMPTY counts 0)
+        p0 = gl.maximum(t0, 0)
+    total = zero.to(gl.int64) + gl.sum(p0.to(gl.int64), 0)
     for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
         bs = b0 + gl.arange(0, BATCH_BLOCK, layout=LB)
         t = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
@@ -497,19 +516,19 @@ def _find_chunk(
     total = gl.maximum(total, 1)
     target = zero
     if BALANCE:
-        target = _balance_target(t0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv,
+        target = _balance_target(p0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv,
                                  num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, NW, BALANCE)
     base, base_m, b, j, n_chunks, slot0 = _scan_block(
-        c, bs0, _request_chunks(t0, total, programs, min_tiles, spread, target, BALANCE), zero, zero, zero - 1, zero, zero,
-        zero,
+        c, bs0, _tiles_chunks(t0, total, programs, min_tiles, spread, target, BALANCE, EMPTY_CHUNK), zero, zero, zero - 1,
+        zero, zero, zero,
     )
     for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
         bs = b0 + gl.arange(0, BATCH_BLOCK, layout=LB)
         tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                               BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
+                               BLOCK_N, QMAX, VARLEN, HAS_WINDOW, EMPTY_CHUNK)
         base, base_m, b, j, n_chunks, slot0 = _scan_block(
-            c, bs, _request_chunks(tiles, total, programs, min_tiles, spread, target, BALANCE), base, base_m, b, j, n_chunks,
-            slot0,
+            c, bs, _tiles_chunks(tiles, total, programs, min_tiles, spread, target, BALANCE, EMPTY_CHUNK), base, base_m,
+            b, j, n_chunks, slot0,
         )
     return b, j, n_chunks, slot0
 
@@ -1549,11 +1568,11 @@ def gluon_decode_kernel(
     OFF32: gl.constexpr = False, CVT8: gl.constexpr = False, KT: gl.constexpr = False, LEAN: gl.constexpr = False,
     SKEW: gl.constexpr = False, PAGE_TILE: gl.constexpr = False, IMAD_SHR: gl.constexpr = False,
     LAZY: gl.constexpr = False, TOK_K: gl.constexpr = 0, TOK_V: gl.constexpr = 0, TOK_KS: gl.constexpr = 0,
-    TOK_VS: gl.constexpr = 0, RING: gl.constexpr = 0, DEFER_SUM: gl.constexpr = False, PDL: gl.constexpr = False,
+    TOK_VS: gl.constexpr = 0, RING: gl.constexpr = 0, DEFER_SUM: gl.constexpr = False, counter_ptr=None,
+    FUSED_MERGE: gl.constexpr = False, PDL: gl.constexpr = False,
     PAIR: gl.constexpr = False, k_desc=None, v_desc=None, TMA: gl.constexpr = False, SCALE_AHEAD: gl.constexpr = 1,
     PRING: gl.constexpr = False, BALANCE: gl.constexpr = 0, L2_FETCH: gl.constexpr = 0, L2_AHEAD: gl.constexpr = 0,
     L2_SCALES: gl.constexpr = False, L2_BULK: gl.constexpr = 0, EARLY: gl.constexpr = False,
-    counter_ptr=None, FUSED_MERGE: gl.constexpr = False,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation), with the key
     loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
@@ -1595,7 +1614,10 @@ def gluon_decode_kernel(
     ``L2_AHEAD`` or ``L2_BULK``): the unmasked range's page ids are checked (:func:`_bad_pages`) after its first tile's
     words are asked for, at those page ids clamped into the cache, not before: the check's block-table reads then hit
     the lines that tile's page ids brought to L1, and its round trip overlaps the words'. Where a page id is bad the
-    words go unused and the masked loop takes the range, as without it."""
+    words go unused and the masked loop takes the range, as without it; ``FUSED_MERGE`` (``counter_ptr``: one zeroed
+    int32 counter per request and KV head, ``attention._merge_counters``): no merge kernel; the last chunk of a split
+    request and KV head merges the partials (:func:`_merge_last`), and a request with no visible key gets a chunk of its
+    own that writes its zero rows (:func:`_tiles_chunks`), as the plain kernel's ``FUSED_MERGE`` does."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
     gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
     gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
@@ -1654,7 +1676,7 @@ def gluon_decode_kernel(
     max_kv = gl.to_tensor(max_pages).to(gl.int64) * page_size
     b, j, n_chunks, slot0 = _find_chunk(
         c, batch, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-        BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, NW, BALANCE,
+        BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, NW, BALANCE, FUSED_MERGE,
     )
     if b < 0:
         return
