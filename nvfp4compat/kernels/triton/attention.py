@@ -1849,13 +1849,14 @@ SPLIT_BALANCE_STEPS = 0
 # within 1% (H200, BENCHMARKS.md decode runs G and J)
 MERGE_STEP_ELEMENTS = 2048
 MERGE_CHUNK_BLOCK = 16
-# The merge inside the decode kernel (_merge_if_last): the last chunk of a request to finish merges its
-# partials, and no merge kernel is launched. Opt-in, not yet timed on a GPU: on an H200 one 8K request
-# spent 5.5 of 28 us (under ncu) in the merge kernel's launch, 8 programs (BENCHMARKS.md, decode run F).
-# Needs one int32 counter per (request, KV head), zero between launches (kept per device and stream).
-# Compiled for sm_90 (triton 3.6.0, head_dim 128) the merge tail raises the decode kernel from 152 to 250
-# registers (2 programs per SM instead of 3): a candidate for launches smaller than the GPU (one
-# request), where occupancy does not bind, not for full batches.
+# The merge inside the decode kernel (the plain kernel's _merge_if_last, the Gluon kernel's
+# decode_gluon._merge_last): the last chunk of a request to finish merges its partials, and no merge kernel is
+# launched. Opt-in, not yet timed on a GPU: on an H200 one 8K request spent 5.5 of 28 us (under ncu) in the merge
+# kernel's launch, 8 programs (BENCHMARKS.md, decode run F); runs G, Y and Z timed its knob, but their CUDA graphs
+# were captured on a stream without counters and took the merge kernel (run Z; fixed by the spares of
+# _merge_counters). Needs one int32 counter per (request, KV head), zero between launches (kept per device and
+# stream). Compiled for sm_90 (triton 3.6.0, head_dim 128) the plain kernel's merge tail raises it from 152 to 250
+# registers (2 programs per SM instead of 3); the Gluon default's from 119 to 121.
 FUSED_MERGE = False
 # The merge kernel as a programmatic dependent launch of the decode kernel (PDL, SM90+): every decode program lets it
 # launch (griddepcontrol.launch_dependents), so its programs are placed, and find their request's chunks from the
