@@ -1489,6 +1489,23 @@ def _attend(
 
 
 @gluon.jit
+def _fold_sinks(m, l_sum, sinks_ptr, head, ok, HAS_SINKS: gl.constexpr):
+    """Each row's attention sink (``sinks[head]``) folded into its maximum ``m`` and sum ``l_sum`` (log2 domain), as
+    ``attention._fold_sinks``: ``(m_fin, w, l_tot)``, the final maximum, the weight of the accumulated output and the
+    final sum."""
+    if HAS_SINKS:
+        sink2 = gl.load(sinks_ptr + head, mask=ok, other=0.0) * _LOG2E
+        m_fin = gl.maximum(m, sink2)
+        w = gl.exp2(m - m_fin)
+        l_tot = l_sum * w + gl.exp2(sink2 - m_fin)
+    else:
+        m_fin = m
+        w = gl.full(m.shape, 1.0, gl.float32, m.type.layout)
+        l_tot = l_sum
+    return m_fin, w, l_tot
+
+
+@gluon.jit
 def _merge_last(
     part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, sinks_ptr, slot0, n_chunks, num_qo_heads, kvh, group, q_start, q_len,
     stride_ot, stride_oh, stride_lt,
@@ -1530,15 +1547,7 @@ def _merge_last(
         acc = acc * alpha + gl.sum(o_s * w, 0, keep_dims=True)
         l_sum = l_sum * alpha + gl.sum(w, 0, keep_dims=True)
         m = m_new
-    if HAS_SINKS:
-        sink2 = gl.load(sinks_ptr + head, mask=ok, other=0.0) * _LOG2E
-        m_fin = gl.maximum(m, sink2)
-        w_fin = gl.exp2(m - m_fin)
-        l_tot = l_sum * w_fin + gl.exp2(sink2 - m_fin)
-    else:
-        m_fin = m
-        w_fin = gl.full([1, R, 1], 1.0, gl.float32, L3)
-        l_tot = l_sum
+    m_fin, w_fin, l_tot = _fold_sinks(m, l_sum, sinks_ptr, head, ok, HAS_SINKS)
     l_safe = gl.where(l_tot > 0.0, l_tot, 1.0)
     o = acc * (w_fin / l_safe)
     tok = (q_start + t).to(gl.int64)
@@ -2167,15 +2176,7 @@ def gluon_decode_kernel(
     ok1 = t1 < q_len
     tok1 = q_start + t1
     if n_chunks == 1:
-        if HAS_SINKS:
-            sink2 = gl.load(sinks_ptr + head1, mask=ok1, other=0.0) * _LOG2E
-            m_fin = gl.maximum(m1, sink2)
-            w_fin = gl.exp2(m1 - m_fin)
-            l_tot = l1 * w_fin + gl.exp2(sink2 - m_fin)
-        else:
-            m_fin = m1
-            w_fin = gl.full([R], 1.0, gl.float32, layout=LR)
-            l_tot = l1
+        m_fin, w_fin, l_tot = _fold_sinks(m1, l1, sinks_ptr, head1, ok1, HAS_SINKS)
         l_safe = gl.where(l_tot > 0.0, l_tot, 1.0)
         out = o * gl.expand_dims(w_fin * vs_g / l_safe, 1)
         o_row = o_ptr + (q_start + to).to(gl.int64) * stride_ot + head_o.to(gl.int64) * stride_oh
