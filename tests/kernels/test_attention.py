@@ -229,7 +229,7 @@ def test_decode_fused_merge_matches_reference(monkeypatch, op, splits, seq_lens,
 def test_fused_merge_counters_for_a_stream_first_seen_in_a_capture(monkeypatch):
     """``FUSED_MERGE``'s counters: an eager launch makes its stream's zeroed buffer and keeps
     ``MERGE_COUNTER_SPARES`` zeroed spares of that size, so a stream whose first launch is captured in a CUDA graph
-    (vLLM's capture stream, ``do_bench_cudagraph``'s) takes a spare instead of the merge kernel; once they are gone, or
+    (``do_bench_cudagraph``'s, which warms up on another) takes a spare instead of the merge kernel; once they are gone, or
     where a capture needs more counters than they hold, the capture gets None (the merge kernel); the next eager launch
     makes new spares, and a stream keeps the buffer it took."""
     from nvfp4compat.kernels.triton import attention as att

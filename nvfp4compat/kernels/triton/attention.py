@@ -2611,8 +2611,8 @@ _zero_statuses: dict[torch.device, torch.Tensor] = {}
 _merge_counter_bufs: dict[tuple[torch.device, int], torch.Tensor] = {}
 _merge_counter_kept: list[torch.Tensor] = []
 # Zeroed buffers made by eager launches, MERGE_COUNTER_SPARES per device, for a stream whose first fused launch is
-# captured in a CUDA graph (nothing can be allocated and zeroed then): vLLM and triton.testing.do_bench_cudagraph
-# capture on a stream that never ran the decode eagerly.
+# captured in a CUDA graph (nothing can be allocated and zeroed then): triton.testing.do_bench_cudagraph warms up on one
+# stream and captures on torch's default capture stream (vLLM 0.26 warms up on its capture stream first).
 _merge_counter_spares: dict[torch.device, list[torch.Tensor]] = {}
 MERGE_COUNTERS_MIN = 4096
 MERGE_COUNTER_SPARES = 2
