@@ -32,6 +32,16 @@ IMPLS = [
 ]
 
 
+class Recorder:
+    """Stands in for a kernel: records that it was launched (``kernel[grid](...)``), runs nothing."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def __getitem__(self, grid):
+        return lambda *a, **k: self.calls.append(grid)
+
+
 def random_lens(batch: int, max_len: int, seed: int) -> list[int]:
     """``batch`` random lengths in ``[1, max_len]``, the first one ``max_len`` (seeded)."""
     g = torch.Generator().manual_seed(seed)

@@ -20,6 +20,7 @@ from _attention_helpers import (
     DEVICE,
     FI_D64_REFUSAL,
     IMPLS,
+    Recorder,
     fi_refuses_head_dim_64,
     kernel,
     run_case,
@@ -215,7 +216,7 @@ def test_decode_fused_merge_matches_reference(monkeypatch, op, splits, seq_lens,
 
     monkeypatch.setattr(att, "FUSED_MERGE", True)
     launched = []
-    monkeypatch.setattr(att, "_decode_reduce_kernel", _Recorder(launched))
+    monkeypatch.setattr(att, "_decode_reduce_kernel", Recorder(launched))
     with att.override_configs(decode=att.DecodeConfig(16, 4, 1), num_splits=splits):
         r = run_case(
             "triton", op, seq_lens=seq_lens, num_qo_heads=4, num_kv_heads=2, head_dim=64,
@@ -255,16 +256,6 @@ def test_fused_merge_counters_for_a_stream_first_seen_in_a_capture(monkeypatch):
     assert big.numel() == 10_000 and eager in att._merge_counter_kept  # a graph may still point at the old one
     assert all(sp.numel() == 10_000 for sp in att._merge_counter_spares[cpu])
     assert att._stream_counters(cpu, 9, 10_000, True).numel() == 10_000
-
-
-class _Recorder:
-    """Stands in for a kernel: records that it was launched (``kernel[grid](...)``), runs nothing."""
-
-    def __init__(self, calls: list) -> None:
-        self.calls = calls
-
-    def __getitem__(self, grid):
-        return lambda *a, **k: self.calls.append(grid)
 
 
 @pytest.mark.parametrize("chunk_block", [2, 16])

@@ -18,7 +18,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from _attention_helpers import HAS_CUDA, random_lens, run_case
+from _attention_helpers import HAS_CUDA, Recorder, random_lens, run_case
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -354,16 +354,6 @@ def test_gluon_decode_spread_split(monkeypatch, lens):
     assert ra.relative_l2(res.out, off.out) <= 5e-3
 
 
-class _Recorder:
-    """Stands in for the merge kernel: records that it was launched, runs nothing."""
-
-    def __init__(self, calls: list) -> None:
-        self.calls = calls
-
-    def __getitem__(self, grid):
-        return lambda *a, **k: self.calls.append(grid)
-
-
 @pytest.mark.parametrize("cfg_name", ["default", "lean", "lazy-one-warp"])
 @pytest.mark.parametrize("case_kw", [
     dict(seq_lens=[5000, 1, 17, 12000, 0], use_sinks=True),
@@ -384,7 +374,7 @@ def test_gluon_decode_fused_merge(monkeypatch, cfg_name, case_kw):
           **case_kw}
     launched: list = []
     real_merge = att._decode_reduce_kernel
-    monkeypatch.setattr(att, "_decode_reduce_kernel", _Recorder(launched))
+    monkeypatch.setattr(att, "_decode_reduce_kernel", Recorder(launched))
     with att.override_configs(decode=cfg):
         res = run_case("triton", op, **kw)
         assert _ran_gluon(), f"the Gluon kernel did not run: {att.LAST_KERNELS.get('decode')}"
@@ -402,7 +392,7 @@ def test_gluon_decode_fused_merge(monkeypatch, cfg_name, case_kw):
             monkeypatch.setattr(att, "_decode_reduce_kernel", real_merge)
             ref = att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout)
             monkeypatch.setattr(att, "FUSED_MERGE", True)
-            monkeypatch.setattr(att, "_decode_reduce_kernel", _Recorder(launched))
+            monkeypatch.setattr(att, "_decode_reduce_kernel", Recorder(launched))
             assert ra.relative_l2(out, ref) <= 1e-5, lens
     assert launched == []
     assert all(int(t.abs().sum()) == 0 for t in att._merge_counter_bufs.values())

@@ -2639,17 +2639,13 @@ def _stream_counters(device: torch.device, stream: int, n: int, capturing: bool)
     t = _merge_counter_bufs.get(key)
     spares = _merge_counter_spares.setdefault(device, [])
     if t is None or t.numel() < n:
-        if capturing:
-            fit = next((i for i, sp in enumerate(spares) if sp.numel() >= n), None)
-            if fit is None:
-                return None
-            if t is not None:
-                _merge_counter_kept.append(t)
-            t = _merge_counter_bufs[key] = spares.pop(fit)
-            return t
+        fit = next((i for i, sp in enumerate(spares) if sp.numel() >= n), None) if capturing else None
+        if capturing and fit is None:
+            return None
         if t is not None:
             _merge_counter_kept.append(t)
-        t = _merge_counter_bufs[key] = torch.zeros(max(n, MERGE_COUNTERS_MIN), dtype=torch.int32, device=device)
+        t = _merge_counter_bufs[key] = (spares.pop(fit) if fit is not None else
+                                        torch.zeros(max(n, MERGE_COUNTERS_MIN), dtype=torch.int32, device=device))
     if not capturing and (len(spares) < MERGE_COUNTER_SPARES or spares[0].numel() < t.numel()):
         # (made together, so spares[0] is as large as the others; no graph holds an unclaimed spare: they may go)
         spares[:] = [torch.zeros_like(t) for _ in range(MERGE_COUNTER_SPARES)]
@@ -2746,7 +2742,8 @@ def _run_decode(
     if not launched:
         LAST_KERNELS["decode"] = _decode_kernel[(d.chunks * d.num_kv_heads,)](
             *args, **common, FAST=d.fast, DOT_FP32=d.dot_fp32, PREFETCH=d.cfg.prefetch, ROTATE=d.rotate,
-            SCALE_WORDS=d.cfg.scale_words, MERGE_CB=d.merge_cb if fused else 1, SWAP_AB=d.cfg.swap_ab, num_stages=d.cfg.num_stages,
+            SCALE_WORDS=d.cfg.scale_words, MERGE_CB=d.merge_cb if fused else 1, SWAP_AB=d.cfg.swap_ab,
+            num_stages=d.cfg.num_stages,
         )  # fmt: skip
     if fused:
         return
