@@ -211,7 +211,7 @@ def _captured(cfg: att.DecodeConfig, seed: int):
     replay after writing other lengths into ``case.seq_lens`` (the split is made on the device)."""
     case = ra.make_paged_cache([8192] * 4, 8, 128, 16, dtype=bf16, device="cuda",
                                generator=torch.Generator().manual_seed(seed))
-    q = torch.randn(4, 32, 128, device="cuda").to(bf16)
+    q = torch.randn(4, 32, 128, generator=torch.Generator().manual_seed(seed)).to("cuda", bf16)
     out = torch.empty_like(q)
     args = (q, case.paged_kv_cache, case.kv_cache_sf, case.block_table, case.seq_lens, case.k_scale, case.v_scale)
     with att.override_configs(decode=cfg):
@@ -366,7 +366,7 @@ def test_gluon_decode_fused_merge(monkeypatch, cfg_name, case_kw):
     """``FUSED_MERGE`` in the Gluon decode: the last chunk of each request and KV head merges the partials
     (:func:`decode_gluon._merge_last`) and no merge kernel is launched. The reference's output and LSE, every counter
     back at 0 afterwards, and a CUDA graph captured once and replayed with other lengths gives the merge kernel's
-    output."""
+    output (up to the order of the fp32 sums)."""
     monkeypatch.setattr(att, "FUSED_MERGE", True)
     cfg = _NAMED[cfg_name]
     op = "prefill" if "q_lens" in case_kw else "decode"
@@ -393,7 +393,10 @@ def test_gluon_decode_fused_merge(monkeypatch, cfg_name, case_kw):
             ref = att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout)
             monkeypatch.setattr(att, "FUSED_MERGE", True)
             monkeypatch.setattr(att, "_decode_reduce_kernel", Recorder(launched))
-            assert ra.relative_l2(out, ref) <= 1e-5, lens
+            # the fused merge steps through the chunks a few at a time, the merge kernel 16 at a time: the same fp32
+            # sums in another order, so some bf16 outputs round the other way (run AA, H100: up to 1.04e-4 on 4 x 8K
+            # with unseeded queries). A stale or missing partial moves the output by far more than 1e-3
+            assert ra.relative_l2(out, ref) <= 1e-3, lens
     assert launched == []
     assert all(int(t.abs().sum()) == 0 for t in att._merge_counter_bufs.values())
 

@@ -1851,12 +1851,15 @@ MERGE_STEP_ELEMENTS = 2048
 MERGE_CHUNK_BLOCK = 16
 # The merge inside the decode kernel (the plain kernel's _merge_if_last, the Gluon kernel's
 # decode_gluon._merge_last): the last chunk of a request to finish merges its partials, and no merge kernel is
-# launched. Opt-in, not yet timed on a GPU: on an H200 one 8K request spent 5.5 of 28 us (under ncu) in the merge
-# kernel's launch, 8 programs (BENCHMARKS.md, decode run F); runs G, Y and Z timed its knob, but their CUDA graphs
-# were captured on a stream without counters and took the merge kernel (run Z; fixed by the spares of
-# _merge_counters). Needs one int32 counter per (request, KV head), zero between launches (kept per device and
-# stream). Compiled for sm_90 (triton 3.6.0, head_dim 128) the plain kernel's merge tail raises it from 152 to 250
-# registers (2 programs per SM instead of 3); the Gluon default's from 119 to 121.
+# launched. Opt-in: first timed in run AA (H100, the Gluon decode, FlashInfer in the same run): 1.2-4.5% faster than
+# the default's merge kernel on batches of 8 requests and more, a tie at 4 x 32K, and slower where few requests
+# each merge alone at the end (+9.3% on one 8K request, +1.9% to +12.0% on one of 0.5K-2K keys): the last chunk's
+# atomic and its round trips to the partials are on the critical path, where the merge kernel's launch overlaps the
+# decode (MERGE_PDL). Runs G, Y and Z timed its knob, but their CUDA graphs were captured on a stream without
+# counters and took the merge kernel (run Z; fixed by the spares of _merge_counters). Needs one int32 counter per
+# (request, KV head), zero between launches (kept per device and stream). Compiled for sm_90 (triton 3.6.0,
+# head_dim 128) the plain kernel's merge tail raises it from 152 to 250 registers (2 programs per SM instead of 3);
+# the Gluon default's from 119 to 121.
 FUSED_MERGE = False
 # The merge kernel as a programmatic dependent launch of the decode kernel (PDL, SM90+): every decode program lets it
 # launch (griddepcontrol.launch_dependents), so its programs are placed, and find their request's chunks from the

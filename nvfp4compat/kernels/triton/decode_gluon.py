@@ -2216,9 +2216,9 @@ def gluon_decode_eligible(
     cache rows on 16-byte boundaries and scale rows on 2-byte ones (vLLM's page at head_dim 128 has both); every feature
     of the decode contract within that (sliding windows, soft-cap, sinks, LSE, any page size, NHD/HND, the decode rows
     of a varlen prefill batch, the merge kernel or the fused merge). All of these but the fused merge passed the GPU
-    tier on an H200 (``tests/kernels/test_gpu_decode_gluon.py``, run L); the fused merge's first form failed its GPU
-    tests on an H100 (run Z: empty requests' rows, the capture stream's counters), and its fixed form has not run on a
-    GPU yet.
+    tier on an H200 (``tests/kernels/test_gpu_decode_gluon.py``, run L). The fused merge's first form failed its GPU
+    tests on an H100 (run Z: empty requests' rows, the capture stream's counters); its fixed form passed them there
+    (run AA), once their graph-replay comparison allowed for the merge kernel's other order of the fp32 sums.
     """
     served = (
         head_dim == 128 and block_m == 16 and not rotate and query_dtype in (torch.bfloat16, torch.float16)
