@@ -626,6 +626,65 @@ def test_decode_spread_matches_the_reference(monkeypatch, per_sm):
                  dtype=fp16, return_lse=True, seed=per_sm).check()
 
 
+def test_batch_block_rule_and_its_checks(monkeypatch):
+    """``BATCH_BLOCK_TINY`` / ``BATCH_BLOCK_SMALL`` / ``BATCH_BLOCK_MAX``: the kernels scan the batch in blocks of the
+    first that holds it, else of the largest; a value that is not a power of two from 32 to 1024, or one above the
+    next, is refused with what it needs. The decode's launch cache keys on all three."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    assert (att.BATCH_BLOCK_TINY, att.BATCH_BLOCK_SMALL, att.BATCH_BLOCK_MAX) == (128, 128, 1024)
+    assert [att._batch_block(b) for b in (1, 128, 129, 5000)] == [128, 128, 1024, 1024]
+    knobs = att._knobs()
+    monkeypatch.setattr(att, "BATCH_BLOCK_TINY", 32)
+    assert att._knobs() != knobs
+    assert [att._batch_block(b) for b in (1, 32, 33, 128, 129)] == [32, 32, 128, 128, 1024]
+    monkeypatch.setattr(att, "BATCH_BLOCK_SMALL", 32)
+    assert [att._batch_block(b) for b in (1, 32, 33)] == [32, 32, 1024]
+    for name in ("BATCH_BLOCK_TINY", "BATCH_BLOCK_SMALL", "BATCH_BLOCK_MAX"):
+        for bad in (48, 16, 2048, 64.0, "32", True):
+            monkeypatch.setattr(att, name, bad)
+            with pytest.raises(ValueError, match=rf"attention.{name} is .*power of two from 32 to 1024"):
+                att._batch_block(1)
+        monkeypatch.setattr(att, name, {"BATCH_BLOCK_TINY": 32, "BATCH_BLOCK_SMALL": 32}.get(name, 1024))
+    monkeypatch.setattr(att, "BATCH_BLOCK_TINY", 64)
+    with pytest.raises(ValueError, match=r"BATCH_BLOCK_TINY \(64\) is above attention.BATCH_BLOCK_SMALL \(32\)"):
+        att._batch_block(1)
+    monkeypatch.setattr(att, "BATCH_BLOCK_TINY", 32)
+    monkeypatch.setattr(att, "BATCH_BLOCK_SMALL", 256)
+    monkeypatch.setattr(att, "BATCH_BLOCK_MAX", 128)
+    with pytest.raises(ValueError, match=r"BATCH_BLOCK_SMALL \(256\) is above attention.BATCH_BLOCK_MAX \(128\)"):
+        att._batch_block(1)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["merge-kernel", "fused-merge"])
+def test_decode_scans_the_batch_in_blocks_of_32(monkeypatch, fused):
+    """Blocks of 32 requests (``BATCH_BLOCK_TINY = BATCH_BLOCK_SMALL = BATCH_BLOCK_MAX = 32``): a batch of 40 takes
+    the scan's loop over blocks (elsewhere only past 1,024 requests) in the decode and merge kernels, with the
+    balanced split's search and the fused merge; the reference's output and LSE, and the same output as the default
+    blocks."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    lens = [int(x) for x in np.random.default_rng(40).integers(0, 90, size=40)]
+    lens[3] = 0
+    kw = dict(seq_lens=lens, num_qo_heads=4, num_kv_heads=2, head_dim=64, dtype=fp16, return_lse=True,
+              use_sinks=True, seed=40)
+    monkeypatch.setattr(att, "FUSED_MERGE", fused)
+    monkeypatch.setattr(att, "SPLIT_MIN_CHUNK_TOKENS", 32)
+    monkeypatch.setattr(att, "SPLIT_BALANCE_STEPS", 2)
+    with att.override_configs(decode=att.DecodeConfig(16, 4, 1)):
+        default = run_case("triton", "decode", **kw)
+        default.check()
+        for name in ("BATCH_BLOCK_TINY", "BATCH_BLOCK_SMALL", "BATCH_BLOCK_MAX"):
+            monkeypatch.setattr(att, name, 32)
+        blocks: list[int] = []
+        real = att._batch_block
+        monkeypatch.setattr(att, "_batch_block", lambda batch: blocks.append(real(batch)) or blocks[-1])
+        small = run_case("triton", "decode", **kw)
+    small.check()
+    assert blocks == [32]
+    assert torch.equal(small.out, default.out)
+
+
 def test_decode_waves_fill_the_last_wave(monkeypatch):
     """decode_waves: more waves only where the batch size leaves one wave's last programs empty."""
     from nvfp4compat.kernels.triton import attention as att

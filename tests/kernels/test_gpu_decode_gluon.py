@@ -354,6 +354,30 @@ def test_gluon_decode_spread_split(monkeypatch, lens):
     assert ra.relative_l2(res.out, off.out) <= 5e-3
 
 
+@pytest.mark.parametrize("balance", [0, 2], ids=["floor", "balanced"])
+@pytest.mark.parametrize("fused", [False, True], ids=["merge-kernel", "fused-merge"])
+@pytest.mark.parametrize("lens", [[1024], [300, 5000, 0, 17], random_lens(40, 9000, 5)],
+                         ids=["one-1K", "four-empty", "forty"])
+def test_gluon_decode_batch_blocks_of_32(monkeypatch, lens, fused, balance):
+    """Blocks of 32 requests (``BATCH_BLOCK_TINY``, ``_SMALL`` and ``_MAX`` all 32: one a thread, and a batch of 40
+    takes the scan's loop over blocks): the Gluon decode finds the same chunks as with the default blocks, so the same output
+    bit for bit, and the reference's output and LSE; with the merge kernel or the fused merge, the floor or the
+    balanced split."""
+    monkeypatch.setattr(att, "FUSED_MERGE", fused)
+    monkeypatch.setattr(att, "SPLIT_BALANCE_STEPS", balance)
+    kw = dict(seq_lens=lens, num_qo_heads=32, num_kv_heads=8, head_dim=128, dtype=bf16, return_lse=True,
+              use_sinks=True, device="cuda", seed=32)
+    with att.override_configs(decode=DEFAULT):
+        default = run_case("triton", "decode", **kw)
+        assert _ran_gluon(), f"the Gluon kernel did not run: {att.LAST_KERNELS.get('decode')}"
+        for name in ("BATCH_BLOCK_TINY", "BATCH_BLOCK_SMALL", "BATCH_BLOCK_MAX"):
+            monkeypatch.setattr(att, name, 32)
+        small = run_case("triton", "decode", **kw)
+        assert _ran_gluon(), f"the Gluon kernel did not run: {att.LAST_KERNELS.get('decode')}"
+    small.check()
+    assert torch.equal(small.out, default.out)
+
+
 @pytest.mark.parametrize("cfg_name", ["default", "lean", "lazy-one-warp"])
 @pytest.mark.parametrize("case_kw", [
     dict(seq_lens=[5000, 1, 17, 12000, 0], use_sinks=True),

@@ -1872,7 +1872,14 @@ FUSED_MERGE = False
 # Not yet timed on an H200.
 MERGE_PDL = 2
 # Requests scanned per step of the kernels' on-device prefix over the batch: 128 for batches up to
-# 128, else 1024 (two compiled variants for every batch size; one step up to 1024 requests).
+# 128, else 1024 (two compiled variants for every batch size; one step up to 1024 requests). BATCH_BLOCK_TINY below
+# BATCH_BLOCK_SMALL adds a third block for batches up to that many. Powers of two from 32 to 1024, TINY <= SMALL <=
+# MAX (_batch_block checks). The Gluon decode holds a block of up to 128 requests in every warp, BATCH_BLOCK // 32 a
+# thread, and works out each one's chunk count: with blocks of 128, the path by which a program of a batch of at most
+# 128 finds its chunk is about 790 SASS instructions (sm_90, triton 3.6.0; static count, the loops over further
+# blocks left out), with 32 about 360 (BATCH_BLOCK_TINY=32: not yet timed; in run AA one short request's fixed cost
+# was its programs' instruction chain, about 3,280 instructions a warp at 1 x 1K).
+BATCH_BLOCK_TINY = 128
 BATCH_BLOCK_SMALL = 128
 BATCH_BLOCK_MAX = 1024
 
@@ -2379,7 +2386,7 @@ def _decode_launch(
         num_kv_heads=views.num_kv_heads, head_dim=views.head_dim, page_size=views.page_size,
         num_qo_heads=a.num_qo_heads, group=a.group, qmax=qmax, block_m=block_m, programs=programs,
         min_tiles=min_tiles, spread=split.spread, chunks=chunks, slots=slots,
-        batch_block=BATCH_BLOCK_SMALL if batch <= BATCH_BLOCK_SMALL else BATCH_BLOCK_MAX,
+        batch_block=_batch_block(batch),
         max_pages=block_table.shape[1],
         cfg=cfg,
         merge_block_h=merge_block_h, merge_chunk_block=merge_chunk_block, fast=_fast(device), dot_fp32=interpreting() and query.dtype == torch.bfloat16,
@@ -2398,6 +2405,23 @@ def _decode_launch(
         tma=gluon and cfg.gluon and _gluon_tma(cfg, ring, device, cl),
         l2_bulk=_gluon_l2_bulk(cfg, ring, tok[0] > 0, _cc(device)) if gluon and cfg.gluon else 0,
     )  # fmt: skip
+
+
+def _batch_block(batch: int) -> int:
+    """The kernels' ``BATCH_BLOCK`` for a batch of ``batch`` requests: the first of ``BATCH_BLOCK_TINY``,
+    ``BATCH_BLOCK_SMALL`` and ``BATCH_BLOCK_MAX`` that holds the batch, else the last; all three checked (powers of
+    two from 32 to 1024, in that order, each at most the next)."""
+    blocks = (("BATCH_BLOCK_TINY", BATCH_BLOCK_TINY), ("BATCH_BLOCK_SMALL", BATCH_BLOCK_SMALL),
+              ("BATCH_BLOCK_MAX", BATCH_BLOCK_MAX))
+    for name, val in blocks:
+        if type(val) is not int or not 32 <= val <= 1024 or val & (val - 1):
+            raise ValueError(f"attention.{name} is {val!r}; it needs a power of two from 32 to 1024 (the defaults: "
+                             "BATCH_BLOCK_TINY = 128, BATCH_BLOCK_SMALL = 128, BATCH_BLOCK_MAX = 1024); set it to one")
+    for (name, val), (name_next, val_next) in zip(blocks[:-1], blocks[1:], strict=True):
+        if val > val_next:
+            raise ValueError(f"attention.{name} ({val}) is above attention.{name_next} ({val_next}); it needs to be "
+                             f"at most that: lower {name} or raise {name_next}")
+    return next((val for _, val in blocks if batch <= val), BATCH_BLOCK_MAX)
 
 
 def _cc(device: torch.device) -> int:
@@ -2796,7 +2820,7 @@ def _knobs() -> tuple:
     return (
         SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, SPLIT_SPREAD_PROGRAMS_PER_SM, SPLIT_WAVES, SPLIT_MAX_WAVES,
         SPLIT_WAVE_GAIN,
-        SPLIT_BALANCE_STEPS, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
+        SPLIT_BALANCE_STEPS, BATCH_BLOCK_TINY, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
         MERGE_STEP_ELEMENTS, MERGE_CHUNK_BLOCK, FUSED_MERGE, MERGE_PDL, tuple(_DECODE_CONFIGS.items()), tuple(_DECODE_CONFIGS_BYTE_SCALES.items()), tuple(sorted(_overrides.items())), interpreting(),
         _gluon_failed, tuple(_DECODE_CONFIGS_GLUON.items()), tuple(_DECODE_CONFIGS_GLUON_ROWS16.items()),
     )  # fmt: skip
@@ -3150,6 +3174,7 @@ def aot_variants() -> dict[str, list[Any]]:
             add_decode(f"{dtype}-d{hd}", dtype, hd)
             add_prefill(f"{dtype}-d{hd}", dtype, hd)
     add_decode("bf16-d128-batch1024", "bf16", 128, batch_block=1024)
+    add_decode("bf16-d128-batch32", "bf16", 128, batch_block=32)  # (BATCH_BLOCK_TINY=32)
     add_decode("bf16-d128-pdl", "bf16", 128, pdl=1)
     add_decode("bf16-d128-pdl-late", "bf16", 128, pdl=2)
     # the balanced split (SPLIT_BALANCE_STEPS): with both batch blocks, and varlen rows
@@ -3261,6 +3286,7 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-g8-q2-varlen", g16def, group=8, qmax=2, VARLEN=True)
     add_gluon("bf16-d128-page-any", gdef, pow2=False, even=False, ptr=False)
     add_gluon("bf16-d128-batch1024", gdef, batch_block=1024)
+    add_gluon("bf16-d128-batch32", gdef, batch_block=32)  # (BATCH_BLOCK_TINY=32: one request a thread)
     add_gluon("bf16-d128-pdl", gdef, pdl=1)
     add_gluon("bf16-d128-pdl-late", gdef, pdl=2)
     add_gluon("bf16-d128-balance", gdef, BALANCE=8)
