@@ -411,3 +411,47 @@ def test_suite_passes_shape_descriptions_to_the_bench():
     shapes = [bench_attention.parse_shape(s) for s in specs]
     assert any(len(s.seq_lens) == 1 and s.seq_lens[0] <= 1024 for s in shapes)  # one short request
     assert any(len(set(s.seq_lens)) > 1 for s in shapes) and any(s.page_size == 32 for s in shapes)
+
+
+# scripts/gpu/sass_regions.py (the static counts of BENCHMARKS.md run AA)
+
+SASS_REGIONS = ROOT / "scripts" / "gpu" / "sass_regions.py"
+
+
+def _sass(lines: list[str]) -> str:
+    """cuobjdump's listing: a header, then each instruction with its address and its encoding comments."""
+    out = ["\tcode for sm_90a", "\t\tFunction : k"]
+    for i, text in enumerate(lines):
+        out.append(f"        /*{16 * i:04x}*/                   {text} ;      /* 0x0000000000007b1d */")
+        out.append("                                                        /* 0x000fe20000000a00 */")
+    return "\n".join(out) + "\n"
+
+
+def test_sass_regions_cuts_at_loops_and_exits(tmp_path):
+    """A straight set-up, an early exit, a loop holding a nested loop, an epilogue: the pieces, their counts, their
+    loop depth and their opcodes (a predicate dropped); a forward branch cuts nothing."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sass_regions", SASS_REGIONS)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = _sass([
+        "IMAD R1, R2, R3, RZ", "ISETP.GE.AND P0, PT, R1, RZ, PT", "@P0 EXIT",  # 0x00-0x20: set-up, exit
+        "LDG.E R4, desc[UR4][R2.64]", "@!P1 BRA 0x80",  # 0x30-0x40: a forward branch
+        "HMMA.16816.F32 R8, R4, R6, R8", "FADD R9, R9, R9", "@P2 BRA 0x50",  # 0x50-0x70: inner loop
+        "IADD3 R1, R1, 0x1, RZ", "@!P3 BRA 0x50",  # 0x80-0x90: end of the outer loop (head 0x50)
+        "STG.E desc[UR4][R2.64], R8", "EXIT", "BRA 0xc0",  # epilogue, exit, the trailing self-branch
+    ])
+    pieces = [(r["start"], r["end"], r["count"], r["depth"]) for r in mod.regions(mod.parse(text))]
+    assert pieces == [(0x0, 0x30, 3, 0), (0x30, 0x50, 2, 0), (0x50, 0x80, 3, 2), (0x80, 0xa0, 2, 1),
+                      (0xa0, 0xc0, 2, 0), (0xc0, 0xd0, 1, 1)]
+    assert mod.regions(mod.parse(text))[2]["ops"] == {"HMMA": 1, "FADD": 1, "BRA": 1}
+    path = tmp_path / "k.sass"
+    path.write_text(text)
+    proc = subprocess.run([sys.executable, str(SASS_REGIONS), str(path)], capture_output=True, text=True, check=True)
+    assert proc.stdout.splitlines()[0] == "k.sass: 13 instructions"
+    assert "   0x50    0x80      3  **    HMMA 1, FADD 1, BRA 1" in proc.stdout
+    empty = tmp_path / "empty.sass"
+    empty.write_text("nothing here\n")
+    proc = subprocess.run([sys.executable, str(SASS_REGIONS), str(empty)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "no SASS instruction found" in proc.stderr and "--sass DIR" in proc.stderr

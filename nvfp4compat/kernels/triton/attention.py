@@ -1877,7 +1877,7 @@ MERGE_PDL = 2
 # MAX (_batch_block checks). The Gluon decode holds a block of up to 128 requests in every warp, BATCH_BLOCK // 32 a
 # thread, and works out each one's chunk count: with blocks of 128, the path by which a program of a batch of at most
 # 128 finds its chunk is about 790 SASS instructions (sm_90, triton 3.6.0; static count, the loops over further
-# blocks left out), with 32 about 360 (BATCH_BLOCK_TINY=32: not yet timed; in run AA one short request's fixed cost
+# blocks left out), with 32 about 350 (BATCH_BLOCK_TINY=32: not yet timed; in run AA one short request's fixed cost
 # was its programs' instruction chain, about 3,280 instructions a warp at 1 x 1K).
 BATCH_BLOCK_TINY = 128
 BATCH_BLOCK_SMALL = 128
