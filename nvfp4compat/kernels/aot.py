@@ -277,6 +277,26 @@ def _cuobjdump() -> str | None:
     return shutil.which("cuobjdump")
 
 
+def sass_listing(text: str) -> list[tuple[int, str]]:
+    """``(address, instruction)`` for every instruction line of ``cuobjdump -sass``'s listing (the text before its
+    ``;``, without the encoding comments)."""
+    import re
+
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/(.*)", line)
+        if m and (instr := m.group(2).split(";")[0].strip()):
+            out.append((int(m.group(1), 16), instr))
+    return out
+
+
+def sass_opcode(instr: str) -> str:
+    """An instruction's opcode: its first word after the predicate (``@P0``), without its modifiers
+    (``@!P0 BAR.SYNC 0x0`` -> ``BAR``)."""
+    words = instr.split()
+    return (words[1] if words[0].startswith("@") and len(words) > 1 else words[0]).split(".")[0]
+
+
 def cubin_resources(cubin: bytes, dynamic_shared: int, sass_path: str | None = None) -> dict[str, Any]:
     """What one kernel's cubin takes, read with ``cuobjdump`` (Triton's own, else one on PATH): ``registers`` per
     thread, ``local_bytes`` per thread (spills and stack), ``static_shared`` bytes (``.shared`` the PTX declares,
@@ -305,11 +325,9 @@ def cubin_resources(cubin: bytes, dynamic_shared: int, sass_path: str | None = N
         return out
     out.update(registers=int(m.group(1)), stack_bytes=int(m.group(2)), static_shared=int(m.group(3)),
                local_bytes=int(m.group(4)))
-    ops = [ln.split(";")[0].split()[1:] for ln in sass.stdout.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", ln)]
-    ops = [w for w in ops if w and w[0] != "NOP"]  # (the padding after the kernel's end)
+    ops = [instr for _, instr in sass_listing(sass.stdout) if instr.split()[0] != "NOP"]  # (the padding at the end)
     out["instructions"] = len(ops)
-    # an opcode is the first word after the predicate (``@P0``), without its modifiers (``BAR.SYNC`` -> ``BAR``)
-    names = [(w[1] if w[0].startswith("@") and len(w) > 1 else w[0]).split(".")[0] for w in ops]
+    names = [sass_opcode(instr) for instr in ops]
     for key, opcodes in _SASS_COUNTED.items():
         out[key] = sum(n in opcodes for n in names)
     if sass_path:

@@ -1,13 +1,13 @@
 """Cut a kernel's SASS into straight runs and loops, and count each one's instructions.
 
 ``python -m nvfp4compat.kernels.aot 90 --only LABEL --sass DIR`` writes each variant's SASS as ``cuobjdump`` prints
-it. This script finds the loops in it (a branch back to an earlier address: its target
-is the loop's head, the branch its end) and cuts the code at every loop head, after every loop end and after every
-``EXIT``. For each piece it prints the address range, the number of instructions, how many loops hold it, and its
+it; this script reads it as that module does (:func:`nvfp4compat.kernels.aot.sass_listing`). It finds the loops (a
+branch back to an earlier address: its target is the loop's head, the branch its end) and cuts the code at every
+loop head, after every loop end and after every ``EXIT``. For each piece it prints the address range, the number of instructions, how many loops hold it, and its
 most frequent opcodes. What a program runs once (set-up, epilogue) and what it runs per iteration then read apart:
 the static counts behind BENCHMARKS.md run AA's breakdown of one short request's decode. A static count is not an
 executed one: which pieces run, and how often, depends on the launch (ncu's ``smsp__inst_executed`` counts them).
-Runs on a CPU (standard library only).
+Runs on a CPU.
 
 Usage: python3 scripts/gpu/sass_regions.py KERNEL.sass [--top N]
 """
@@ -20,19 +20,11 @@ import re
 import sys
 from pathlib import Path
 
-_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from nvfp4compat.kernels.aot import sass_listing, sass_opcode  # noqa: E402
+
 _BRANCH = re.compile(r"\bBRA\b[^;]*?(0x[0-9a-f]+)")
-_PREDICATE = re.compile(r"^@!?U?P[T0-9]+\s+")
-
-
-def parse(text: str) -> list[tuple[int, str]]:
-    """``(address, instruction)`` for every SASS line (the encoding comments left out)."""
-    return [(int(m.group(1), 16), m.group(2)) for line in text.splitlines() if (m := _INSTR.match(line))]
-
-
-def opcode(instr: str) -> str:
-    """``@!P0 IMAD.WIDE.U32 R2, ...`` -> ``IMAD``."""
-    return _PREDICATE.sub("", instr).split()[0].split(".")[0]
 
 
 def regions(instrs: list[tuple[int, str]]) -> list[dict]:
@@ -49,7 +41,7 @@ def regions(instrs: list[tuple[int, str]]) -> list[dict]:
         if m and int(m.group(1), 16) <= addr:
             loops.append((int(m.group(1), 16), addr + step))
             cuts |= {int(m.group(1), 16), addr + step}
-        if opcode(text) == "EXIT":
+        if sass_opcode(text) == "EXIT":
             cuts.add(addr + step)
     bounds = sorted(c for c in cuts if instrs[0][0] <= c <= end)
     out = []
@@ -59,7 +51,7 @@ def regions(instrs: list[tuple[int, str]]) -> list[dict]:
             continue
         depth = sum(1 for head, tail in loops if head <= a and b <= tail)
         out.append({"start": a, "end": b, "count": len(body), "depth": depth,
-                    "ops": collections.Counter(opcode(t) for t in body)})
+                    "ops": collections.Counter(sass_opcode(t) for t in body)})
     return out
 
 
@@ -68,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("sass", type=Path, help="a .sass file (python -m nvfp4compat.kernels.aot --sass DIR)")
     ap.add_argument("--top", type=int, default=6, help="opcodes listed per piece (default 6)")
     args = ap.parse_args(argv)
-    instrs = parse(args.sass.read_text(errors="replace"))
+    instrs = sass_listing(args.sass.read_text(errors="replace"))
     if not instrs:
         print(f"sass_regions: no SASS instruction found in {args.sass}; it needs cuobjdump's listing, as "
               "`python -m nvfp4compat.kernels.aot --sass DIR` writes it", file=sys.stderr)

@@ -360,9 +360,9 @@ def test_gluon_decode_spread_split(monkeypatch, lens):
                          ids=["one-1K", "four-empty", "forty"])
 def test_gluon_decode_batch_blocks_of_32(monkeypatch, lens, fused, balance):
     """Blocks of 32 requests (``BATCH_BLOCK_TINY``, ``_SMALL`` and ``_MAX`` all 32: one a thread, and a batch of 40
-    takes the scan's loop over blocks): the Gluon decode finds the same chunks as with the default blocks, so the same output
-    bit for bit, and the reference's output and LSE; with the merge kernel or the fused merge, the floor or the
-    balanced split."""
+    takes the scan's loop over blocks): the Gluon decode finds the same chunks as with the default blocks, so the same
+    output bit for bit, and the reference's output and LSE; with the merge kernel or the fused merge, the floor or
+    the balanced split."""
     monkeypatch.setattr(att, "FUSED_MERGE", fused)
     monkeypatch.setattr(att, "SPLIT_BALANCE_STEPS", balance)
     kw = dict(seq_lens=lens, num_qo_heads=32, num_kv_heads=8, head_dim=128, dtype=bf16, return_lse=True,
