@@ -195,3 +195,28 @@ def test_plugin_from_checkout_needs_the_unpacked_plugin_and_a_checkout(rod, tmp_
     (tmp_path / "site" / "plugin" / "nvfp4compat").mkdir(parents=True)
     with pytest.raises(rod.RunnerError, match="is not an nvfp4compat checkout"):
         rod.use_checkout_plugin(tmp_path / "site", tmp_path)
+
+
+BUNDLE_SH = RUNNER.parents[2] / "scripts" / "gpu" / "bundle.sh"
+
+
+def test_bundle_script_imports_what_the_runner_would_and_refuses_a_bad_part(rod, tmp_path):
+    """scripts/gpu/bundle.sh (the bundle over several device calls): its serve step puts the unpacked components on
+    ``PYTHONPATH`` in the order the runner's jobs use (the checkout's plugin first, then the FlashInfer release, then
+    the common packages), and an unknown ``PART`` stops it before anything is unpacked, naming the values it takes."""
+    import re
+    import subprocess
+
+    text = BUNDLE_SH.read_text()
+    m = re.search(r"export PYTHONPATH=(\S+)", text)
+    assert m, "bundle.sh sets PYTHONPATH for the serve step"
+    site = tmp_path / "site"
+    for d in ("plugin", "fi-0.6.14", "common"):
+        (site / d).mkdir(parents=True)
+    got = m.group(1).replace("$S", str(site)).replace("$FI", "0.6.14").split(":")
+    assert got == [str(p) for p in rod.component_paths(site, "0.6.14", True)]
+    res = subprocess.run(["bash", str(BUNDLE_SH)], env={"PATH": "/usr/bin:/bin", "PART": "x", "OUT": str(tmp_path)},
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert "need 1, 2, ... for the first transfers, last for the final one" in res.stdout
+    assert not any(p.name.startswith("unpack") for p in tmp_path.iterdir())

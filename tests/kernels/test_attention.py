@@ -628,18 +628,24 @@ def test_decode_spread_matches_the_reference(monkeypatch, per_sm):
 
 def test_batch_block_rule_and_its_checks(monkeypatch):
     """``BATCH_BLOCK_TINY`` / ``BATCH_BLOCK_SMALL`` / ``BATCH_BLOCK_MAX``: the kernels scan the batch in blocks of the
-    first that holds it, else of the largest; a value that is not a power of two from 32 to 1024, or one above the
+    first of the two small ones that holds it, else of its size rounded up to a power of two, at most the largest; a
+    value that is not a power of two from 32 to 1024, or one above the
     next, is refused with what it needs. The decode's launch cache keys on all three."""
     from nvfp4compat.kernels.triton import attention as att
 
-    assert (att.BATCH_BLOCK_TINY, att.BATCH_BLOCK_SMALL, att.BATCH_BLOCK_MAX) == (128, 128, 1024)
-    assert [att._batch_block(b) for b in (1, 128, 129, 5000)] == [128, 128, 1024, 1024]
+    assert (att.BATCH_BLOCK_TINY, att.BATCH_BLOCK_SMALL, att.BATCH_BLOCK_MAX) == (32, 128, 1024)
+    assert ([att._batch_block(b) for b in (1, 32, 33, 128, 129, 256, 257, 512, 513, 1024, 5000)]
+            == [32, 32, 128, 128, 256, 256, 512, 512, 1024, 1024, 1024])
     knobs = att._knobs()
-    monkeypatch.setattr(att, "BATCH_BLOCK_TINY", 32)
+    monkeypatch.setattr(att, "BATCH_BLOCK_TINY", 128)
     assert att._knobs() != knobs
-    assert [att._batch_block(b) for b in (1, 32, 33, 128, 129)] == [32, 32, 128, 128, 1024]
+    assert [att._batch_block(b) for b in (1, 128, 129, 300, 5000)] == [128, 128, 256, 512, 1024]
+    monkeypatch.setattr(att, "BATCH_BLOCK_MAX", 256)
+    assert [att._batch_block(b) for b in (129, 300, 5000)] == [256, 256, 256]
+    monkeypatch.setattr(att, "BATCH_BLOCK_MAX", 1024)
+    monkeypatch.setattr(att, "BATCH_BLOCK_TINY", 32)
     monkeypatch.setattr(att, "BATCH_BLOCK_SMALL", 32)
-    assert [att._batch_block(b) for b in (1, 32, 33)] == [32, 32, 1024]
+    assert [att._batch_block(b) for b in (1, 32, 33)] == [32, 32, 64]
     for name in ("BATCH_BLOCK_TINY", "BATCH_BLOCK_SMALL", "BATCH_BLOCK_MAX"):
         for bad in (48, 16, 2048, 64.0, "32", True):
             monkeypatch.setattr(att, name, bad)
@@ -683,6 +689,61 @@ def test_decode_scans_the_batch_in_blocks_of_32(monkeypatch, fused):
     small.check()
     assert blocks == [32]
     assert torch.equal(small.out, default.out)
+
+
+@pytest.mark.parametrize("case", ["decode-balanced", "varlen-window-pdl-off"])
+def test_merge_reads_the_plan_the_decode_stored(monkeypatch, case):
+    """``MERGE_PLAN_MIN_BATCH``: the decode kernel stores each request's chunk count and first slot and the merge
+    kernel reads them instead of scanning the batch. A batch of 40 requests (empty ones among them, blocks of 32 so the
+    decode's scan loops), decode rows with the balanced split, and varlen rows with a window: the reference's output and
+    LSE, the same output bit for bit as the scan, and an entry (at least one chunk) for each request with keys and
+    none for the empty ones."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    rng = np.random.default_rng(41)
+    lens = [int(x) for x in rng.integers(0, 90, size=40)]
+    lens[3] = lens[17] = 0
+    kw = dict(seq_lens=lens, num_qo_heads=4, num_kv_heads=2, head_dim=64, dtype=fp16, return_lse=True,
+              use_sinks=True, seed=41)
+    op = "decode"
+    if case == "decode-balanced":
+        monkeypatch.setattr(att, "SPLIT_BALANCE_STEPS", 2)
+    else:
+        q_lens = [int(x) for x in rng.integers(0, 3, size=40)]
+        kw.update(q_lens=q_lens, sliding_window=24)
+        op = "prefill"
+    monkeypatch.setattr(att, "SPLIT_MIN_CHUNK_TOKENS", 32)
+    for name in ("BATCH_BLOCK_TINY", "BATCH_BLOCK_SMALL", "BATCH_BLOCK_MAX"):
+        monkeypatch.setattr(att, name, 32)
+    plans: list[torch.Tensor] = []
+    real_empty = torch.empty
+
+    def spy_empty(*shape, **kwargs):  # the plan buffer: the one int32 tensor of 2 x batch entries
+        t = real_empty(*shape, **kwargs)
+        if kwargs.get("dtype") is torch.int32 and tuple(t.shape) == (80,):
+            t.fill_(-7)  # what an entry no decode program wrote would show
+            plans.append(t)
+        return t
+
+    with att.override_configs(decode=att.DecodeConfig(16, 4, 1)):
+        monkeypatch.setattr(att, "MERGE_PLAN_MIN_BATCH", 10**6)
+        scan = run_case("triton", op, **kw)
+        assert plans == []
+        monkeypatch.setattr(att, "MERGE_PLAN_MIN_BATCH", 40)
+        monkeypatch.setattr(att.torch, "empty", spy_empty)
+        planned = run_case("triton", op, **kw)
+        monkeypatch.setattr(att.torch, "empty", real_empty)
+    scan.check()
+    planned.check()
+    assert torch.equal(planned.out, scan.out)
+    assert len(plans) == 1
+    entries = plans[0].view(40, 2)
+    written = entries[:, 0] != -7
+    assert 0 < int(written.sum()) < 40, "every request, or none, has keys: the case tests nothing"
+    assert int((entries[written, 0] >= 1).sum()) == int(written.sum())
+    assert not bool(written[3]) and not bool(written[17])
+    if op == "decode":
+        assert written.tolist() == [n > 0 for n in lens]
 
 
 def test_decode_waves_fill_the_last_wave(monkeypatch):

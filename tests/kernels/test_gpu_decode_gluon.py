@@ -378,6 +378,27 @@ def test_gluon_decode_batch_blocks_of_32(monkeypatch, lens, fused, balance):
     assert torch.equal(small.out, default.out)
 
 
+@pytest.mark.parametrize("pdl", [0, 2], ids=["plain-launch", "pdl"])
+@pytest.mark.parametrize("lens", [[1024], [300, 5000, 0, 17], random_lens(40, 9000, 5), random_lens(300, 2000, 6)],
+                         ids=["one-1K", "four-empty", "forty", "three-hundred"])
+def test_gluon_decode_merge_plan(monkeypatch, lens, pdl):
+    """``MERGE_PLAN_MIN_BATCH=1``: the Gluon decode stores each request's chunk count and first slot and the merge
+    kernel reads them (after its wait for the decode, with ``MERGE_PDL`` 2 or a plain launch) instead of scanning the
+    batch: the reference's output and LSE, and the same output bit for bit as the scan."""
+    monkeypatch.setattr(att, "MERGE_PDL", pdl)
+    kw = dict(seq_lens=lens, num_qo_heads=32, num_kv_heads=8, head_dim=128, dtype=bf16, return_lse=True,
+              use_sinks=True, device="cuda", seed=33)
+    with att.override_configs(decode=DEFAULT):
+        monkeypatch.setattr(att, "MERGE_PLAN_MIN_BATCH", 10**6)
+        scan = run_case("triton", "decode", **kw)
+        assert _ran_gluon(), f"the Gluon kernel did not run: {att.LAST_KERNELS.get('decode')}"
+        monkeypatch.setattr(att, "MERGE_PLAN_MIN_BATCH", 1)
+        planned = run_case("triton", "decode", **kw)
+        assert _ran_gluon(), f"the Gluon kernel did not run: {att.LAST_KERNELS.get('decode')}"
+    planned.check()
+    assert torch.equal(planned.out, scan.out)
+
+
 @pytest.mark.parametrize("cfg_name", ["default", "lean", "lazy-one-warp"])
 @pytest.mark.parametrize("case_kw", [
     dict(seq_lens=[5000, 1, 17, 12000, 0], use_sinks=True),

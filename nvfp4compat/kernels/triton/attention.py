@@ -799,6 +799,15 @@ def _scan_block(c, bs, ch, base, base_m, b, j, n_chunks, slot0):
     return base + tl.sum(ch, 0), base_m + tl.sum(multi, 0), b, j, n_chunks, slot0
 
 
+@triton.jit
+def _store_plan(plan_ptr, b, j, kvh, n_chunks, slot0):
+    """``PLAN``: request ``b``'s chunk count and first partial slot, stored once (chunk 0, KV head 0) for the merge
+    kernel (:func:`_decode_reduce_kernel` reads them after its wait for the decode)."""
+    if (j == 0) & (kvh == 0):
+        tl.store(plan_ptr + 2 * b.to(tl.int64), n_chunks)
+        tl.store(plan_ptr + 2 * b.to(tl.int64) + 1, slot0)
+
+
 @triton.jit(do_not_specialize=fp4.DECODE_PER_STEP)
 def _decode_kernel(
     q_ptr, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
@@ -817,7 +826,7 @@ def _decode_kernel(
     num_pages, status_ptr, PREFETCH: tl.constexpr = False, ROTATE: tl.constexpr = False,
     SCALE_WORDS: tl.constexpr = True, counter_ptr=None, FUSED_MERGE: tl.constexpr = False,
     MERGE_CB: tl.constexpr = 1, SWAP_AB: tl.constexpr = False, PDL: tl.constexpr = False,
-    BALANCE: tl.constexpr = 0,
+    BALANCE: tl.constexpr = 0, plan_ptr=None, PLAN: tl.constexpr = False,
 ):
     """Length-balanced split-KV decode: program (work chunk ``c``, kv head) over ``G * QMAX`` rows.
 
@@ -849,6 +858,10 @@ def _decode_kernel(
     ``PDL`` (SM90+): the merge kernel is this launch's programmatic dependent (``MERGE_PDL``): every program lets it
     launch (``griddepcontrol.launch_dependents``, triton's ``gdc_launch_dependents``) as it starts (1) or once its key
     loop is done (2); a program that returns early lets it launch as it ends.
+
+    ``PLAN`` (``MERGE_PLAN_MIN_BATCH``): chunk 0 of each request, on KV head 0, stores the request's chunk count and
+    first partial slot at ``plan_ptr[2 b]``, ``plan_ptr[2 b + 1]`` for the merge kernel, which then need not scan the
+    batch.
     """
     if PDL == 1:
         gdc_launch_dependents()
@@ -884,6 +897,8 @@ def _decode_kernel(
         base, base_m, b, j, n_chunks, slot0 = _scan_block(c, bs, ch, base, base_m, b, j, n_chunks, slot0)
     if b < 0:
         return
+    if PLAN:
+        _store_plan(plan_ptr, b, j, kvh, n_chunks, slot0)
 
     # clamped to the row as in _request_tiles: the query positions move with it, as in the reference
     seq_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b).to(tl.int64), 0), max_kv)
@@ -1062,7 +1077,7 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
     BLOCK_H: tl.constexpr, BATCH_BLOCK: tl.constexpr, CHUNK_BLOCK: tl.constexpr,
-    status_ptr, PDL: tl.constexpr = False, BALANCE: tl.constexpr = 0,
+    status_ptr, PDL: tl.constexpr = False, BALANCE: tl.constexpr = 0, plan_ptr=None, PLAN: tl.constexpr = False,
 ):
     """Merge the chunks of rows ``(b * QMAX + t)`` for ``BLOCK_H`` query heads per program,
     ``CHUNK_BLOCK`` chunks at a time (:func:`_merge_rows`).
@@ -1075,6 +1090,10 @@ def _decode_reduce_kernel(
     decode does: everything up to the chunk count reads only what was written before the decode launch (lengths,
     ``query_start_loc``, the guard's status), and ``griddepcontrol.wait`` (triton's ``gdc_wait``) waits for the decode's
     partials.
+
+    ``PLAN`` (``MERGE_PLAN_MIN_BATCH``): the chunk count and first slot are read from what the decode kernel stored
+    (:func:`_store_plan`), after the wait for the decode, instead of scanning the batch; a request with no visible key
+    (which no decode program serves, and whose entry is not written) is known from its own length.
     """
     row = tl.program_id(0)
     hb = tl.program_id(1)
@@ -1090,25 +1109,37 @@ def _decode_reduce_kernel(
     if (q_len > QMAX) | (t >= q_len):
         return
     max_kv = max_pages.to(tl.int64) * page_size
-    bs0 = tl.arange(0, BATCH_BLOCK)  # the first block's lengths loaded once, as in the decode kernel
-    t0 = _request_tiles(bs0, bs0 < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                        BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
-    total = _total_tiles(t0, batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                         BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
-    target = _balance_target(t0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv,
-                             num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, BALANCE)
-    ch = _tiles_chunks(t0, total, programs, min_tiles, spread, False, target, BALANCE)
-    slot0 = tl.sum(tl.where((bs0 < b) & (ch > 1), ch, 0), 0)
-    n_chunks = tl.sum(tl.where(bs0 == b, ch, 0), 0)
-    for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
-        bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv,
-                               num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, False, target, BALANCE)
-        slot0 += tl.sum(tl.where((bs < b) & (ch > 1), ch, 0), 0)
-        n_chunks += tl.sum(tl.where(bs == b, ch, 0), 0)
-    if n_chunks == 1:
-        return
-    if PDL:
-        gdc_wait()
+    if PLAN:
+        # (tiles > 0: chunk 0 of this request ran and stored the entry; 0: none did, nothing to read)
+        live = _request_tiles(b, b < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                              BLOCK_N, QMAX, VARLEN, HAS_WINDOW) > 0
+        if PDL:
+            gdc_wait()
+        n_chunks = tl.load(plan_ptr + 2 * b.to(tl.int64), mask=live, other=0)
+        slot0 = tl.load(plan_ptr + 2 * b.to(tl.int64) + 1, mask=live, other=0)
+        if n_chunks == 1:
+            return
+    else:
+        bs0 = tl.arange(0, BATCH_BLOCK)  # the first block's lengths loaded once, as in the decode kernel
+        t0 = _request_tiles(bs0, bs0 < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                            BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
+        total = _total_tiles(t0, batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                             BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
+        target = _balance_target(t0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window,
+                                 max_kv, num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, BALANCE)
+        ch = _tiles_chunks(t0, total, programs, min_tiles, spread, False, target, BALANCE)
+        slot0 = tl.sum(tl.where((bs0 < b) & (ch > 1), ch, 0), 0)
+        n_chunks = tl.sum(tl.where(bs0 == b, ch, 0), 0)
+        for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
+            bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window,
+                                   max_kv, num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, False, target,
+                                   BALANCE)
+            slot0 += tl.sum(tl.where((bs < b) & (ch > 1), ch, 0), 0)
+            n_chunks += tl.sum(tl.where(bs == b, ch, 0), 0)
+        if n_chunks == 1:
+            return
+        if PDL:
+            gdc_wait()
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     _merge_rows(
         part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, sinks_ptr, slot0, n_chunks,
@@ -1871,17 +1902,27 @@ FUSED_MERGE = False
 # one 8K request 7.3 / 8.1%, 128 x 2K 2.9 / 2.8%), where 1 was up to 1.1% slower at 4 x 32K and 16 x 16K (as in run P).
 # Not yet timed on an H200.
 MERGE_PDL = 2
-# Requests scanned per step of the kernels' on-device prefix over the batch: 128 for batches up to
-# 128, else 1024 (two compiled variants for every batch size; one step up to 1024 requests). BATCH_BLOCK_TINY below
-# BATCH_BLOCK_SMALL adds a third block for batches up to that many. Powers of two from 32 to 1024, TINY <= SMALL <=
-# MAX (_batch_block checks). The Gluon decode holds a block of up to 128 requests in every warp, BATCH_BLOCK // 32 a
-# thread, and works out each one's chunk count: with blocks of 128, the path by which a program of a batch of at most
-# 128 finds its chunk is about 790 SASS instructions (sm_90, triton 3.6.0; static count, the loops over further
-# blocks left out), with 32 about 350 (BATCH_BLOCK_TINY=32: not yet timed; in run AA one short request's fixed cost
-# was its programs' instruction chain, about 3,280 instructions a warp at 1 x 1K).
-BATCH_BLOCK_TINY = 128
+# Requests scanned per step of the kernels' on-device prefix over the batch: 32 for batches up to 32, 128 up to 128,
+# else the batch rounded up to a power of two (256, 512), at most 1024 (one step up to 1024 requests; a compiled
+# variant per block size). Powers of two from 32 to 1024, TINY <= SMALL <= MAX (_batch_block checks). The Gluon decode
+# holds a block of up to 128 requests in every warp, BATCH_BLOCK // 32 a thread, and works out each one's chunk count:
+# the path by which a program of a batch of at most 128 finds its chunk is about 790 SASS instructions with blocks of
+# 128, about 350 with 32 (sm_90, triton 3.6.0; static count, the loops over further blocks left out). Run AB (H100,
+# FlashInfer in the same run): blocks of 32 made one request of 0.5K-2K keys 4.7-6.3% faster (one 1K request's decode
+# 839,808 -> 728,448 instructions under ncu), ragged 4 x 0.2K-3K 6.7%, 2 x 4K 3.8-4.1%, 1 x 8K and 1 x 32K 1.5-2.2%,
+# batches of more than 32 requests unchanged; past 128 requests a block of the batch's size in place of 1024 made
+# 256 x 1K 4.6% and 512 x 0.5K 5.7% faster (ragged 512 x 0.1K-2K 3.0%), where looping over blocks of 128 or 256 made
+# 1024 x 0.25K 44% / 22% slower.
+BATCH_BLOCK_TINY = 32
 BATCH_BLOCK_SMALL = 128
 BATCH_BLOCK_MAX = 1024
+# The merge kernel's plan: for a batch of at least MERGE_PLAN_MIN_BATCH requests the decode kernel's first chunk of each
+# request (KV head 0) stores the request's chunk count and first partial slot, and the merge kernel reads them after
+# its wait for the decode instead of scanning the batch. Without it each of the merge's batch x heads programs scans
+# the whole batch: on an H100 (run AB, ncu) the merge took 70 us after a 168 us decode at 256 x 1K, and 136 us after
+# 211 us at 512 x 0.5K, where one request of one chunk has nothing to merge; 7 us at 128 x 2K (blocks of 128). The
+# plan's read follows the wait, so it is on the critical path; small batches keep the scan, which runs before it.
+MERGE_PLAN_MIN_BATCH = 33
 
 _overrides: dict[str, Any] = {}
 # E2M1 decoders by name -> the kernels' FAST constexpr (see attention_nvfp4).
@@ -2340,6 +2381,7 @@ class _DecodeLaunch:
     page_tile_tok: tuple[int, int, int, int] = (0, 0, 0, 0)
     pdl: int = 0  # the merge kernel as a programmatic dependent launch of the decode kernel (MERGE_PDL, SM90+)
     balance: int = 0  # SPLIT_BALANCE_STEPS: the kernels' BALANCE (decode and merge must agree)
+    plan: bool = False  # MERGE_PLAN_MIN_BATCH: the decode kernel stores each request's chunks for the merge kernel
     tma: bool = False  # the Gluon ring filled by a TMA loader warp (cfg.tma_loader, _gluon_tma), where the bases allow
     l2_bulk: int = 0  # the Gluon kernel's L2_BULK (_gluon_l2_bulk)
 
@@ -2402,26 +2444,39 @@ def _decode_launch(
         page_tile_tok=tok,
         pdl=_merge_pdl(device),
         balance=_balance_steps(batch, programs),
+        plan=not FUSED_MERGE and batch >= _merge_plan_min_batch(),
         tma=gluon and cfg.gluon and _gluon_tma(cfg, ring, device, cl),
         l2_bulk=_gluon_l2_bulk(cfg, ring, tok[0] > 0, _cc(device)) if gluon and cfg.gluon else 0,
     )  # fmt: skip
 
 
+def _merge_plan_min_batch() -> int:
+    """``MERGE_PLAN_MIN_BATCH``, checked: an int of at least 1."""
+    v = MERGE_PLAN_MIN_BATCH
+    if type(v) is not int or v < 1:
+        raise ValueError(f"attention.MERGE_PLAN_MIN_BATCH is {v!r}; it needs an int of at least 1 (1: every batch; the "
+                         "default 33: batches of more than 32 requests); set it to one")
+    return v
+
+
 def _batch_block(batch: int) -> int:
-    """The kernels' ``BATCH_BLOCK`` for a batch of ``batch`` requests: the first of ``BATCH_BLOCK_TINY``,
-    ``BATCH_BLOCK_SMALL`` and ``BATCH_BLOCK_MAX`` that holds the batch, else the last; all three checked (powers of
-    two from 32 to 1024, in that order, each at most the next)."""
+    """The kernels' ``BATCH_BLOCK`` for a batch of ``batch`` requests: ``BATCH_BLOCK_TINY`` or ``BATCH_BLOCK_SMALL``
+    where one holds the batch, else the batch rounded up to a power of two, at most ``BATCH_BLOCK_MAX`` (larger batches
+    loop over blocks of that size); all three checked (powers of two from 32 to 1024, in that order, each at most the
+    next)."""
     blocks = (("BATCH_BLOCK_TINY", BATCH_BLOCK_TINY), ("BATCH_BLOCK_SMALL", BATCH_BLOCK_SMALL),
               ("BATCH_BLOCK_MAX", BATCH_BLOCK_MAX))
     for name, val in blocks:
         if type(val) is not int or not 32 <= val <= 1024 or val & (val - 1):
             raise ValueError(f"attention.{name} is {val!r}; it needs a power of two from 32 to 1024 (the defaults: "
-                             "BATCH_BLOCK_TINY = 128, BATCH_BLOCK_SMALL = 128, BATCH_BLOCK_MAX = 1024); set it to one")
+                             "BATCH_BLOCK_TINY = 32, BATCH_BLOCK_SMALL = 128, BATCH_BLOCK_MAX = 1024); set it to one")
     for (name, val), (name_next, val_next) in zip(blocks[:-1], blocks[1:], strict=True):
         if val > val_next:
             raise ValueError(f"attention.{name} ({val}) is above attention.{name_next} ({val_next}); it needs to be "
                              f"at most that: lower {name} or raise {name_next}")
-    return next((val for _, val in blocks if batch <= val), BATCH_BLOCK_MAX)
+    if batch <= BATCH_BLOCK_SMALL:
+        return BATCH_BLOCK_TINY if batch <= BATCH_BLOCK_TINY else BATCH_BLOCK_SMALL
+    return min(triton.next_power_of_2(batch), BATCH_BLOCK_MAX)
 
 
 def _cc(device: torch.device) -> int:
@@ -2723,6 +2778,7 @@ def _run_decode(
     softcap = d.softcap if d.softcap else 1.0
     counters = _merge_counters(device, batch * d.num_kv_heads) if d.fused_merge else None
     fused = counters is not None
+    plan = torch.empty(2 * batch, dtype=torch.int32, device=device) if d.plan and not fused else None
     # what both decode kernels take; each adds its own constexprs (_PLAIN_DECODE_ONLY / _GLUON_DECODE_ONLY)
     args = (
         query, out, lse_arg, part_o, part_lse,
@@ -2741,6 +2797,7 @@ def _run_decode(
         DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
         num_pages=d.num_pages, status_ptr=status_arg, PDL=d.pdl, BALANCE=d.balance,
         counter_ptr=counters if fused else seq_lens, FUSED_MERGE=fused,
+        plan_ptr=plan if plan is not None else seq_lens, PLAN=plan is not None,
         num_warps=d.cfg.num_warps, maxnreg=d.cfg.maxnreg,
     )  # fmt: skip
     launched = False
@@ -2781,7 +2838,7 @@ def _run_decode(
         HEAD_DIM=d.head_dim, BLOCK_N=d.cfg.block_n, QMAX=qmax, VARLEN=qsl is not None,
         HAS_WINDOW=d.window > 0, HAS_SINKS=d.has_sinks, RETURN_LSE=d.return_lse, BLOCK_H=d.merge_block_h,
         BATCH_BLOCK=d.batch_block, CHUNK_BLOCK=d.merge_chunk_block, status_ptr=status_arg, PDL=d.pdl > 0,
-        BALANCE=d.balance, num_warps=4,
+        BALANCE=d.balance, plan_ptr=plan if plan is not None else seq_lens, PLAN=plan is not None, num_warps=4,
         launch_pdl=d.pdl > 0,
     )  # fmt: skip
 
@@ -2820,7 +2877,7 @@ def _knobs() -> tuple:
     return (
         SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, SPLIT_SPREAD_PROGRAMS_PER_SM, SPLIT_WAVES, SPLIT_MAX_WAVES,
         SPLIT_WAVE_GAIN,
-        SPLIT_BALANCE_STEPS, BATCH_BLOCK_TINY, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, DECODE_WIDE_WARPS,
+        SPLIT_BALANCE_STEPS, BATCH_BLOCK_TINY, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, MERGE_PLAN_MIN_BATCH, DECODE_WIDE_WARPS,
         MERGE_STEP_ELEMENTS, MERGE_CHUNK_BLOCK, FUSED_MERGE, MERGE_PDL, tuple(_DECODE_CONFIGS.items()), tuple(_DECODE_CONFIGS_BYTE_SCALES.items()), tuple(sorted(_overrides.items())), interpreting(),
         _gluon_failed, tuple(_DECODE_CONFIGS_GLUON.items()), tuple(_DECODE_CONFIGS_GLUON_ROWS16.items()),
     )  # fmt: skip
@@ -3087,7 +3144,8 @@ def _decode_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
     sig.update({"num_pages": "i32", "status_ptr": "*i32", "PREFETCH": "constexpr",
                 "ROTATE": "constexpr", "SCALE_WORDS": "constexpr", "counter_ptr": "*i32",
                 "FUSED_MERGE": "constexpr", "MERGE_CB": "constexpr",
-                "SWAP_AB": "constexpr", "PDL": "constexpr", "BALANCE": "constexpr"})  # (num_tokens, max_pages are above)
+                "SWAP_AB": "constexpr", "PDL": "constexpr", "BALANCE": "constexpr", "plan_ptr": "*i32",
+                "PLAN": "constexpr"})  # (num_tokens, max_pages are above)
     return sig
 
 
@@ -3150,7 +3208,7 @@ def aot_variants() -> dict[str, list[Any]]:
                              "DOT_FP32": False, "DATA_ALIGN": 8 if combined else 16,
                              "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2, "PREFETCH": cfg.prefetch,
                              "ROTATE": False, "SCALE_WORDS": cfg.scale_words, "FUSED_MERGE": False, "MERGE_CB": 1,
-                             "SWAP_AB": cfg.swap_ab, "PDL": False, "BALANCE": 0}
+                             "SWAP_AB": cfg.swap_ab, "PDL": False, "BALANCE": 0, "PLAN": False}
         c.update(_FEATURES_OFF)
         c.update(features)
         sig = _decode_signature(dtype, ptr, ptr)
@@ -3174,7 +3232,8 @@ def aot_variants() -> dict[str, list[Any]]:
             add_decode(f"{dtype}-d{hd}", dtype, hd)
             add_prefill(f"{dtype}-d{hd}", dtype, hd)
     add_decode("bf16-d128-batch1024", "bf16", 128, batch_block=1024)
-    add_decode("bf16-d128-batch32", "bf16", 128, batch_block=32)  # (BATCH_BLOCK_TINY=32)
+    add_decode("bf16-d128-batch32", "bf16", 128, batch_block=32)  # (BATCH_BLOCK_TINY)
+    add_decode("bf16-d128-plan-batch256", "bf16", 128, batch_block=256, PLAN=True)  # (MERGE_PLAN_MIN_BATCH)
     add_decode("bf16-d128-pdl", "bf16", 128, pdl=1)
     add_decode("bf16-d128-pdl-late", "bf16", 128, pdl=2)
     # the balanced split (SPLIT_BALANCE_STEPS): with both batch blocks, and varlen rows
@@ -3249,7 +3308,8 @@ def aot_variants() -> dict[str, list[Any]]:
                              "ROWS8": group * qmax <= 8, "PAGE_EVEN": even, "OFF32": off32, "CVT8": False,
                              "KT": _gluon_kt(cfg, group * qmax), "LEAN": False, "SKEW": cfg.skew_logits,
                              "IMAD_SHR": False, "LAZY": cfg.lazy_rescale, "DEFER_SUM": cfg.defer_sum, "PDL": False,
-                             "PAIR": cfg.tile_pairs, "TMA": False, "BALANCE": 0, "FUSED_MERGE": False}
+                             "PAIR": cfg.tile_pairs, "TMA": False, "BALANCE": 0, "FUSED_MERGE": False,
+                             "PLAN": False}
         c.update(_FEATURES_OFF)
         c.update(features)
         # pages of 16 keys where the variant has pages of 2^n keys
@@ -3286,7 +3346,9 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-g8-q2-varlen", g16def, group=8, qmax=2, VARLEN=True)
     add_gluon("bf16-d128-page-any", gdef, pow2=False, even=False, ptr=False)
     add_gluon("bf16-d128-batch1024", gdef, batch_block=1024)
-    add_gluon("bf16-d128-batch32", gdef, batch_block=32)  # (BATCH_BLOCK_TINY=32: one request a thread)
+    add_gluon("bf16-d128-batch32", gdef, batch_block=32)  # (BATCH_BLOCK_TINY: one request a thread)
+    add_gluon("bf16-d128-plan-batch256", gdef, batch_block=256, PLAN=True)  # (MERGE_PLAN_MIN_BATCH)
+    add_gluon("bf16-d128-plan-batch512", gdef, batch_block=512, PLAN=True)
     add_gluon("bf16-d128-pdl", gdef, pdl=1)
     add_gluon("bf16-d128-pdl-late", gdef, pdl=2)
     add_gluon("bf16-d128-balance", gdef, BALANCE=8)
@@ -3344,21 +3406,28 @@ def aot_variants() -> dict[str, list[Any]]:
     for name in ("HEAD_DIM", "BLOCK_N", "QMAX", "VARLEN", "HAS_WINDOW", "HAS_SINKS", "RETURN_LSE", "BLOCK_H",
                  "BATCH_BLOCK", "CHUNK_BLOCK"):
         red_sig_base[name] = "constexpr"
-    red_sig_base.update({"status_ptr": "*i32", "PDL": "constexpr", "BALANCE": "constexpr"})
+    red_sig_base.update({"status_ptr": "*i32", "PDL": "constexpr", "BALANCE": "constexpr", "plan_ptr": "*i32",
+                         "PLAN": "constexpr"})
     for dtype in ("bf16", "fp16"):
         for hd in (64, 128, 256, 512):
             sig = dict(red_sig_base, o_ptr=f"*{dtype}")
             block_h, chunk_block = merge_blocks(32, hd)
             c = {"HEAD_DIM": hd, "BLOCK_N": _DECODE_CONFIGS[hd].block_n, "QMAX": 1, "VARLEN": False,
                  "HAS_WINDOW": hd == 64, "HAS_SINKS": hd == 64, "RETURN_LSE": hd == 64,
-                 "BLOCK_H": block_h, "BATCH_BLOCK": 128, "CHUNK_BLOCK": chunk_block, "PDL": False, "BALANCE": 0}
+                 "BLOCK_H": block_h, "BATCH_BLOCK": 128, "CHUNK_BLOCK": chunk_block, "PDL": False, "BALANCE": 0,
+                 "PLAN": False}
             red.append(AotVariant(f"{dtype}-d{hd}", sig, c, 4, 1, _pointer_attrs(sig)))
             if (dtype, hd) == ("bf16", 128):  # the dependent launch (MERGE_PDL) where it exists: SM90+
                 red.append(AotVariant(f"{dtype}-d{hd}-pdl", sig, c, 4, 1, _pointer_attrs(sig), by_cc=_pdl_by_cc))
+                # the plan the decode stored (MERGE_PLAN_MIN_BATCH), with and without the dependent launch
+                red.append(AotVariant(f"{dtype}-d{hd}-plan-batch1024", sig, dict(c, PLAN=True, BATCH_BLOCK=1024), 4, 1,
+                                      _pointer_attrs(sig)))
+                red.append(AotVariant(f"{dtype}-d{hd}-plan-pdl", sig, dict(c, PLAN=True), 4, 1, _pointer_attrs(sig),
+                                      by_cc=_pdl_by_cc))
     red.append(AotVariant("bf16-d128-varlen", red_sig_base,
                           {"HEAD_DIM": 128, "BLOCK_N": 64, "QMAX": 4, "VARLEN": True, "HAS_WINDOW": False,
                            "HAS_SINKS": True, "RETURN_LSE": True, "BLOCK_H": 1, "BATCH_BLOCK": 1024,
-                           "CHUNK_BLOCK": 64, "PDL": False, "BALANCE": 8}, 4, 1,
+                           "CHUNK_BLOCK": 64, "PDL": False, "BALANCE": 8, "PLAN": False}, 4, 1,
                           _pointer_attrs(red_sig_base)))
     guard: list[AotVariant] = []
     for dtype, hd, lse in (("bf16", 64, True), ("bf16", 128, True), ("bf16", 256, False), ("bf16", 512, True),

@@ -1581,7 +1581,8 @@ def gluon_decode_kernel(
     FUSED_MERGE: gl.constexpr = False, PDL: gl.constexpr = False,
     PAIR: gl.constexpr = False, k_desc=None, v_desc=None, TMA: gl.constexpr = False, SCALE_AHEAD: gl.constexpr = 1,
     PRING: gl.constexpr = False, BALANCE: gl.constexpr = 0, L2_FETCH: gl.constexpr = 0, L2_AHEAD: gl.constexpr = 0,
-    L2_SCALES: gl.constexpr = False, L2_BULK: gl.constexpr = 0, EARLY: gl.constexpr = False,
+    L2_SCALES: gl.constexpr = False, L2_BULK: gl.constexpr = 0, EARLY: gl.constexpr = False, plan_ptr=None,
+    PLAN: gl.constexpr = False,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation), with the key
     loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
@@ -1626,7 +1627,9 @@ def gluon_decode_kernel(
     words go unused and the masked loop takes the range, as without it; ``FUSED_MERGE`` (``counter_ptr``: one zeroed
     int32 counter per request and KV head, ``attention._merge_counters``): no merge kernel; the last chunk of a split
     request and KV head merges the partials (:func:`_merge_last`), and a request with no visible key gets a chunk of its
-    own that writes its zero rows (:func:`_tiles_chunks`), as the plain kernel's ``FUSED_MERGE`` does."""
+    own that writes its zero rows (:func:`_tiles_chunks`), as the plain kernel's ``FUSED_MERGE`` does. ``PLAN``
+    (``attention.MERGE_PLAN_MIN_BATCH``): chunk 0 of each request, on KV head 0, stores the request's chunk count and
+    first partial slot at ``plan_ptr[2 b]``, ``plan_ptr[2 b + 1]`` for the merge kernel."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
     gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
     gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
@@ -1689,6 +1692,10 @@ def gluon_decode_kernel(
     )
     if b < 0:
         return
+    if PLAN:  # noqa: SIM102 (a constexpr; attention._store_plan: the merge kernel reads b's chunks, no scan)
+        if (j == 0) & (kvh == 0):
+            gl.store(plan_ptr + 2 * b.to(gl.int64), n_chunks)
+            gl.store(plan_ptr + 2 * b.to(gl.int64) + 1, slot0)
 
     seq_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b).to(gl.int64), 0), max_kv)
     if VARLEN:
