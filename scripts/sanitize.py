@@ -19,7 +19,10 @@ allocation and an access past one is seen (docs/validation.md, "Memory safety"):
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck --error-exitcode 3 \\
         python3 scripts/sanitize.py --ops decode,prefill
 
-``--device cpu`` runs the same cases under ``TRITON_INTERPRET=1`` (a smoke test of the script).
+``--device cpu`` runs the same cases under ``TRITON_INTERPRET=1`` (a smoke test of the script). ``--knob NAME=V``
+sets an integer constant of the attention module for every case, so that the hostile metadata also takes a path its
+small batches do not reach by default, e.g. ``--knob MERGE_PLAN_MIN_BATCH=1 --knob DECODE_TABLE_MIN_BATCH=1`` (the
+merge kernel's plan and the decode's chunk table).
 """
 
 from __future__ import annotations
@@ -51,7 +54,20 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--match", default="", metavar="WORDS",
                     help="comma-separated words; run only the cases whose name holds one (e.g. 'rotated,byte "
                          "scales,fused merge' for the newest paths, when a tool's time limit will not cover all)")
+    ap.add_argument("--knob", action="append", default=[], metavar="NAME=V",
+                    help="set the attention module's integer constant NAME to V for every case (repeatable)")
     args = ap.parse_args(argv)
+    knobs = []
+    for spec in args.knob:
+        name, sep, val = spec.partition("=")
+        try:
+            knobs.append((name.strip(), int(val)))
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip().isupper():
+            ap.error(f"--knob {spec!r}: need NAME=V, NAME an upper-case constant of "
+                     "nvfp4compat.kernels.triton.attention and V an integer (e.g. MERGE_PLAN_MIN_BATCH=1)")
+    args.knob = knobs
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     bad = [o for o in ops if o not in OPS]
     if bad:
@@ -306,7 +322,17 @@ def main(argv: list[str] | None = None) -> int:
         print("sanitize: no CUDA device here; run it on a GPU machine, or pass --device cpu", file=sys.stderr)
         return 2
     from nvfp4compat.kernels import errors
+    from nvfp4compat.kernels.triton import attention as att
 
+    for name, val in args.knob:
+        old = getattr(att, name, None)
+        if type(old) is not int:
+            print(f"sanitize: --knob {name}={val}: nvfp4compat.kernels.triton.attention has no integer constant {name} "
+                  "(it is " + ("missing" if old is None else f"a {type(old).__name__}") + "); name one such as "
+                  "MERGE_PLAN_MIN_BATCH or DECODE_TABLE_MIN_BATCH", file=sys.stderr)
+            return 2
+        setattr(att, name, val)
+        print(f"knob  {name} = {val} (default {old})")
     dtypes = ["bf16", "fp16"] if args.dtype == "both" else [args.dtype]
     t0 = time.perf_counter()
     cases = [c for c in build_cases(args.device, dtypes) if c.op in args.ops]

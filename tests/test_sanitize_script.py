@@ -43,3 +43,24 @@ def test_sanitize_refuses_a_filter_that_selects_nothing():
     proc = _run("--ops", "write", "--match", "no-such-case")
     assert proc.returncode == 2
     assert "selects no case" in proc.stderr
+
+
+def test_sanitize_runs_the_hostile_cases_through_the_plan_and_the_chunk_table():
+    """``--knob``: the hostile decode cases (bad pages, lengths past the row, a decreasing ``query_start_loc``) through
+    the merge kernel's plan and the decode's chunk table, which their batches of 3 do not reach by default."""
+    proc = _run("--ops", "decode,prefill", "--dtype", "bf16", "--match", "bad pages,seq_lens 1e7,decreasing",
+                "--knob", "MERGE_PLAN_MIN_BATCH=1", "--knob", "DECODE_TABLE_MIN_BATCH=1")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "knob  MERGE_PLAN_MIN_BATCH = 1 (default 33)" in out and "knob  DECODE_TABLE_MIN_BATCH = 1 (default 0)" in out
+    m = re.search(r"sanitize: (\d+)/(\d+) cases as expected", out)
+    assert m and m.group(1) == m.group(2) and int(m.group(2)) >= 3, out[-2000:]
+
+
+@pytest.mark.parametrize("spec, msg", [("NO_SUCH_KNOB=1", "has no integer constant NO_SUCH_KNOB"),
+                                       ("MERGE_PLAN_MIN_BATCH=x", "need NAME=V"),
+                                       ("FUSED_MERGE=1", "(it is a bool)")])
+def test_sanitize_refuses_a_bad_knob(spec, msg):
+    proc = _run("--ops", "write", "--knob", spec)
+    assert proc.returncode == 2
+    assert msg in proc.stderr

@@ -691,6 +691,35 @@ def test_decode_scans_the_batch_in_blocks_of_32(monkeypatch, fused):
     assert torch.equal(small.out, default.out)
 
 
+def _against_the_scan(monkeypatch, op: str, kw: dict, knob: str, off: int, on: int, wanted) -> list[torch.Tensor]:
+    """Run ``op`` with the attention constant ``knob`` at ``off`` (the scan) and at ``on``: both match the reference and
+    each other bit for bit. Returns the int32 vectors the second run allocated that ``wanted`` picks, filled with -7
+    first (the mark of an entry no kernel wrote)."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    got: list[torch.Tensor] = []
+    real_empty = torch.empty
+
+    def spy_empty(*shape, **kwargs):
+        t = real_empty(*shape, **kwargs)
+        if kwargs.get("dtype") is torch.int32 and t.dim() == 1 and wanted(t):
+            t.fill_(-7)
+            got.append(t)
+        return t
+
+    with att.override_configs(decode=att.DecodeConfig(16, 4, 1)):
+        monkeypatch.setattr(att, knob, off)
+        scan = run_case("triton", op, **kw)
+        monkeypatch.setattr(att, knob, on)
+        monkeypatch.setattr(att.torch, "empty", spy_empty)
+        other = run_case("triton", op, **kw)
+        monkeypatch.setattr(att.torch, "empty", real_empty)
+    scan.check()
+    other.check()
+    assert torch.equal(other.out, scan.out)
+    return got
+
+
 @pytest.mark.parametrize("case", ["decode-balanced", "varlen-window-pdl-off"])
 def test_merge_reads_the_plan_the_decode_stored(monkeypatch, case):
     """``MERGE_PLAN_MIN_BATCH``: the decode kernel stores each request's chunk count and first slot and the merge
@@ -715,27 +744,8 @@ def test_merge_reads_the_plan_the_decode_stored(monkeypatch, case):
     monkeypatch.setattr(att, "SPLIT_MIN_CHUNK_TOKENS", 32)
     for name in ("BATCH_BLOCK_TINY", "BATCH_BLOCK_SMALL", "BATCH_BLOCK_MAX"):
         monkeypatch.setattr(att, name, 32)
-    plans: list[torch.Tensor] = []
-    real_empty = torch.empty
-
-    def spy_empty(*shape, **kwargs):  # the plan buffer: the one int32 tensor of 2 x batch entries
-        t = real_empty(*shape, **kwargs)
-        if kwargs.get("dtype") is torch.int32 and tuple(t.shape) == (80,):
-            t.fill_(-7)  # what an entry no decode program wrote would show
-            plans.append(t)
-        return t
-
-    with att.override_configs(decode=att.DecodeConfig(16, 4, 1)):
-        monkeypatch.setattr(att, "MERGE_PLAN_MIN_BATCH", 10**6)
-        scan = run_case("triton", op, **kw)
-        assert plans == []
-        monkeypatch.setattr(att, "MERGE_PLAN_MIN_BATCH", 40)
-        monkeypatch.setattr(att.torch, "empty", spy_empty)
-        planned = run_case("triton", op, **kw)
-        monkeypatch.setattr(att.torch, "empty", real_empty)
-    scan.check()
-    planned.check()
-    assert torch.equal(planned.out, scan.out)
+    plans = _against_the_scan(monkeypatch, op, kw, "MERGE_PLAN_MIN_BATCH", 10**6, 40,
+                              lambda t: tuple(t.shape) == (80,))  # the plan: 2 x batch entries
     assert len(plans) == 1
     entries = plans[0].view(40, 2)
     written = entries[:, 0] != -7
@@ -744,6 +754,67 @@ def test_merge_reads_the_plan_the_decode_stored(monkeypatch, case):
     assert not bool(written[3]) and not bool(written[17])
     if op == "decode":
         assert written.tolist() == [n > 0 for n in lens]
+
+
+@pytest.mark.parametrize("case", ["decode-balanced", "fused-merge", "varlen-window"])
+def test_decode_reads_the_chunk_table(monkeypatch, case):
+    """``DECODE_TABLE_MIN_BATCH``: one program works out the split before the decode and the decode programs read
+    their chunk from its table instead of scanning the batch (and the merge kernel its plan). A batch of 40 requests
+    (empty ones among them) with the balanced split, with the fused merge (a chunk for each empty request), and varlen
+    rows with a window: the reference's output and LSE, the same output bit for bit as the scan, and a table whose
+    entries number each request's chunks 0..n-1 in request order, the slots past the last chunk marked -1."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    rng = np.random.default_rng(42)
+    lens = [int(x) for x in rng.integers(0, 90, size=40)]
+    lens[3] = lens[17] = 0
+    lens[5], lens[30] = 1200, 700  # requests of several chunks
+    kw = dict(seq_lens=lens, num_qo_heads=4, num_kv_heads=2, head_dim=64, dtype=fp16, return_lse=True,
+              use_sinks=True, seed=42)
+    op = "decode"
+    monkeypatch.setattr(att, "SPLIT_MIN_CHUNK_TOKENS", 32)
+    if case == "decode-balanced":
+        monkeypatch.setattr(att, "SPLIT_BALANCE_STEPS", 2)
+    elif case == "fused-merge":
+        monkeypatch.setattr(att, "FUSED_MERGE", True)
+    else:
+        kw.update(q_lens=[int(x) for x in rng.integers(0, 3, size=40)], sliding_window=24)
+        op = "prefill"
+    tables = _against_the_scan(monkeypatch, op, kw, "DECODE_TABLE_MIN_BATCH", 0, 40,
+                               lambda t: t.numel() % 4 == 0 and t.numel() > 80)  # the table: 4 x the chunk slots
+    assert len(tables) == 1
+    entries = tables[0].view(-1, 4)
+    assert not bool((entries[:, 0] == -7).any()), "a chunk slot the table kernel left unwritten"
+    used = entries[entries[:, 0] >= 0]
+    idle = entries[entries[:, 0] < 0]
+    assert len(idle) > 0
+    if op == "decode":  # (the varlen launch on the interpreter's few programs gives every request one chunk)
+        assert int(used[:, 2].max()) > 1, "no request has several chunks: the case tests less than it should"
+    assert bool((entries[: len(used), 0] >= 0).all()), "the chunks come first, then the idle slots"
+    assert bool((used[1:, 0] >= used[:-1, 0]).all())
+    for b in used[:, 0].unique().tolist():
+        rows = used[used[:, 0] == b]
+        n = int(rows[0, 2])
+        assert rows[:, 1].tolist() == list(range(n)) and bool((rows[:, 2] == n).all())
+        assert bool((rows[:, 3] == rows[0, 3]).all())
+    if case == "fused-merge":
+        assert {3, 17} <= set(used[:, 0].tolist()), "the fused merge gives each empty request a chunk of its own"
+    elif case == "decode-balanced":
+        assert not {3, 17} & set(used[:, 0].tolist())
+
+
+def test_decode_table_knob_is_checked(monkeypatch):
+    """``DECODE_TABLE_MIN_BATCH``: 0 (off) or a batch size; anything else is refused with what it needs, and the
+    decode's launch cache keys on it."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    knobs = att._knobs()
+    monkeypatch.setattr(att, "DECODE_TABLE_MIN_BATCH", 129)
+    assert att._knobs() != knobs and att._decode_table_min_batch() == 129
+    for bad in (-1, 1.5, "8", True):
+        monkeypatch.setattr(att, "DECODE_TABLE_MIN_BATCH", bad)
+        with pytest.raises(ValueError, match=r"DECODE_TABLE_MIN_BATCH is .*it needs an int of at least 0"):
+            att._decode_table_min_batch()
 
 
 def test_decode_waves_fill_the_last_wave(monkeypatch):

@@ -25,7 +25,7 @@ import pytest
 from nvfp4compat.kernels.aot import DEFAULT_CCS, AotReport
 
 KERNELS = ("attention_decode", "attention_decode_gluon", "attention_decode_reduce", "attention_prefill",
-           "attention_qsl_guard")
+           "attention_qsl_guard", "attention_decode_table")
 
 # (kernel, variant label, targets): what every CI run builds.
 CORE = [

@@ -399,6 +399,40 @@ def test_gluon_decode_merge_plan(monkeypatch, lens, pdl):
     assert torch.equal(planned.out, scan.out)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["merge-kernel", "fused-merge"])
+@pytest.mark.parametrize("lens", [[300, 5000, 0, 17], random_lens(40, 9000, 5), random_lens(300, 2000, 6),
+                                  random_lens(1024, 300, 7)], ids=["four-empty", "forty", "three-hundred", "1024"])
+def test_gluon_decode_chunk_table(monkeypatch, lens, fused):
+    """``DECODE_TABLE_MIN_BATCH=1``: one program works out the split before the decode (``_decode_table_kernel``)
+    and the Gluon decode reads its chunk from the table, the merge kernel its plan: the reference's output and LSE,
+    and the same output bit for bit as the scan, with the merge kernel or the fused merge."""
+    monkeypatch.setattr(att, "FUSED_MERGE", fused)
+    kw = dict(seq_lens=lens, num_qo_heads=32, num_kv_heads=8, head_dim=128, dtype=bf16, return_lse=True,
+              use_sinks=True, device="cuda", seed=34)
+    with att.override_configs(decode=DEFAULT):
+        scan = run_case("triton", "decode", **kw)
+        assert _ran_gluon(), f"the Gluon kernel did not run: {att.LAST_KERNELS.get('decode')}"
+        monkeypatch.setattr(att, "DECODE_TABLE_MIN_BATCH", 1)
+        tabled = run_case("triton", "decode", **kw)
+        assert _ran_gluon(), f"the Gluon kernel did not run: {att.LAST_KERNELS.get('decode')}"
+    tabled.check()
+    assert torch.equal(tabled.out, scan.out)
+
+
+def test_gluon_decode_chunk_table_cuda_graph(monkeypatch):
+    """The chunk table under a CUDA graph: captured once with the table kernel, replayed with other lengths (the split
+    is worked out on the device each replay), the eager output of those lengths."""
+    monkeypatch.setattr(att, "DECODE_TABLE_MIN_BATCH", 1)
+    g, out, args, case = _captured(DEFAULT, 7)
+    with att.override_configs(decode=DEFAULT):
+        for lens in ([100, 8192, 3000, 1], [0, 5, 7000, 4096], [1024, 0, 0, 0]):
+            case.seq_lens.copy_(torch.tensor(lens, dtype=case.seq_lens.dtype))
+            g.replay()
+            torch.cuda.synchronize()
+            ref = att.decode(*args, sm_scale=128**-0.5, kv_layout=case.kv_layout)
+            assert ra.relative_l2(out, ref) <= 1e-6, lens
+
+
 @pytest.mark.parametrize("cfg_name", ["default", "lean", "lazy-one-warp"])
 @pytest.mark.parametrize("case_kw", [
     dict(seq_lens=[5000, 1, 17, 12000, 0], use_sinks=True),

@@ -800,12 +800,89 @@ def _scan_block(c, bs, ch, base, base_m, b, j, n_chunks, slot0):
 
 
 @triton.jit
+def _split_totals(
+    batch, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+    BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    BATCH_BLOCK: tl.constexpr, BALANCE: tl.constexpr, MARK_EMPTY: tl.constexpr,
+):
+    """What every program of the split needs before its scan: the first ``BATCH_BLOCK`` requests' tiles (loaded once:
+    a batch of at most ``BATCH_BLOCK`` reads its lengths once), the batch's total tiles and the balanced target
+    (:func:`_request_tiles`, :func:`_total_tiles`, :func:`_balance_target`)."""
+    bs0 = tl.arange(0, BATCH_BLOCK)
+    t0 = _request_tiles(bs0, bs0 < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                        BLOCK_N, QMAX, VARLEN, HAS_WINDOW, MARK_EMPTY)
+    total = _total_tiles(t0, batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                         BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
+    target = _balance_target(t0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv,
+                             num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, BALANCE)
+    return bs0, t0, total, target
+
+
+@triton.jit
+def _table_entry(table_ptr, c):
+    """``TABLE``: chunk ``c``'s ``(b, j, n_chunks, slot0)`` from :func:`_decode_table_kernel`'s table."""
+    e = table_ptr + 4 * c.to(tl.int64)
+    return tl.load(e), tl.load(e + 1), tl.load(e + 2), tl.load(e + 3)
+
+
+@triton.jit
 def _store_plan(plan_ptr, b, j, kvh, n_chunks, slot0):
     """``PLAN``: request ``b``'s chunk count and first partial slot, stored once (chunk 0, KV head 0) for the merge
     kernel (:func:`_decode_reduce_kernel` reads them after its wait for the decode)."""
     if (j == 0) & (kvh == 0):
         tl.store(plan_ptr + 2 * b.to(tl.int64), n_chunks)
         tl.store(plan_ptr + 2 * b.to(tl.int64) + 1, slot0)
+
+
+@triton.jit(do_not_specialize=("batch", "num_tokens", "max_pages", "n_slots"))
+def _decode_table_kernel(
+    seq_lens_ptr, qsl_ptr, table_ptr, plan_ptr, status_ptr,
+    batch, programs, min_tiles, spread, window, max_pages, page_size, num_tokens, n_slots,
+    BLOCK_N: tl.constexpr, QMAX: tl.constexpr, VARLEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    BATCH_BLOCK: tl.constexpr, BALANCE: tl.constexpr, EMPTY_CHUNK: tl.constexpr, SLOT_BLOCK: tl.constexpr,
+):
+    """``DECODE_TABLE_MIN_BATCH``: the decode's work split worked out once, by one program, before the decode, so that
+    no decode program scans the batch. The same integers as the decode kernels' scan (:func:`_request_tiles`,
+    :func:`_total_tiles`, :func:`_balance_target`, :func:`_tiles_chunks`, chunks numbered in request order, partial
+    slots over the requests of more than one chunk): chunk slot ``c`` of the grid gets ``table[4 c .. 4 c + 3] =
+    (b, j, n_chunks, slot0)``, its request, its index there, the request's chunk count and first partial slot (``b =
+    -1`` past the last chunk: that program returns), and request ``b`` gets ``plan[2 b], plan[2 b + 1] = (n_chunks,
+    slot0)`` for the merge kernel (``PLAN``). Entries are stored only inside the ``n_slots`` slots of the grid.
+    ``VARLEN``: nothing when the guard found ``query_start_loc`` decreasing (every decode and merge program returns
+    then, before reading the table)."""
+    if VARLEN:  # noqa: SIM102
+        if tl.load(status_ptr) != 0:
+            return
+    max_kv = max_pages.to(tl.int64) * page_size
+    _, _, total, target = _split_totals(batch, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv,
+                                        num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, BALANCE, EMPTY_CHUNK)
+    base = tl.zeros((), tl.int32)
+    base_m = tl.zeros((), tl.int32)
+    for b0 in range(0, batch, BATCH_BLOCK):
+        bs = b0 + tl.arange(0, BATCH_BLOCK)
+        ok = bs < batch
+        tiles = _request_tiles(bs, ok, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+                               BLOCK_N, QMAX, VARLEN, HAS_WINDOW, EMPTY_CHUNK)
+        ch = _tiles_chunks(tiles, total, programs, min_tiles, spread, EMPTY_CHUNK, target, BALANCE)
+        lo = base + tl.cumsum(ch, 0) - ch
+        multi = tl.where(ch > 1, ch, 0)
+        lo_m = base_m + tl.cumsum(multi, 0) - multi
+        tl.store(plan_ptr + 2 * bs.to(tl.int64), ch, mask=ok)
+        tl.store(plan_ptr + 2 * bs.to(tl.int64) + 1, lo_m, mask=ok)
+        for j in range(0, tl.max(ch, 0)):  # a request's chunks, one store of each field per chunk index
+            c = lo + j
+            m = ok & (j < ch) & (c < n_slots)
+            e = table_ptr + 4 * c.to(tl.int64)
+            tl.store(e, bs, mask=m)
+            tl.store(e + 1, tl.zeros_like(bs) + j, mask=m)
+            tl.store(e + 2, ch, mask=m)
+            tl.store(e + 3, lo_m, mask=m)
+        base += tl.sum(ch, 0)
+        base_m += tl.sum(multi, 0)
+    for c0 in range(0, n_slots, SLOT_BLOCK):  # the slots past the last chunk: no request
+        cs = c0 + tl.arange(0, SLOT_BLOCK)
+        tl.store(table_ptr + 4 * cs.to(tl.int64), tl.full((SLOT_BLOCK,), -1, tl.int32),
+                 mask=(cs >= base) & (cs < n_slots))
 
 
 @triton.jit(do_not_specialize=fp4.DECODE_PER_STEP)
@@ -826,7 +903,8 @@ def _decode_kernel(
     num_pages, status_ptr, PREFETCH: tl.constexpr = False, ROTATE: tl.constexpr = False,
     SCALE_WORDS: tl.constexpr = True, counter_ptr=None, FUSED_MERGE: tl.constexpr = False,
     MERGE_CB: tl.constexpr = 1, SWAP_AB: tl.constexpr = False, PDL: tl.constexpr = False,
-    BALANCE: tl.constexpr = 0, plan_ptr=None, PLAN: tl.constexpr = False,
+    BALANCE: tl.constexpr = 0, plan_ptr=None, PLAN: tl.constexpr = False, table_ptr=None,
+    TABLE: tl.constexpr = False,
 ):
     """Length-balanced split-KV decode: program (work chunk ``c``, kv head) over ``G * QMAX`` rows.
 
@@ -861,7 +939,8 @@ def _decode_kernel(
 
     ``PLAN`` (``MERGE_PLAN_MIN_BATCH``): chunk 0 of each request, on KV head 0, stores the request's chunk count and
     first partial slot at ``plan_ptr[2 b]``, ``plan_ptr[2 b + 1]`` for the merge kernel, which then need not scan the
-    batch.
+    batch. ``TABLE`` (``DECODE_TABLE_MIN_BATCH``): chunk ``c``'s request, index, chunk count and first slot are read
+    from ``table_ptr[4 c ..]`` (:func:`_decode_table_kernel`, launched before this kernel) instead of scanning the batch.
     """
     if PDL == 1:
         gdc_launch_dependents()
@@ -876,25 +955,24 @@ def _decode_kernel(
         if tl.load(status_ptr) != 0:  # decreasing qsl: the guard kernel zeroed every row
             return
     max_kv = max_pages.to(tl.int64) * page_size
-    # the first block's lengths are loaded once: they serve the total, the balanced target and the scan
-    bs0 = tl.arange(0, BATCH_BLOCK)
-    t0 = _request_tiles(bs0, bs0 < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                        BLOCK_N, QMAX, VARLEN, HAS_WINDOW, FUSED_MERGE)
-    total = _total_tiles(t0, batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                         BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
-    target = _balance_target(t0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv,
-                             num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, BALANCE)
-    # Find this chunk's request b, its index j within b, b's chunk count and b's first partial slot.
-    zero = tl.zeros((), tl.int32)
-    base, base_m, b, j, n_chunks, slot0 = _scan_block(
-        c, bs0, _tiles_chunks(t0, total, programs, min_tiles, spread, FUSED_MERGE, target, BALANCE),
-        zero, zero, zero - 1, zero, zero, zero,
-    )
-    for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
-        bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv,
-                               num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, FUSED_MERGE, target,
-                               BALANCE)
-        base, base_m, b, j, n_chunks, slot0 = _scan_block(c, bs, ch, base, base_m, b, j, n_chunks, slot0)
+    if TABLE:
+        b, j, n_chunks, slot0 = _table_entry(table_ptr, c)
+    else:
+        # the first block's lengths are loaded once: they serve the total, the balanced target and the scan
+        bs0, t0, total, target = _split_totals(batch, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window,
+                                               max_kv, num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK,
+                                               BALANCE, FUSED_MERGE)
+        # Find this chunk's request b, its index j within b, b's chunk count and b's first partial slot.
+        zero = tl.zeros((), tl.int32)
+        base, base_m, b, j, n_chunks, slot0 = _scan_block(
+            c, bs0, _tiles_chunks(t0, total, programs, min_tiles, spread, FUSED_MERGE, target, BALANCE),
+            zero, zero, zero - 1, zero, zero, zero,
+        )
+        for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
+            bs, ch = _block_chunks(b0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv,
+                                   num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, FUSED_MERGE, target,
+                                   BALANCE)
+            base, base_m, b, j, n_chunks, slot0 = _scan_block(c, bs, ch, base, base_m, b, j, n_chunks, slot0)
     if b < 0:
         return
     if PLAN:
@@ -1120,13 +1198,9 @@ def _decode_reduce_kernel(
         if n_chunks == 1:
             return
     else:
-        bs0 = tl.arange(0, BATCH_BLOCK)  # the first block's lengths loaded once, as in the decode kernel
-        t0 = _request_tiles(bs0, bs0 < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                            BLOCK_N, QMAX, VARLEN, HAS_WINDOW)
-        total = _total_tiles(t0, batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-                             BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK)
-        target = _balance_target(t0, batch, total, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window,
-                                 max_kv, num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, BALANCE)
+        bs0, t0, total, target = _split_totals(batch, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window,
+                                               max_kv, num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK,
+                                               BALANCE, False)
         ch = _tiles_chunks(t0, total, programs, min_tiles, spread, False, target, BALANCE)
         slot0 = tl.sum(tl.where((bs0 < b) & (ch > 1), ch, 0), 0)
         n_chunks = tl.sum(tl.where(bs0 == b, ch, 0), 0)
@@ -1923,6 +1997,14 @@ BATCH_BLOCK_MAX = 1024
 # 211 us at 512 x 0.5K, where one request of one chunk has nothing to merge; 7 us at 128 x 2K (blocks of 128). The
 # plan's read follows the wait, so it is on the critical path; small batches keep the scan, which runs before it.
 MERGE_PLAN_MIN_BATCH = 33
+# The decode's chunk table: for a batch of at least DECODE_TABLE_MIN_BATCH requests (0: never) one program
+# (_decode_table_kernel, launched before the decode) works out the split once and stores each chunk's request, index,
+# chunk count and first slot, and every request's plan for the merge kernel; the decode programs read their entry
+# instead of scanning the batch. Past 128 requests each decode program scans the batch in one block of up to 1,024
+# requests (in the Gluon decode spread over the warps: 67 barriers in its sm_90 build against 17 with blocks of 32);
+# 1024 x 0.25K took 0.82x FlashInfer's bf16 time on an H100 (run AB) where 128 x 2K, the same bytes, took 0.37x. It
+# costs one more launch, on the critical path. Opt-in: not yet timed.
+DECODE_TABLE_MIN_BATCH = 0
 
 _overrides: dict[str, Any] = {}
 # E2M1 decoders by name -> the kernels' FAST constexpr (see attention_nvfp4).
@@ -2382,6 +2464,7 @@ class _DecodeLaunch:
     pdl: int = 0  # the merge kernel as a programmatic dependent launch of the decode kernel (MERGE_PDL, SM90+)
     balance: int = 0  # SPLIT_BALANCE_STEPS: the kernels' BALANCE (decode and merge must agree)
     plan: bool = False  # MERGE_PLAN_MIN_BATCH: the decode kernel stores each request's chunks for the merge kernel
+    table: bool = False  # DECODE_TABLE_MIN_BATCH: _decode_table_kernel works out the split before the decode
     tma: bool = False  # the Gluon ring filled by a TMA loader warp (cfg.tma_loader, _gluon_tma), where the bases allow
     l2_bulk: int = 0  # the Gluon kernel's L2_BULK (_gluon_l2_bulk)
 
@@ -2445,9 +2528,20 @@ def _decode_launch(
         pdl=_merge_pdl(device),
         balance=_balance_steps(batch, programs),
         plan=not FUSED_MERGE and batch >= _merge_plan_min_batch(),
+        table=0 < _decode_table_min_batch() <= batch,
         tma=gluon and cfg.gluon and _gluon_tma(cfg, ring, device, cl),
         l2_bulk=_gluon_l2_bulk(cfg, ring, tok[0] > 0, _cc(device)) if gluon and cfg.gluon else 0,
     )  # fmt: skip
+
+
+def _decode_table_min_batch() -> int:
+    """``DECODE_TABLE_MIN_BATCH``, checked: an int of at least 0 (0: no table)."""
+    v = DECODE_TABLE_MIN_BATCH
+    if type(v) is not int or v < 0:
+        raise ValueError(f"attention.DECODE_TABLE_MIN_BATCH is {v!r}; it needs an int of at least 0 (0, the default: "
+                         "every decode program scans the batch; N: batches of N requests and more read a chunk table "
+                         "built before the decode); set it to one")
+    return v
 
 
 def _merge_plan_min_batch() -> int:
@@ -2778,7 +2872,9 @@ def _run_decode(
     softcap = d.softcap if d.softcap else 1.0
     counters = _merge_counters(device, batch * d.num_kv_heads) if d.fused_merge else None
     fused = counters is not None
-    plan = torch.empty(2 * batch, dtype=torch.int32, device=device) if d.plan and not fused else None
+    table = torch.empty(4 * d.chunks, dtype=torch.int32, device=device) if d.table else None
+    # the merge kernel's plan: stored by the decode kernel, or by the table kernel where it runs
+    plan = torch.empty(2 * batch, dtype=torch.int32, device=device) if d.table or (d.plan and not fused) else None
     # what both decode kernels take; each adds its own constexprs (_PLAIN_DECODE_ONLY / _GLUON_DECODE_ONLY)
     args = (
         query, out, lse_arg, part_o, part_lse,
@@ -2797,9 +2893,17 @@ def _run_decode(
         DATA_ALIGN=d.data_align, SF_ALIGN=d.sf_align, PAGE_POW2=page_shift >= 0,
         num_pages=d.num_pages, status_ptr=status_arg, PDL=d.pdl, BALANCE=d.balance,
         counter_ptr=counters if fused else seq_lens, FUSED_MERGE=fused,
-        plan_ptr=plan if plan is not None else seq_lens, PLAN=plan is not None,
+        plan_ptr=plan if plan is not None else seq_lens, PLAN=plan is not None and table is None,
+        table_ptr=table if table is not None else seq_lens, TABLE=table is not None,
         num_warps=d.cfg.num_warps, maxnreg=d.cfg.maxnreg,
     )  # fmt: skip
+    if table is not None:
+        _decode_table_kernel[(1,)](
+            seq_lens, qsl_arg, table, plan, status_arg,
+            batch, d.programs, d.min_tiles, d.spread, d.window, d.max_pages, d.page_size, num_tokens, d.chunks,
+            BLOCK_N=d.cfg.block_n, QMAX=qmax, VARLEN=qsl is not None, HAS_WINDOW=d.window > 0,
+            BATCH_BLOCK=max(128, d.batch_block), BALANCE=d.balance, EMPTY_CHUNK=fused, SLOT_BLOCK=1024, num_warps=8,
+        )  # fmt: skip
     launched = False
     if d.gluon and not _gluon_failed and d.programs < _GLUON_MAX_PROGRAMS:
         # PAGE_TILE takes the token strides as constexprs (one build per cache layout); elsewhere they stay 0
@@ -2877,7 +2981,8 @@ def _knobs() -> tuple:
     return (
         SPLIT_TARGET_PROGRAMS_PER_SM, SPLIT_MIN_CHUNK_TOKENS, SPLIT_SPREAD_PROGRAMS_PER_SM, SPLIT_WAVES, SPLIT_MAX_WAVES,
         SPLIT_WAVE_GAIN,
-        SPLIT_BALANCE_STEPS, BATCH_BLOCK_TINY, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, MERGE_PLAN_MIN_BATCH, DECODE_WIDE_WARPS,
+        SPLIT_BALANCE_STEPS, BATCH_BLOCK_TINY, BATCH_BLOCK_SMALL, BATCH_BLOCK_MAX, MERGE_PLAN_MIN_BATCH,
+        DECODE_TABLE_MIN_BATCH, DECODE_WIDE_WARPS,
         MERGE_STEP_ELEMENTS, MERGE_CHUNK_BLOCK, FUSED_MERGE, MERGE_PDL, tuple(_DECODE_CONFIGS.items()), tuple(_DECODE_CONFIGS_BYTE_SCALES.items()), tuple(sorted(_overrides.items())), interpreting(),
         _gluon_failed, tuple(_DECODE_CONFIGS_GLUON.items()), tuple(_DECODE_CONFIGS_GLUON_ROWS16.items()),
     )  # fmt: skip
@@ -3145,7 +3250,7 @@ def _decode_signature(dtype: str, k_ptr: bool, v_ptr: bool) -> dict[str, str]:
                 "ROTATE": "constexpr", "SCALE_WORDS": "constexpr", "counter_ptr": "*i32",
                 "FUSED_MERGE": "constexpr", "MERGE_CB": "constexpr",
                 "SWAP_AB": "constexpr", "PDL": "constexpr", "BALANCE": "constexpr", "plan_ptr": "*i32",
-                "PLAN": "constexpr"})  # (num_tokens, max_pages are above)
+                "PLAN": "constexpr", "table_ptr": "*i32", "TABLE": "constexpr"})  # (num_tokens, max_pages are above)
     return sig
 
 
@@ -3208,7 +3313,7 @@ def aot_variants() -> dict[str, list[Any]]:
                              "DOT_FP32": False, "DATA_ALIGN": 8 if combined else 16,
                              "SF_ALIGN": min(16, hd // 16), "PAGE_POW2": pow2, "PREFETCH": cfg.prefetch,
                              "ROTATE": False, "SCALE_WORDS": cfg.scale_words, "FUSED_MERGE": False, "MERGE_CB": 1,
-                             "SWAP_AB": cfg.swap_ab, "PDL": False, "BALANCE": 0, "PLAN": False}
+                             "SWAP_AB": cfg.swap_ab, "PDL": False, "BALANCE": 0, "PLAN": False, "TABLE": False}
         c.update(_FEATURES_OFF)
         c.update(features)
         sig = _decode_signature(dtype, ptr, ptr)
@@ -3234,6 +3339,7 @@ def aot_variants() -> dict[str, list[Any]]:
     add_decode("bf16-d128-batch1024", "bf16", 128, batch_block=1024)
     add_decode("bf16-d128-batch32", "bf16", 128, batch_block=32)  # (BATCH_BLOCK_TINY)
     add_decode("bf16-d128-plan-batch256", "bf16", 128, batch_block=256, PLAN=True)  # (MERGE_PLAN_MIN_BATCH)
+    add_decode("bf16-d128-chunk-table", "bf16", 128, TABLE=True)  # (DECODE_TABLE_MIN_BATCH)
     add_decode("bf16-d128-pdl", "bf16", 128, pdl=1)
     add_decode("bf16-d128-pdl-late", "bf16", 128, pdl=2)
     # the balanced split (SPLIT_BALANCE_STEPS): with both batch blocks, and varlen rows
@@ -3309,7 +3415,7 @@ def aot_variants() -> dict[str, list[Any]]:
                              "KT": _gluon_kt(cfg, group * qmax), "LEAN": False, "SKEW": cfg.skew_logits,
                              "IMAD_SHR": False, "LAZY": cfg.lazy_rescale, "DEFER_SUM": cfg.defer_sum, "PDL": False,
                              "PAIR": cfg.tile_pairs, "TMA": False, "BALANCE": 0, "FUSED_MERGE": False,
-                             "PLAN": False}
+                             "PLAN": False, "TABLE": False}
         c.update(_FEATURES_OFF)
         c.update(features)
         # pages of 16 keys where the variant has pages of 2^n keys
@@ -3349,6 +3455,7 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-batch32", gdef, batch_block=32)  # (BATCH_BLOCK_TINY: one request a thread)
     add_gluon("bf16-d128-plan-batch256", gdef, batch_block=256, PLAN=True)  # (MERGE_PLAN_MIN_BATCH)
     add_gluon("bf16-d128-plan-batch512", gdef, batch_block=512, PLAN=True)
+    add_gluon("bf16-d128-chunk-table", gdef, TABLE=True)  # (DECODE_TABLE_MIN_BATCH)
     add_gluon("bf16-d128-pdl", gdef, pdl=1)
     add_gluon("bf16-d128-pdl-late", gdef, pdl=2)
     add_gluon("bf16-d128-balance", gdef, BALANCE=8)
@@ -3439,13 +3546,28 @@ def aot_variants() -> dict[str, list[Any]]:
                "RETURN_LSE": "constexpr"}
         c = {"HEAD_DIM": hd, "ROWS": _GUARD_ROWS, "BLOCK_B": _GUARD_BLOCK_B, "RETURN_LSE": lse}
         guard.append(AotVariant(f"{dtype}-d{hd}{'-lse' if lse else ''}", sig, c, 4, 1, _pointer_attrs(sig)))
+    table: list[AotVariant] = []
+    tsig = {"seq_lens_ptr": "*i32", "qsl_ptr": "*i32", "table_ptr": "*i32", "plan_ptr": "*i32", "status_ptr": "*i32",
+            "batch": "i32", "programs": "i32", "min_tiles": "i32", "spread": "i32", "window": "i32",
+            "max_pages": "i32", "page_size": "i32", "num_tokens": "i32", "n_slots": "i32"}
+    tsig.update(dict.fromkeys(("BLOCK_N", "QMAX", "VARLEN", "HAS_WINDOW", "BATCH_BLOCK", "BALANCE", "EMPTY_CHUNK",
+                               "SLOT_BLOCK"), "constexpr"))
+    for label, c in (
+        ("b128", {"QMAX": 1, "VARLEN": False, "HAS_WINDOW": False, "BATCH_BLOCK": 128, "BALANCE": 0,
+                  "EMPTY_CHUNK": False}),
+        ("b1024-balance-fused", {"QMAX": 1, "VARLEN": False, "HAS_WINDOW": False, "BATCH_BLOCK": 1024, "BALANCE": 3,
+                                 "EMPTY_CHUNK": True}),
+        ("b256-varlen-window", {"QMAX": 4, "VARLEN": True, "HAS_WINDOW": True, "BATCH_BLOCK": 256, "BALANCE": 0,
+                                "EMPTY_CHUNK": False}),
+    ):
+        table.append(AotVariant(label, tsig, dict(c, BLOCK_N=64, SLOT_BLOCK=1024), 8, 1, _pointer_attrs(tsig)))
     return {"attention_decode": dec, "attention_decode_gluon": glu, "attention_decode_reduce": red, "attention_prefill": pre,
-            "attention_qsl_guard": guard}
+            "attention_qsl_guard": guard, "attention_decode_table": table}
 
 
 def aot_kernels() -> list[Any]:
-    """AOT provider hook for :mod:`nvfp4compat.kernels.aot`: the decode, merge, prefill and
-    ``query_start_loc`` guard kernels."""
+    """AOT provider hook for :mod:`nvfp4compat.kernels.aot`: the decode, merge, prefill, ``query_start_loc`` guard and
+    chunk-table kernels."""
     from nvfp4compat.kernels.aot import AotKernel
 
     v = aot_variants()
@@ -3456,4 +3578,5 @@ def aot_kernels() -> list[Any]:
         AotKernel("attention_decode_reduce", _decode_reduce_kernel, v["attention_decode_reduce"]),
         AotKernel("attention_prefill", _prefill_kernel, v["attention_prefill"]),
         AotKernel("attention_qsl_guard", _qsl_guard_kernel, v["attention_qsl_guard"]),
+        AotKernel("attention_decode_table", _decode_table_kernel, v["attention_decode_table"]),
     ]

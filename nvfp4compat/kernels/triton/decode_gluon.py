@@ -1582,7 +1582,7 @@ def gluon_decode_kernel(
     PAIR: gl.constexpr = False, k_desc=None, v_desc=None, TMA: gl.constexpr = False, SCALE_AHEAD: gl.constexpr = 1,
     PRING: gl.constexpr = False, BALANCE: gl.constexpr = 0, L2_FETCH: gl.constexpr = 0, L2_AHEAD: gl.constexpr = 0,
     L2_SCALES: gl.constexpr = False, L2_BULK: gl.constexpr = 0, EARLY: gl.constexpr = False, plan_ptr=None,
-    PLAN: gl.constexpr = False,
+    PLAN: gl.constexpr = False, table_ptr=None, TABLE: gl.constexpr = False,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation), with the key
     loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
@@ -1629,7 +1629,9 @@ def gluon_decode_kernel(
     request and KV head merges the partials (:func:`_merge_last`), and a request with no visible key gets a chunk of its
     own that writes its zero rows (:func:`_tiles_chunks`), as the plain kernel's ``FUSED_MERGE`` does. ``PLAN``
     (``attention.MERGE_PLAN_MIN_BATCH``): chunk 0 of each request, on KV head 0, stores the request's chunk count and
-    first partial slot at ``plan_ptr[2 b]``, ``plan_ptr[2 b + 1]`` for the merge kernel."""
+    first partial slot at ``plan_ptr[2 b]``, ``plan_ptr[2 b + 1]`` for the merge kernel. ``TABLE``
+    (``attention.DECODE_TABLE_MIN_BATCH``): the chunk's request, index, chunk count and first slot come from
+    ``table_ptr[4 c ..]`` (``attention._decode_table_kernel``), with no scan of the batch."""
     gl.static_assert(HEAD_DIM == 128, "the Gluon decode serves head_dim 128")
     gl.static_assert(BLOCK_M == 16, "the Gluon decode serves 16 rows")
     gl.static_assert(DATA_ALIGN >= 16, "cache rows must start on 16-byte boundaries")
@@ -1686,10 +1688,17 @@ def gluon_decode_kernel(
             return
     # (gl.to_tensor: an int argument equal to 1 arrives as the constant 1, which has no .to)
     max_kv = gl.to_tensor(max_pages).to(gl.int64) * page_size
-    b, j, n_chunks, slot0 = _find_chunk(
-        c, batch, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
-        BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, NW, BALANCE, FUSED_MERGE,
-    )
+    if TABLE:  # attention._decode_table_kernel's entry for chunk c: no scan
+        e = table_ptr + 4 * c.to(gl.int64)
+        b = gl.load(e)
+        j = gl.load(e + 1)
+        n_chunks = gl.load(e + 2)
+        slot0 = gl.load(e + 3)
+    else:
+        b, j, n_chunks, slot0 = _find_chunk(
+            c, batch, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+            BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, NW, BALANCE, FUSED_MERGE,
+        )
     if b < 0:
         return
     if PLAN:  # noqa: SIM102 (a constexpr; attention._store_plan: the merge kernel reads b's chunks, no scan)
