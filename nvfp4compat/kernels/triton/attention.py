@@ -834,7 +834,7 @@ def _store_plan(plan_ptr, b, j, kvh, n_chunks, slot0):
         tl.store(plan_ptr + 2 * b.to(tl.int64) + 1, slot0)
 
 
-@triton.jit(do_not_specialize=("batch", "num_tokens", "max_pages", "n_slots"))
+@triton.jit(do_not_specialize=(*fp4.DECODE_PER_STEP, "n_slots"))
 def _decode_table_kernel(
     seq_lens_ptr, qsl_ptr, table_ptr, plan_ptr, status_ptr,
     batch, programs, min_tiles, spread, window, max_pages, page_size, num_tokens, n_slots,
