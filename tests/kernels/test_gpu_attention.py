@@ -135,6 +135,33 @@ def test_gpu_split_counts(splits, dtype):
                  head_dim=128, dtype=dtype, return_lse=True, use_sinks=True, device="cuda").check()
 
 
+@pytest.mark.parametrize("path", ["merge-plan", "chunk-table", "chunk-table-fused-merge"])
+@pytest.mark.parametrize("dtype,head_dim,layout,q_len,hq,hkv", [
+    (fp16, 64, "HND", 1, 16, 4), (bf16, 256, "NHD", 4, 16, 2), (bf16, 128, "NHD", 2, 64, 8),
+], ids=["fp16-d64-HND", "bf16-d256-q4", "bf16-d128-q2-g8"])
+def test_gpu_decode_plan_and_chunk_table(monkeypatch, path, dtype, head_dim, layout, q_len, hq, hkv):
+    """The merge kernel's plan (``MERGE_PLAN_MIN_BATCH``) and the decode's chunk table (``DECODE_TABLE_MIN_BATCH``,
+    with the merge kernel or the fused merge) on the plain-Triton decode (head_dim 64 and 256) and on the Gluon one
+    (head_dim 128, GQA 8 x q_len 2 = 16 rows), 150 requests with empty ones: the reference's output and LSE, and the
+    same output bit for bit as the scan."""
+    from nvfp4compat.kernels.triton import attention as att
+
+    lens = random_lens(150, 6000, head_dim)
+    lens[7] = lens[99] = 0
+    kw = dict(seq_lens=lens, q_len_per_req=q_len, num_qo_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
+              layout=layout, dtype=dtype, return_lse=True, use_sinks=True, device="cuda", seed=head_dim)
+    monkeypatch.setattr(att, "FUSED_MERGE", path.endswith("fused-merge"))
+    monkeypatch.setattr(att, "MERGE_PLAN_MIN_BATCH", 10**6)
+    scan = run_case("triton", "decode", **kw)
+    if path == "merge-plan":
+        monkeypatch.setattr(att, "MERGE_PLAN_MIN_BATCH", 1)
+    else:
+        monkeypatch.setattr(att, "DECODE_TABLE_MIN_BATCH", 1)
+    other = run_case("triton", "decode", **kw)
+    other.check()
+    assert torch.equal(other.out, scan.out)
+
+
 def test_gpu_cuda_graph_capture():
     """decode and prefill with device-tensor scales capture into a CUDA graph (no host sync) and replay."""
     from nvfp4compat.kernels.triton import attention as att
