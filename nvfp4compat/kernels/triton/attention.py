@@ -834,6 +834,31 @@ def _store_plan(plan_ptr, b, j, kvh, n_chunks, slot0):
         tl.store(plan_ptr + 2 * b.to(tl.int64) + 1, slot0)
 
 
+@triton.jit
+def _table_block(
+    table_ptr, plan_ptr, bs, tiles, total, programs, min_tiles, spread, target, batch, n_slots, base, base_m,
+    EMPTY_CHUNK: tl.constexpr, BALANCE: tl.constexpr,
+):
+    """One block of :func:`_decode_table_kernel`: requests ``bs`` with ``tiles``, their chunks numbered from ``base``
+    (partial slots from ``base_m``), stored; returns the next block's ``base``, ``base_m``."""
+    ok = bs < batch
+    ch = _tiles_chunks(tiles, total, programs, min_tiles, spread, EMPTY_CHUNK, target, BALANCE)
+    lo = base + tl.cumsum(ch, 0) - ch
+    multi = tl.where(ch > 1, ch, 0)
+    lo_m = base_m + tl.cumsum(multi, 0) - multi
+    tl.store(plan_ptr + 2 * bs.to(tl.int64), ch, mask=ok)
+    tl.store(plan_ptr + 2 * bs.to(tl.int64) + 1, lo_m, mask=ok)
+    for j in range(0, tl.max(ch, 0)):  # a request's chunks, one store of each field per chunk index
+        c = lo + j
+        m = ok & (j < ch) & (c < n_slots)
+        e = table_ptr + 4 * c.to(tl.int64)
+        tl.store(e, bs, mask=m)
+        tl.store(e + 1, tl.zeros_like(bs) + j, mask=m)
+        tl.store(e + 2, ch, mask=m)
+        tl.store(e + 3, lo_m, mask=m)
+    return base + tl.sum(ch, 0), base_m + tl.sum(multi, 0)
+
+
 @triton.jit(do_not_specialize=(*fp4.DECODE_PER_STEP, "n_slots"))
 def _decode_table_kernel(
     seq_lens_ptr, qsl_ptr, table_ptr, plan_ptr, status_ptr,
@@ -854,31 +879,19 @@ def _decode_table_kernel(
         if tl.load(status_ptr) != 0:
             return
     max_kv = max_pages.to(tl.int64) * page_size
-    _, _, total, target = _split_totals(batch, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv,
-                                        num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, BALANCE, EMPTY_CHUNK)
-    base = tl.zeros((), tl.int32)
-    base_m = tl.zeros((), tl.int32)
-    for b0 in range(0, batch, BATCH_BLOCK):
+    bs0, t0, total, target = _split_totals(batch, programs, min_tiles, spread, seq_lens_ptr, qsl_ptr, window, max_kv,
+                                           num_tokens, BLOCK_N, QMAX, VARLEN, HAS_WINDOW, BATCH_BLOCK, BALANCE,
+                                           EMPTY_CHUNK)
+    # the first block's lengths as _split_totals loaded them (one round trip less on the decode's critical path)
+    zero = tl.zeros((), tl.int32)
+    base, base_m = _table_block(table_ptr, plan_ptr, bs0, t0, total, programs, min_tiles, spread, target, batch,
+                                n_slots, zero, zero, EMPTY_CHUNK, BALANCE)
+    for b0 in range(BATCH_BLOCK, batch, BATCH_BLOCK):
         bs = b0 + tl.arange(0, BATCH_BLOCK)
-        ok = bs < batch
-        tiles = _request_tiles(bs, ok, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
+        tiles = _request_tiles(bs, bs < batch, seq_lens_ptr, qsl_ptr, window, max_kv, num_tokens,
                                BLOCK_N, QMAX, VARLEN, HAS_WINDOW, EMPTY_CHUNK)
-        ch = _tiles_chunks(tiles, total, programs, min_tiles, spread, EMPTY_CHUNK, target, BALANCE)
-        lo = base + tl.cumsum(ch, 0) - ch
-        multi = tl.where(ch > 1, ch, 0)
-        lo_m = base_m + tl.cumsum(multi, 0) - multi
-        tl.store(plan_ptr + 2 * bs.to(tl.int64), ch, mask=ok)
-        tl.store(plan_ptr + 2 * bs.to(tl.int64) + 1, lo_m, mask=ok)
-        for j in range(0, tl.max(ch, 0)):  # a request's chunks, one store of each field per chunk index
-            c = lo + j
-            m = ok & (j < ch) & (c < n_slots)
-            e = table_ptr + 4 * c.to(tl.int64)
-            tl.store(e, bs, mask=m)
-            tl.store(e + 1, tl.zeros_like(bs) + j, mask=m)
-            tl.store(e + 2, ch, mask=m)
-            tl.store(e + 3, lo_m, mask=m)
-        base += tl.sum(ch, 0)
-        base_m += tl.sum(multi, 0)
+        base, base_m = _table_block(table_ptr, plan_ptr, bs, tiles, total, programs, min_tiles, spread, target, batch,
+                                    n_slots, base, base_m, EMPTY_CHUNK, BALANCE)
     for c0 in range(0, n_slots, SLOT_BLOCK):  # the slots past the last chunk: no request
         cs = c0 + tl.arange(0, SLOT_BLOCK)
         tl.store(table_ptr + 4 * cs.to(tl.int64), tl.full((SLOT_BLOCK,), -1, tl.int32),
