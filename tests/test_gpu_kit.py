@@ -382,8 +382,8 @@ def test_ncu_source_reads_a_real_export():
 @needs_bash
 def test_suite_passes_shape_descriptions_to_the_bench():
     """suite.sh's ``bench_shapes``: ``--shapes`` (the issue's six by default) unless only SPECS is given; each non-blank
-    ';'-separated description of SPECS as one ``--shape``; ``SPECS=general`` the GENERAL_SPECS set, which
-    bench_attention.py reads."""
+    ';'-separated description of SPECS as one ``--shape``; an item ``general`` the GENERAL_SPECS set (alone or beside
+    other descriptions), which bench_attention.py reads."""
     text = SUITE.read_text()
     func = re.search(r"^bench_shapes\(\) \{.*?^\}\n", text, re.M | re.S)
     assert func, "suite.sh defines bench_shapes"
@@ -403,6 +403,8 @@ def test_suite_passes_shape_descriptions_to_the_bench():
     general = args(SPECS="general")
     specs = general[1::2]
     assert general[::2] == ["--shape"] * len(specs) and len(specs) == 12
+    assert args(SPECS="decode 1 x 2K; general ;decode 32 x 4K hd 64") == (
+        ["--shape", "decode 1 x 2K"] + general + ["--shape", "decode 32 x 4K hd 64"])
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import bench_attention

@@ -23,7 +23,7 @@
 #               VARIANTS selects (bench_attention.py --variants; unset or empty: --no-sweep) and KNOBS (default
 #               "--knob MERGE_PDL=0,1": the plain merge launch and the early trigger against the default's late one),
 #               within LIMIT s (default 585) less the ncu runs; SPECS: ';'-separated shape descriptions
-#               (bench_attention.py --shape, e.g. "decode 1 x 2K;decode ragged 64 x 0.1K-8K"; "general": GENERAL_SPECS),
+#               (bench_attention.py --shape, e.g. "decode 1 x 2K;decode ragged 64 x 0.1K-8K"; an item "general": GENERAL_SPECS),
 #               timed alone unless SHAPES is also set; the ratio table
 #               (scripts/gpu/table.py); ncu of each Gluon config index in NCU (default: the default's) at 16 x 16K with the
 #               stall reasons and SourceCounters, NCU_S s each (default 45); NCU_SOURCE=1: also each SASS line's
@@ -116,13 +116,19 @@ result_ids() {  # result_ids IDS LOG failed|notrun|unpassed: the ids listed in f
 }
 
 bench_shapes() {  # bench_attention.py's shape arguments, one a line: --shapes SHAPES (default the issue's six) unless
-  # only SPECS is set, then --shape for each ';'-separated description in SPECS ("general": GENERAL_SPECS)
+  # only SPECS is set, then --shape for each ';'-separated description in SPECS (an item "general": GENERAL_SPECS)
   if [ -z "${SPECS:-}" ] || [ -n "${SHAPES+x}" ]; then printf '%s\n' --shapes "${SHAPES:-$DECODE_SHAPES}"; fi
   [ -n "${SPECS:-}" ] || return 0
-  local text=$SPECS spec specs
-  [ "$SPECS" = general ] && text=$GENERAL_SPECS
+  local text=$SPECS spec specs gen g
   IFS=';' read -ra specs <<<"$text"
-  for spec in "${specs[@]}"; do [ -n "${spec//[[:space:]]/}" ] && printf '%s\n' --shape "$spec"; done
+  for spec in "${specs[@]}"; do
+    if [ "${spec//[[:space:]]/}" = general ]; then
+      IFS=';' read -ra gen <<<"$GENERAL_SPECS"
+      for g in "${gen[@]}"; do printf '%s\n' --shape "$g"; done
+    elif [ -n "${spec//[[:space:]]/}" ]; then
+      printf '%s\n' --shape "$spec"
+    fi
+  done
   return 0
 }
 
