@@ -212,7 +212,7 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
                                      (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.lean and c.kt_logits), None),
                                      (3, next(c for c in att.GLUON_DECODE_CONFIGS if c.skew_logits), None),
                                      *((sp, c, None) for sp, c in zip((3, 1, 3, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1,
-                                                                       3, 1, 3, 1, 3, 1, 3, 3, 1, 3, 1, 3, 1, 3, 1, 3, 3, 1, 3, 1, 3, 3, 1, 3, 1, 3, 1, 1), [
+                                                                       3, 1, 3, 1, 3, 1, 3, 3, 1, 3, 1, 3, 1, 3, 1, 3, 3, 1, 3, 1, 3, 3, 1, 3, 1, 3, 1, 1, 3), [
                                          c for c in att.GLUON_DECODE_CONFIGS if c.page_tile], strict=True))):
                 for sname, t, s, kw, exc in (
                     ("valid", bt, sl, {}, None),
@@ -264,6 +264,7 @@ def build_cases(device: str, dtype_names: list[str]) -> list[Case]:
                           + (f" l2 ahead {cfg.l2_ahead}" if cfg.l2_ahead else "")
                           + (f" l2 bulk {cfg.l2_bulk}" if cfg.l2_bulk else "")
                           + (" early check" if cfg.early_check else "")
+                          + (" smem merge" if cfg.smem_merge else "")
                           + (f" cap {cfg.maxnreg}" if cfg.maxnreg and cfg.maxnreg < 104 and not cfg.tma_loader else "")
                           if cfg.page_tile
                           else " gluon skewed logits" if cfg.skew_logits

@@ -1500,6 +1500,53 @@ def test_early_check_configs_are_checked_and_reach_page_tiled_launches_only(tmp_
     assert check_side(d) == (True, False)
 
 
+def test_smem_merge_config_is_checked_and_merges_the_warps_in_one_pass(tmp_path):
+    """DecodeConfig.smem_merge (the warps' softmax states merged through shared memory in one pass) is the Gluon
+    kernel's: a plain-kernel config with it is refused with what was found and the way out. The sweep's config and the
+    AOT variants pass ``SMEM_MERGE``; compiled for sm_90 (<= 8 rows and 16 rows) it spills nothing, keeps the register
+    cap and the global loads, and the epilogue after the last MMA has at most a third of the default's barriers and
+    fewer shared-memory accesses (each thread stores its warp's state once and loads its own outputs' values)."""
+    import re
+    from dataclasses import replace
+
+    from nvfp4compat.kernels import aot
+    from nvfp4compat.kernels.triton import attention as att
+
+    base = att._DECODE_CONFIGS_GLUON[128]
+    with pytest.raises(ValueError, match=r"smem_merge=True, gluon=False\): smem_merge is the Gluon kernel's epilogue; "
+                                          r"use smem_merge=False or a gluon=True config"):
+        att.DecodeConfig(block_n=64, num_warps=4, num_stages=1, smem_merge=True)
+    cfg = replace(base, smem_merge=True)
+    assert att.GLUON_DECODE_CONFIGS.count(cfg) == 1 and not base.smem_merge
+    gluon = {v.label: v for v in att.aot_variants()["attention_decode_gluon"]}
+    i, d = att.GLUON_DECODE_CONFIGS.index(cfg), att.GLUON_DECODE_CONFIGS.index(base)
+    assert gluon[f"bf16-d128-sweep{i}"].constexprs["SMEM_MERGE"] is True
+    assert gluon["bf16-d128-smem-merge-g16"].constexprs["SMEM_MERGE"] is True
+    assert all(gluon[k].constexprs["SMEM_MERGE"] is False for k in ("bf16-d128", "bf16-d128-g16"))
+    labels = [f"bf16-d128-sweep{i}", f"bf16-d128-sweep{d}", "bf16-d128-smem-merge-g16", "bf16-d128-g16"]
+    rep = aot.compile_all([90], kernels=["attention_decode_gluon"],
+                          only=[f"attention_decode_gluon/{k}$" for k in labels], resources=True,
+                          sass_dir=str(tmp_path))
+    assert rep.ok and len(rep.results) == 4, str(rep)
+    res = {r.variant: r.resources for r in rep.results}
+
+    def epilogue(label: str) -> tuple[int, int]:
+        """(barriers, shared-memory loads and stores) after the last MMA of ``label``'s SASS."""
+        text = (tmp_path / f"attention_decode_gluon-{label}-sm90.sass").read_text()
+        ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?(\S+)", text)]
+        last = max(k for k, op in enumerate(ops) if op.startswith("HMMA"))
+        tail = ops[last + 1:]
+        return (sum(op.startswith("BAR") for op in tail),
+                sum(op.startswith(("LDS", "STS")) for op in tail))
+
+    for merged, plain, cap in ((labels[0], labels[1], base.maxnreg),
+                               (labels[2], labels[3], att._DECODE_CONFIGS_GLUON_ROWS16[128].maxnreg)):
+        assert res[merged]["local_bytes"] == 0 and res[merged]["registers"] <= (cap or 255), res[merged]
+        assert res[merged]["global_loads"] == res[plain]["global_loads"], (res[merged], res[plain])
+        (bm, sm), (bp, sp) = epilogue(merged), epilogue(plain)
+        assert 3 * bm <= bp and sm < sp, (merged, (bm, sm), (bp, sp))
+
+
 @pytest.mark.parametrize("exc", [RuntimeError("Triton Error [CUDA]: out of memory"),
                                  torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 18.00 MiB")])
 def test_gluon_out_of_memory_is_raised_not_a_fallback(monkeypatch, exc):

@@ -44,7 +44,7 @@ def _id(c: att.DecodeConfig) -> str:
             f"{'-sa2' if c.scales_ahead == 2 else ''}{'-pring' if c.ptx_ring else ''}"
             f"{f'-l2f{c.l2_fetch}' if c.l2_fetch else ''}{f'-l2a{c.l2_ahead}' if c.l2_ahead else ''}"
             f"{'-l2s' if c.l2_scales else ''}{f'-l2b{c.l2_bulk}' if c.l2_bulk else ''}"
-            f"{'-early' if c.early_check else ''}")
+            f"{'-early' if c.early_check else ''}{'-smem' if c.smem_merge else ''}")
 
 
 _NAMED = {
@@ -61,6 +61,7 @@ _NAMED = {
     "page-tile-lean-kt-shr": next(c for c in _G if c.page_tile and c.imad_shr and c.kt_logits),
     "lazy-one-warp": next(c for c in _G if c.lazy_rescale),
     "lean": _G[0],  # the default of 9-16 rows
+    "smem-merge": next(c for c in _G if c.smem_merge),  # the default's warps merged through shared memory
 }
 # every named config, then the sweep's other page_tile configs (one and two warps, other chunk sizes)
 CONFIGS = [pytest.param(c, id=_id(c)) for c in dict.fromkeys(
@@ -82,7 +83,7 @@ _ROWS = [pytest.param((n, f), id=i) for i, n, f in [
     ("page-tile-skew", "page-tile-skew", {}), ("page-tile-shr", "page-tile-shr", {}),
     ("page-tile-lean-kt-shr-softcap-sinks", "page-tile-lean-kt-shr", {**_SOFTCAP_SINKS, **_TENSOR}),
     ("lazy-one-warp", "lazy-one-warp", {}), ("lazy-one-warp-all", "lazy-one-warp", _ALL), ("lean", "lean", {}),
-    ("lean-all", "lean", _ALL),
+    ("lean-all", "lean", _ALL), ("smem-merge-all", "smem-merge", {**_ALL, **_TENSOR}),
 ]]
 
 
@@ -433,7 +434,7 @@ def test_gluon_decode_chunk_table_cuda_graph(monkeypatch):
             assert ra.relative_l2(out, ref) <= 1e-6, lens
 
 
-@pytest.mark.parametrize("cfg_name", ["default", "lean", "lazy-one-warp"])
+@pytest.mark.parametrize("cfg_name", ["default", "lean", "lazy-one-warp", "smem-merge"])
 @pytest.mark.parametrize("case_kw", [
     dict(seq_lens=[5000, 1, 17, 12000, 0], use_sinks=True),
     dict(seq_lens=[1024]),

@@ -1579,8 +1579,19 @@ class DecodeConfig:
     # within -1.0% / +1.2% of the default on five decode shapes (one request of 1K, 2K and 8K keys, 2 x 4K, 4 short
     # ragged requests); its GPU tests and memcheck pass
     early_check: bool = False
+    # with gluon: the warps' softmax states are merged after the key loops in one pass through shared memory (every warp
+    # stores its accumulator, maxima and sums, one barrier, each thread merges its own outputs' NW values in registers;
+    # decode_gluon._warps_merged, SMEM_MERGE), in place of three cross-warp reductions (each warp summing the whole
+    # [rows, 128] result) and their layout conversions. Aimed at short chunks (one request of 0.5-2K keys: 2-4 tiles a
+    # program), where the epilogue is a large share of a program's instructions
+    smem_merge: bool = False
 
     def __post_init__(self) -> None:
+        if self.smem_merge and not self.gluon:
+            raise ValueError(
+                f"DecodeConfig(smem_merge=True, gluon={self.gluon}): smem_merge is the Gluon kernel's epilogue; use "
+                "smem_merge=False or a gluon=True config"
+            )
         if self.early_check and (not self.gluon or not self.page_tile or self.ring or self.tile_pairs or self.l2_ahead
                                  or self.l2_bulk):
             raise ValueError(
@@ -1766,7 +1777,8 @@ _GLUON_MAX_PROGRAMS = 2**15
 _PLAIN_DECODE_ONLY = ("FAST", "DOT_FP32", "PREFETCH", "ROTATE", "SCALE_WORDS", "MERGE_CB", "SWAP_AB")
 _GLUON_DECODE_ONLY = ("NW", "ROWS8", "PAGE_EVEN", "OFF32", "CVT8", "KT", "LEAN", "SKEW", "PAGE_TILE", "IMAD_SHR",
                       "LAZY", "TOK_K", "TOK_V", "TOK_KS", "TOK_VS", "RING", "DEFER_SUM", "PAIR", "k_desc", "v_desc",
-                      "TMA", "SCALE_AHEAD", "PRING", "L2_FETCH", "L2_AHEAD", "L2_SCALES", "L2_BULK", "EARLY")
+                      "TMA", "SCALE_AHEAD", "PRING", "L2_FETCH", "L2_AHEAD", "L2_SCALES", "L2_BULK", "EARLY",
+                      "SMEM_MERGE")
 # The SASS counts in the comments below are those of the change that added each config. Since the page_tile thread
 # offsets were split into lane and register parts (decode_gluon._thread_offsets, 2026-12-05) the page_tile configs'
 # unmasked loops are shorter (sm_90, triton 3.6.0, per 16 keys and warp): the default 408 instructions and 116
@@ -1915,6 +1927,8 @@ GLUON_DECODE_CONFIGS = (
     # trip less before each program's first tile. sm_90 (triton 3.6.0): 120 registers (the default 119), no spill, the
     # same loads. H100 (run Y, five short decode shapes): within -1.0% / +1.2% of the default; GPU tests and memcheck pass
     replace(_DECODE_CONFIGS_GLUON[128], early_check=True),
+    # the default with the warps' states merged in one pass through shared memory (smem_merge)
+    replace(_DECODE_CONFIGS_GLUON[128], smem_merge=True),
 )
 # Warps of a decode launch whose config has fewer, when (a) BLOCK_M > 16: at 2 warps the
 # accumulators do not fit (SM90, head_dim 128: BLOCK_M 32 spills 8 bytes, BLOCK_M 64 spills 1.5 KB,
@@ -2935,6 +2949,7 @@ def _run_decode(
                 SCALE_AHEAD=_gluon_scale_ahead(d.cfg, ring), PRING=_gluon_pring(d.cfg, ring, d.group * qmax),
                 L2_FETCH=l2[0], L2_AHEAD=l2[1], L2_SCALES=l2[2], L2_BULK=d.l2_bulk,
                 EARLY=_gluon_early(d.cfg, ring, tok[0] > 0, d.num_pages),
+                SMEM_MERGE=d.cfg.smem_merge,
                 k_desc=descs[0] if descs else None, v_desc=descs[1] if descs else None, TMA=descs is not None,
             )  # fmt: skip
             launched = True
@@ -3428,7 +3443,7 @@ def aot_variants() -> dict[str, list[Any]]:
                              "KT": _gluon_kt(cfg, group * qmax), "LEAN": False, "SKEW": cfg.skew_logits,
                              "IMAD_SHR": False, "LAZY": cfg.lazy_rescale, "DEFER_SUM": cfg.defer_sum, "PDL": False,
                              "PAIR": cfg.tile_pairs, "TMA": False, "BALANCE": 0, "FUSED_MERGE": False,
-                             "PLAN": False, "TABLE": False}
+                             "PLAN": False, "TABLE": False, "SMEM_MERGE": cfg.smem_merge}
         c.update(_FEATURES_OFF)
         c.update(features)
         # pages of 16 keys where the variant has pages of 2^n keys
@@ -3478,6 +3493,11 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-fused-merge-q2-all", gdef, qmax=2, FUSED_MERGE=True, **_FEATURES_ON)
     add_gluon("fp16-d128-fused-merge-g16-varlen", g16def, dtype="fp16", group=16, VARLEN=True, FUSED_MERGE=True)
     add_gluon("bf16-d128-fused-merge-one-warp", _GLUON_ONE_WARP, FUSED_MERGE=True, HAS_SINKS=True, RETURN_LSE=True)
+    # the warps' merge through shared memory (smem_merge) on 16 rows, with every feature and the fused merge, in fp16
+    sm, sm16 = replace(gdef, smem_merge=True), replace(g16def, smem_merge=True)
+    add_gluon("bf16-d128-smem-merge-g16", sm16, group=16)
+    add_gluon("bf16-d128-smem-merge-q2-all-fused-off64", sm, qmax=2, off32=False, FUSED_MERGE=True, **_FEATURES_ON)
+    add_gluon("fp16-d128-smem-merge-g8-varlen", sm16, dtype="fp16", group=8, VARLEN=True)
     # two tiles per softmax update (tile_pairs) with q_len 2, sinks, soft-cap and LSE, and with fp16 queries
     add_gluon("bf16-d128-pairs-q2-sinks-softcap-lse", replace(_GLUON_KT_PAGE_TILE, tile_pairs=True), qmax=2, HAS_SOFTCAP=True,
               HAS_SINKS=True, RETURN_LSE=True)

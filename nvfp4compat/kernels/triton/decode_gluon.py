@@ -1506,6 +1506,36 @@ def _fold_sinks(m, l_sum, sinks_ptr, head, ok, HAS_SINKS: gl.constexpr):
 
 
 @gluon.jit
+def _warps_merged(acc, m_i, l_i, LE: gl.constexpr, NW: gl.constexpr, R: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  ROWS8: gl.constexpr):
+    """The warps' softmax states merged in one pass through shared memory (``SMEM_MERGE``): every warp stores its
+    accumulator (in head-dim order), running maxima and sums, and after one barrier each thread loads all ``NW`` warps'
+    values of its own outputs (layout ``LE``, ``[NW, R, HEAD_DIM]`` with the warps' axis in each thread) and merges
+    them in registers. The cross-warp reductions of the plain epilogue instead pass through shared memory once each
+    (max, sum, accumulator), every warp summing the whole ``[R, HEAD_DIM]`` result, then a layout conversion. Returns
+    ``o`` (``[R, HEAD_DIM]``, ``SliceLayout(0, LE)``, column = head dim), the maxima and the sums (``[R]``).
+
+    ``acc``: ``[NW, HEAD_DIM, 8]`` (``ROWS8``: O^T) or ``[NW, R, HEAD_DIM]``, whose column ``n`` holds head dim
+    ``16 (n % 8) + n // 8`` (the P V operand's order); ``m_i``, ``l_i``: ``[NW, R]``."""
+    if ROWS8:
+        a = gl.permute(acc, (0, 2, 1))
+    else:
+        a = acc
+    # n = 8 hi + lo holds head dim 16 lo + hi: [.., hi, lo] -> [.., lo, hi] puts the columns in head-dim order
+    a = gl.reshape(gl.permute(gl.reshape(a, [NW, R, HEAD_DIM // 8, 8]), (0, 1, 3, 2)), [NW, R, HEAD_DIM])
+    a_s = gl.allocate_shared_memory(gl.float32, [NW, R, HEAD_DIM], gl.SwizzledSharedLayout(4, 1, 8, [2, 1, 0]), a)
+    ML: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    m_s = gl.allocate_shared_memory(gl.float32, [NW, R], ML, m_i)
+    l_s = gl.allocate_shared_memory(gl.float32, [NW, R], ML, l_i)
+    av = a_s.load(LE)
+    ms = m_s.load(gl.SliceLayout(2, LE))
+    ls = l_s.load(gl.SliceLayout(2, LE))
+    m = gl.max(ms, 0)
+    w = gl.exp2(ms - gl.expand_dims(_finite(m), 0))
+    return gl.sum(av * gl.expand_dims(w, 2), 0), m, gl.sum(ls * w, 0)
+
+
+@gluon.jit
 def _merge_last(
     part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, sinks_ptr, slot0, n_chunks, num_qo_heads, kvh, group, q_start, q_len,
     stride_ot, stride_oh, stride_lt,
@@ -1582,7 +1612,7 @@ def gluon_decode_kernel(
     PAIR: gl.constexpr = False, k_desc=None, v_desc=None, TMA: gl.constexpr = False, SCALE_AHEAD: gl.constexpr = 1,
     PRING: gl.constexpr = False, BALANCE: gl.constexpr = 0, L2_FETCH: gl.constexpr = 0, L2_AHEAD: gl.constexpr = 0,
     L2_SCALES: gl.constexpr = False, L2_BULK: gl.constexpr = 0, EARLY: gl.constexpr = False, plan_ptr=None,
-    PLAN: gl.constexpr = False, table_ptr=None, TABLE: gl.constexpr = False,
+    PLAN: gl.constexpr = False, table_ptr=None, TABLE: gl.constexpr = False, SMEM_MERGE: gl.constexpr = False,
 ):
     """:func:`attention._decode_kernel` (bf16 or fp16 queries, head_dim 128, at most 16 rows, no rotation), with the key
     loop of this module's docstring. ``NW`` = the launch's ``num_warps``;
@@ -2165,24 +2195,34 @@ def gluon_decode_kernel(
     if DEFER_SUM:
         l_i = gl.sum(l_i, 1 if KT else 2)
     # merge the warps' states, then store rows R (16, or 8 with ROWS8) from a plain layout
-    m = gl.max(m_i, 0)
-    m_safe = _finite(m)
-    wgt = gl.exp2(m_i - gl.expand_dims(m_safe, 0))
-    l_sum = gl.sum(l_i * wgt, 0)
     R: gl.constexpr = 8 if ROWS8 else 16
-    LO: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [1, NW], [1, 0])
+    # SMEM_MERGE: [NW, R, 128] with the warps' axis in each thread (_warps_merged), o in its slice
+    LE: gl.constexpr = gl.BlockedLayout([NW, 1, 4], [1, 1, 32], [1, NW, 1], [2, 1, 0])
+    LO: gl.constexpr = gl.SliceLayout(0, LE) if SMEM_MERGE else gl.BlockedLayout([1, 4], [4, 8], [1, NW], [1, 0])
     LR: gl.constexpr = gl.SliceLayout(1, LO)
-    if ROWS8:
-        w8 = gl.convert_layout(wgt, gl.SliceLayout(1, MMA))
-        o = gl.convert_layout(gl.permute(gl.sum(acc * gl.expand_dims(w8, 1), 0), (1, 0)), LO)
+    if SMEM_MERGE:  # one pass through shared memory; o [R, 128] in head-dim order
+        o, m, l_sum = _warps_merged(acc, m_i, l_i, LE, NW, R, HEAD_DIM, ROWS8)
+        m1 = gl.convert_layout(m, LR)
+        l1 = gl.convert_layout(l_sum, LR)
+        ro = _iota(R, LO, 2, 0)
+        no = _iota(HEAD_DIM, LO, 2, 1)
+        dim_o = no
     else:
-        o = gl.convert_layout(gl.sum(acc * gl.expand_dims(wgt, 2), 0), LO)
-    m1 = gl.convert_layout(m, LR)
-    l1 = gl.convert_layout(l_sum, LR)
-    # o [R, 128]: column n holds head dim 16 (n % 8) + n // 8
-    ro = _iota(R, LO, 2, 0)
-    no = _iota(HEAD_DIM, LO, 2, 1)
-    dim_o = 16 * (no % 8) + no // 8
+        m = gl.max(m_i, 0)
+        m_safe = _finite(m)
+        wgt = gl.exp2(m_i - gl.expand_dims(m_safe, 0))
+        l_sum = gl.sum(l_i * wgt, 0)
+        if ROWS8:
+            w8 = gl.convert_layout(wgt, gl.SliceLayout(1, MMA))
+            o = gl.convert_layout(gl.permute(gl.sum(acc * gl.expand_dims(w8, 1), 0), (1, 0)), LO)
+        else:
+            o = gl.convert_layout(gl.sum(acc * gl.expand_dims(wgt, 2), 0), LO)
+        m1 = gl.convert_layout(m, LR)
+        l1 = gl.convert_layout(l_sum, LR)
+        # o [R, 128]: column n holds head dim 16 (n % 8) + n // 8
+        ro = _iota(R, LO, 2, 0)
+        no = _iota(HEAD_DIM, LO, 2, 1)
+        dim_o = 16 * (no % 8) + no // 8
     to = ro // group
     head_o = kvh * group + ro % group
     ok_o = (to < q_len) & (no >= 0)
