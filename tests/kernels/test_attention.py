@@ -1376,7 +1376,8 @@ def test_l2_prefetch_configs_are_checked_and_reach_the_launch():
     from nvfp4compat.kernels.triton import attention as att
 
     base = att._GLUON_KT_PAGE_TILE
-    assert att._DECODE_CONFIGS_GLUON[128] == replace(base, l2_fetch=128)
+    assert att._DECODE_CONFIGS_GLUON[128] == replace(base, l2_fetch=128, smem_merge=True)
+    assert replace(base, l2_fetch=128) == att.GLUON_REDUCE_MERGE_CONFIG
     assert base in att.GLUON_DECODE_CONFIGS and att._DECODE_CONFIGS_GLUON[128] in att.GLUON_DECODE_CONFIGS
     for bad in ({"l2_fetch": 32}, {"l2_fetch": 512}, {"l2_fetch": 128, "ring": 3},
                 {"l2_fetch": 128, "gluon": False}, {"l2_fetch": 64, "ring": 3, "ptx_ring": True, "gluon": False}):
@@ -1411,7 +1412,7 @@ def test_l2_prefetch_configs_are_checked_and_reach_the_launch():
         == (256, 3)
     assert (gluon["bf16-d128"].constexprs["L2_FETCH"], gluon["bf16-d128"].constexprs["L2_AHEAD"]) == (128, 0)
     assert gluon["bf16-d128"].constexprs["L2_SCALES"] is False
-    i = att.GLUON_DECODE_CONFIGS.index(replace(att._DECODE_CONFIGS_GLUON[128], l2_scales=True))
+    i = att.GLUON_DECODE_CONFIGS.index(replace(att.GLUON_REDUCE_MERGE_CONFIG, l2_scales=True))
     assert gluon[f"bf16-d128-sweep{i}"].constexprs["L2_SCALES"] is True
     # a launch the default serves without PAGE_TILE (pages that are not 2^n keys) loads plainly
     assert (gluon["bf16-d128-page-any"].constexprs["L2_FETCH"], gluon["bf16-d128-page-any"].constexprs["L2_AHEAD"]) \
@@ -1427,7 +1428,7 @@ def test_l2_bulk_configs_are_checked_and_reach_sm90_launches_only():
 
     from nvfp4compat.kernels.triton import attention as att
 
-    base = att._DECODE_CONFIGS_GLUON[128]
+    base = att.GLUON_REDUCE_MERGE_CONFIG  # (the configs derived from run V's default)
     for bad in ({"l2_bulk": 1}, {"l2_bulk": -3}, {"l2_bulk": 3, "page_tile": False}, {"l2_bulk": 3, "tile_pairs": True},
                 {"l2_bulk": 3, "ring": 3, "ptx_ring": True}, {"l2_bulk": 3, "l2_ahead": 3},
                 {"l2_bulk": 2, "gluon": False, "l2_fetch": 0}):
@@ -1461,7 +1462,7 @@ def test_early_check_configs_are_checked_and_reach_page_tiled_launches_only(tmp_
     from nvfp4compat.kernels import aot
     from nvfp4compat.kernels.triton import attention as att
 
-    base = att._DECODE_CONFIGS_GLUON[128]
+    base = att.GLUON_REDUCE_MERGE_CONFIG  # (the configs derived from run V's default)
     for bad in ({"page_tile": False}, {"ring": 3}, {"tile_pairs": True}, {"l2_ahead": 3}, {"l2_bulk": 2},
                 {"gluon": False, "l2_fetch": 0}):
         with pytest.raises(ValueError, match=r"early_check is for the Gluon kernel's page-tiled loop without a ring, "
@@ -1502,10 +1503,12 @@ def test_early_check_configs_are_checked_and_reach_page_tiled_launches_only(tmp_
 
 def test_smem_merge_config_is_checked_and_merges_the_warps_in_one_pass(tmp_path):
     """DecodeConfig.smem_merge (the warps' softmax states merged through shared memory in one pass) is the Gluon
-    kernel's: a plain-kernel config with it is refused with what was found and the way out. The sweep's config and the
-    AOT variants pass ``SMEM_MERGE``; compiled for sm_90 (<= 8 rows and 16 rows) it spills nothing, keeps the register
-    cap and the global loads, and the epilogue after the last MMA has at most a third of the default's barriers and
-    fewer shared-memory accesses (each thread stores its warp's state once and loads its own outputs' values)."""
+    kernel's: a plain-kernel config with it is refused with what was found and the way out. The default of up to 8
+    rows takes it (run AC); the sweep keeps run V's default without it (GLUON_REDUCE_MERGE_CONFIG) and the configs
+    derived from that one. The AOT variants pass ``SMEM_MERGE``; compiled for sm_90 (<= 8 rows and 16 rows) it spills
+    nothing, keeps the register cap and the global loads, and the epilogue after the last MMA has at most a third of
+    the cross-warp reductions' barriers and fewer shared-memory accesses (each thread stores its warp's state once and
+    loads its own outputs' values)."""
     import re
     from dataclasses import replace
 
@@ -1516,13 +1519,17 @@ def test_smem_merge_config_is_checked_and_merges_the_warps_in_one_pass(tmp_path)
     with pytest.raises(ValueError, match=r"smem_merge=True, gluon=False\): smem_merge is the Gluon kernel's epilogue; "
                                           r"use smem_merge=False or a gluon=True config"):
         att.DecodeConfig(block_n=64, num_warps=4, num_stages=1, smem_merge=True)
-    cfg = replace(base, smem_merge=True)
-    assert att.GLUON_DECODE_CONFIGS.count(cfg) == 1 and not base.smem_merge
+    plain = att.GLUON_REDUCE_MERGE_CONFIG
+    assert base.smem_merge and plain == replace(base, smem_merge=False)
+    assert att.GLUON_DECODE_CONFIGS.count(plain) == 1 and att.GLUON_DECODE_CONFIGS.count(base) == 1
+    assert not att._DECODE_CONFIGS_GLUON_ROWS16[128].smem_merge  # 16 rows: not yet timed with it
+    assert not any(c.smem_merge for c in att.GLUON_DECODE_CONFIGS if c.l2_scales or c.l2_bulk or c.early_check)
     gluon = {v.label: v for v in att.aot_variants()["attention_decode_gluon"]}
-    i, d = att.GLUON_DECODE_CONFIGS.index(cfg), att.GLUON_DECODE_CONFIGS.index(base)
+    i, d = att.GLUON_DECODE_CONFIGS.index(base), att.GLUON_DECODE_CONFIGS.index(plain)
     assert gluon[f"bf16-d128-sweep{i}"].constexprs["SMEM_MERGE"] is True
+    assert gluon["bf16-d128"].constexprs["SMEM_MERGE"] is True
     assert gluon["bf16-d128-smem-merge-g16"].constexprs["SMEM_MERGE"] is True
-    assert all(gluon[k].constexprs["SMEM_MERGE"] is False for k in ("bf16-d128", "bf16-d128-g16"))
+    assert all(gluon[k].constexprs["SMEM_MERGE"] is False for k in (f"bf16-d128-sweep{d}", "bf16-d128-g16"))
     labels = [f"bf16-d128-sweep{i}", f"bf16-d128-sweep{d}", "bf16-d128-smem-merge-g16", "bf16-d128-g16"]
     rep = aot.compile_all([90], kernels=["attention_decode_gluon"],
                           only=[f"attention_decode_gluon/{k}$" for k in labels], resources=True,
@@ -1539,11 +1546,11 @@ def test_smem_merge_config_is_checked_and_merges_the_warps_in_one_pass(tmp_path)
         return (sum(op.startswith("BAR") for op in tail),
                 sum(op.startswith(("LDS", "STS")) for op in tail))
 
-    for merged, plain, cap in ((labels[0], labels[1], base.maxnreg),
-                               (labels[2], labels[3], att._DECODE_CONFIGS_GLUON_ROWS16[128].maxnreg)):
+    for merged, reduced, cap in ((labels[0], labels[1], base.maxnreg),
+                                 (labels[2], labels[3], att._DECODE_CONFIGS_GLUON_ROWS16[128].maxnreg)):
         assert res[merged]["local_bytes"] == 0 and res[merged]["registers"] <= (cap or 255), res[merged]
-        assert res[merged]["global_loads"] == res[plain]["global_loads"], (res[merged], res[plain])
-        (bm, sm), (bp, sp) = epilogue(merged), epilogue(plain)
+        assert res[merged]["global_loads"] == res[reduced]["global_loads"], (res[merged], res[reduced])
+        (bm, sm), (bp, sp) = epilogue(merged), epilogue(reduced)
         assert 3 * bm <= bp and sm < sp, (merged, (bm, sm), (bp, sp))
 
 

@@ -268,9 +268,9 @@ def test_l2_prefetch_variants_carry_their_hints(tmp_path):
         ("s128", {"l2_fetch": 128, "l2_scales": True}), ("pring", {"ring": 3, "ptx_ring": True, "l2_fetch": 128}))}
     idx["pring0"] = att.GLUON_DECODE_CONFIGS.index(dataclasses.replace(base, ring=3, ptx_ring=True))
     for n in (2, 3, 5):
-        idx[f"b{n}"] = att.GLUON_DECODE_CONFIGS.index(dataclasses.replace(att._DECODE_CONFIGS_GLUON[128], l2_bulk=n))
+        idx[f"b{n}"] = att.GLUON_DECODE_CONFIGS.index(dataclasses.replace(att.GLUON_REDUCE_MERGE_CONFIG, l2_bulk=n))
     idx["default"] = att.GLUON_DECODE_CONFIGS.index(base)
-    assert att.GLUON_DECODE_CONFIGS[idx["f128"]] == att._DECODE_CONFIGS_GLUON[128]
+    assert att.GLUON_DECODE_CONFIGS[idx["f128"]] == att.GLUON_REDUCE_MERGE_CONFIG  # run V's default (no smem_merge)
     rep = aot.compile_all([90], kernels=["attention_decode_gluon"],
                           only=[f"attention_decode_gluon/bf16-d128-sweep{i}$" for i in idx.values()],
                           resources=True, sass_dir=str(tmp_path))

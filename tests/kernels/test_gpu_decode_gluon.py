@@ -61,7 +61,8 @@ _NAMED = {
     "page-tile-lean-kt-shr": next(c for c in _G if c.page_tile and c.imad_shr and c.kt_logits),
     "lazy-one-warp": next(c for c in _G if c.lazy_rescale),
     "lean": _G[0],  # the default of 9-16 rows
-    "smem-merge": next(c for c in _G if c.smem_merge),  # the default's warps merged through shared memory
+    "reduce-merge": att.GLUON_REDUCE_MERGE_CONFIG,  # the default's warps merged by cross-warp reductions (run V's)
+    "smem-merge-16": dataclasses.replace(_G[0], smem_merge=True),  # 16 rows (the lean config) with the shared-memory merge
 }
 # every named config, then the sweep's other page_tile configs (one and two warps, other chunk sizes)
 CONFIGS = [pytest.param(c, id=_id(c)) for c in dict.fromkeys(
@@ -83,7 +84,8 @@ _ROWS = [pytest.param((n, f), id=i) for i, n, f in [
     ("page-tile-skew", "page-tile-skew", {}), ("page-tile-shr", "page-tile-shr", {}),
     ("page-tile-lean-kt-shr-softcap-sinks", "page-tile-lean-kt-shr", {**_SOFTCAP_SINKS, **_TENSOR}),
     ("lazy-one-warp", "lazy-one-warp", {}), ("lazy-one-warp-all", "lazy-one-warp", _ALL), ("lean", "lean", {}),
-    ("lean-all", "lean", _ALL), ("smem-merge-all", "smem-merge", {**_ALL, **_TENSOR}),
+    ("lean-all", "lean", _ALL), ("reduce-merge-all", "reduce-merge", {**_ALL, **_TENSOR}),
+    ("smem-merge-16-all", "smem-merge-16", {**_ALL, **_TENSOR}),
 ]]
 
 
@@ -434,7 +436,7 @@ def test_gluon_decode_chunk_table_cuda_graph(monkeypatch):
             assert ra.relative_l2(out, ref) <= 1e-6, lens
 
 
-@pytest.mark.parametrize("cfg_name", ["default", "lean", "lazy-one-warp", "smem-merge"])
+@pytest.mark.parametrize("cfg_name", ["default", "lean", "lazy-one-warp", "reduce-merge", "smem-merge-16"])
 @pytest.mark.parametrize("case_kw", [
     dict(seq_lens=[5000, 1, 17, 12000, 0], use_sinks=True),
     dict(seq_lens=[1024]),

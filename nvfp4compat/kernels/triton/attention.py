@@ -1751,9 +1751,14 @@ _GLUON_LEAN = DecodeConfig(block_n=64, num_warps=4, num_stages=1, programs_per_s
 # the config without it (run O's default, config 11): the sweep's other configs derive from it.
 _GLUON_KT_PAGE_TILE = DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnreg=128, programs_per_sm=4, gluon=True,
                                    e4m3_cvt=True, kt_logits=True, lean=True, page_tile=True)
+# Since stop 53 (2026-12-07) the default merges its warps' softmax states in one pass through shared memory
+# (smem_merge): on an H100 (run AC, FlashInfer in the same run) 3.4-17.5% faster than without on all ten decode shapes
+# timed, one short request included (1 x 1K 0.976x FlashInfer's bf16 time, was 1.065x). GLUON_REDUCE_MERGE_CONFIG is
+# the config without it (run V's default), in the sweep as config 53
 _DECODE_CONFIGS_GLUON: dict[int, DecodeConfig] = {
-    128: replace(_GLUON_KT_PAGE_TILE, l2_fetch=128),
+    128: replace(_GLUON_KT_PAGE_TILE, l2_fetch=128, smem_merge=True),
 }
+GLUON_REDUCE_MERGE_CONFIG = replace(_DECODE_CONFIGS_GLUON[128], smem_merge=False)
 # The E4M3 conversion with fp32 block scales (an fp32 product and cvt.f16x2.f32 per register; the default of runs L
 # and M): 152 registers and 524 instructions per 16 keys and warp in the unmasked loop on sm_90 (triton 3.6.0), against
 # the lean default's 149 and 489. Kept in the sweep, the GPU tests and the sanitizer runs.
@@ -1900,7 +1905,7 @@ GLUON_DECODE_CONFIGS = (
     replace(_GLUON_KT_PAGE_TILE, l2_fetch=256),
     # the default with its block-scale loads under the same L2 prefetch size (l2_scales), and l2_fetch 256 with it. H100
     # (run V): within 0.7% and -0.4% to +1.9% of the default on seven shapes; GPU tests and memcheck pass
-    replace(_DECODE_CONFIGS_GLUON[128], l2_scales=True),
+    replace(GLUON_REDUCE_MERGE_CONFIG, l2_scales=True),
     replace(_GLUON_KT_PAGE_TILE, l2_fetch=256, l2_scales=True),
     # the PTX ring of 3 (config 39) with the default's L2 prefetch size on its cp.async copies (.L2::128B): a candidate
     # for the H200, where the default was latency-bound (run O); not yet run on a GPU
@@ -1920,15 +1925,17 @@ GLUON_DECODE_CONFIGS = (
     # turn (the default 408; 17 more of them on the uniform pipe), 25 more in its turn. Candidates for the H200, where
     # the default is latency-bound (run O: DRAM 57% of peak). H100 (run W, six decode shapes against the default):
     # +0.9-6.4% (2), +2.6-13.5% (3), +3.4-32.5% (5); GPU tests and memcheck pass
-    replace(_DECODE_CONFIGS_GLUON[128], l2_bulk=2),
-    replace(_DECODE_CONFIGS_GLUON[128], l2_bulk=3),
-    replace(_DECODE_CONFIGS_GLUON[128], l2_bulk=5),
+    replace(GLUON_REDUCE_MERGE_CONFIG, l2_bulk=2),
+    replace(GLUON_REDUCE_MERGE_CONFIG, l2_bulk=3),
+    replace(GLUON_REDUCE_MERGE_CONFIG, l2_bulk=5),
     # the default with the unmasked range's page check after its first tile's loads (early_check): one dependent round
     # trip less before each program's first tile. sm_90 (triton 3.6.0): 120 registers (the default 119), no spill, the
     # same loads. H100 (run Y, five short decode shapes): within -1.0% / +1.2% of the default; GPU tests and memcheck pass
-    replace(_DECODE_CONFIGS_GLUON[128], early_check=True),
-    # the default with the warps' states merged in one pass through shared memory (smem_merge)
-    replace(_DECODE_CONFIGS_GLUON[128], smem_merge=True),
+    replace(GLUON_REDUCE_MERGE_CONFIG, early_check=True),
+    # the default before stop 53: the warps' states merged by three cross-warp reductions (the default has smem_merge).
+    # sm_90 (triton 3.6.0): 4,860 instructions and 17 barriers against the default's 4,474 and 8; the key loop 408
+    # instructions per step against 413. H100 (run AC): 3.4-17.5% slower than the default on ten decode shapes
+    GLUON_REDUCE_MERGE_CONFIG,
 )
 # Warps of a decode launch whose config has fewer, when (a) BLOCK_M > 16: at 2 warps the
 # accumulators do not fit (SM90, head_dim 128: BLOCK_M 32 spills 8 bytes, BLOCK_M 64 spills 1.5 KB,
@@ -3493,10 +3500,11 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-fused-merge-q2-all", gdef, qmax=2, FUSED_MERGE=True, **_FEATURES_ON)
     add_gluon("fp16-d128-fused-merge-g16-varlen", g16def, dtype="fp16", group=16, VARLEN=True, FUSED_MERGE=True)
     add_gluon("bf16-d128-fused-merge-one-warp", _GLUON_ONE_WARP, FUSED_MERGE=True, HAS_SINKS=True, RETURN_LSE=True)
-    # the warps' merge through shared memory (smem_merge) on 16 rows, with every feature and the fused merge, in fp16
-    sm, sm16 = replace(gdef, smem_merge=True), replace(g16def, smem_merge=True)
+    # the warps' merge through shared memory (smem_merge, the default's at <= 8 rows) on 16 rows, with every feature and
+    # the fused merge, in fp16
+    sm16 = replace(g16def, smem_merge=True)
     add_gluon("bf16-d128-smem-merge-g16", sm16, group=16)
-    add_gluon("bf16-d128-smem-merge-q2-all-fused-off64", sm, qmax=2, off32=False, FUSED_MERGE=True, **_FEATURES_ON)
+    add_gluon("bf16-d128-smem-merge-q2-all-fused-off64", gdef, qmax=2, off32=False, FUSED_MERGE=True, **_FEATURES_ON)
     add_gluon("fp16-d128-smem-merge-g8-varlen", sm16, dtype="fp16", group=8, VARLEN=True)
     # two tiles per softmax update (tile_pairs) with q_len 2, sinks, soft-cap and LSE, and with fp16 queries
     add_gluon("bf16-d128-pairs-q2-sinks-softcap-lse", replace(_GLUON_KT_PAGE_TILE, tile_pairs=True), qmax=2, HAS_SOFTCAP=True,
