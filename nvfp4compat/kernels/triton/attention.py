@@ -1582,8 +1582,8 @@ class DecodeConfig:
     # with gluon: the warps' softmax states are merged after the key loops in one pass through shared memory (every warp
     # stores its accumulator, maxima and sums, one barrier, each thread merges its own outputs' NW values in registers;
     # decode_gluon._warps_merged, SMEM_MERGE), in place of three cross-warp reductions (each warp summing the whole
-    # [rows, 128] result) and their layout conversions. Aimed at short chunks (one request of 0.5-2K keys: 2-4 tiles a
-    # program), where the epilogue is a large share of a program's instructions
+    # [rows, 128] result) and their layout conversions. On in the default of up to 8 rows since run AC (H100: 3.4-17.5%
+    # faster on ten decode shapes, most on short chunks, where the epilogue is a large share of a program's work)
     smem_merge: bool = False
 
     def __post_init__(self) -> None:
@@ -1754,7 +1754,8 @@ _GLUON_KT_PAGE_TILE = DecodeConfig(block_n=64, num_warps=4, num_stages=1, maxnre
 # Since stop 53 (2026-12-07) the default merges its warps' softmax states in one pass through shared memory
 # (smem_merge): on an H100 (run AC, FlashInfer in the same run) 3.4-17.5% faster than without on all ten decode shapes
 # timed, one short request included (1 x 1K 0.976x FlashInfer's bf16 time, was 1.065x). GLUON_REDUCE_MERGE_CONFIG is
-# the config without it (run V's default), in the sweep as config 53
+# the config without it (run V's default), in the sweep as config 53; the sweep's configs that were timed against run
+# V's default as "the default with ..." (l2_scales, l2_bulk, early_check) derive from it
 _DECODE_CONFIGS_GLUON: dict[int, DecodeConfig] = {
     128: replace(_GLUON_KT_PAGE_TILE, l2_fetch=128, smem_merge=True),
 }
