@@ -119,8 +119,8 @@ bench_shapes() {  # bench_attention.py's shape arguments, one a line: --shapes S
   # only SPECS is set, then --shape for each ';'-separated description in SPECS (an item "general": GENERAL_SPECS)
   if [ -z "${SPECS:-}" ] || [ -n "${SHAPES+x}" ]; then printf '%s\n' --shapes "${SHAPES:-$DECODE_SHAPES}"; fi
   [ -n "${SPECS:-}" ] || return 0
-  local text=$SPECS spec specs gen g
-  IFS=';' read -ra specs <<<"$text"
+  local spec specs gen g
+  IFS=';' read -ra specs <<<"$SPECS"
   for spec in "${specs[@]}"; do
     if [ "${spec//[[:space:]]/}" = general ]; then
       IFS=';' read -ra gen <<<"$GENERAL_SPECS"

@@ -3501,11 +3501,10 @@ def aot_variants() -> dict[str, list[Any]]:
     add_gluon("bf16-d128-fused-merge-q2-all", gdef, qmax=2, FUSED_MERGE=True, **_FEATURES_ON)
     add_gluon("fp16-d128-fused-merge-g16-varlen", g16def, dtype="fp16", group=16, VARLEN=True, FUSED_MERGE=True)
     add_gluon("bf16-d128-fused-merge-one-warp", _GLUON_ONE_WARP, FUSED_MERGE=True, HAS_SINKS=True, RETURN_LSE=True)
-    # the warps' merge through shared memory (smem_merge, the default's at <= 8 rows) on 16 rows, with every feature and
-    # the fused merge, in fp16
+    # the warps' merge through shared memory (smem_merge; the default's at <= 8 rows, whose variants above cover it with
+    # every feature and the fused merge) on 16 rows, in bf16 and in fp16 with varlen rows
     sm16 = replace(g16def, smem_merge=True)
     add_gluon("bf16-d128-smem-merge-g16", sm16, group=16)
-    add_gluon("bf16-d128-smem-merge-q2-all-fused-off64", gdef, qmax=2, off32=False, FUSED_MERGE=True, **_FEATURES_ON)
     add_gluon("fp16-d128-smem-merge-g8-varlen", sm16, dtype="fp16", group=8, VARLEN=True)
     # two tiles per softmax update (tile_pairs) with q_len 2, sinks, soft-cap and LSE, and with fp16 queries
     add_gluon("bf16-d128-pairs-q2-sinks-softcap-lse", replace(_GLUON_KT_PAGE_TILE, tile_pairs=True), qmax=2, HAS_SOFTCAP=True,

@@ -2202,11 +2202,6 @@ def gluon_decode_kernel(
     LR: gl.constexpr = gl.SliceLayout(1, LO)
     if SMEM_MERGE:  # one pass through shared memory; o [R, 128] in head-dim order
         o, m, l_sum = _warps_merged(acc, m_i, l_i, LE, NW, R, HEAD_DIM, ROWS8)
-        m1 = gl.convert_layout(m, LR)
-        l1 = gl.convert_layout(l_sum, LR)
-        ro = _iota(R, LO, 2, 0)
-        no = _iota(HEAD_DIM, LO, 2, 1)
-        dim_o = no
     else:
         m = gl.max(m_i, 0)
         m_safe = _finite(m)
@@ -2217,11 +2212,13 @@ def gluon_decode_kernel(
             o = gl.convert_layout(gl.permute(gl.sum(acc * gl.expand_dims(w8, 1), 0), (1, 0)), LO)
         else:
             o = gl.convert_layout(gl.sum(acc * gl.expand_dims(wgt, 2), 0), LO)
-        m1 = gl.convert_layout(m, LR)
-        l1 = gl.convert_layout(l_sum, LR)
-        # o [R, 128]: column n holds head dim 16 (n % 8) + n // 8
-        ro = _iota(R, LO, 2, 0)
-        no = _iota(HEAD_DIM, LO, 2, 1)
+    m1 = gl.convert_layout(m, LR)
+    l1 = gl.convert_layout(l_sum, LR)
+    ro = _iota(R, LO, 2, 0)
+    no = _iota(HEAD_DIM, LO, 2, 1)
+    if SMEM_MERGE:
+        dim_o = no
+    else:  # o [R, 128]: column n holds head dim 16 (n % 8) + n // 8
         dim_o = 16 * (no % 8) + no // 8
     to = ro // group
     head_o = kvh * group + ro % group
